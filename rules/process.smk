@@ -1,0 +1,20 @@
+rule process_part:
+    input:
+        tar=rules.download_part.output.tar,
+        status=rules.download_part.output.status,
+    output:
+        tar=f"{WORK}/processed/{{part}}.tar",
+        samples=f"{WORK}/processed/{{part}}.samples.parquet",
+        rejected=f"{WORK}/processed/{{part}}.rejected.parquet",
+    log:
+        f"{LOGS}/process_part/{{part}}.log",
+    conda:
+        "../envs/shards.yaml"
+    threads: 2
+    resources:
+        mem_mb=lambda wc, attempt: 1500 * attempt,
+    params:
+        resize=config["resize"],
+        captions=config["captions"],
+    script:
+        "../scripts/process_part.py"

@@ -1,0 +1,44 @@
+checkpoint plan_shards:
+    input:
+        samples=get_all_part_samples,
+    output:
+        directory(f"{WORK}/plan/shards"),
+    log:
+        f"{LOGS}/plan_shards.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        layout=get_shard_layout(),
+    script:
+        "../scripts/plan_shards.py"
+
+
+rule write_shard:
+    input:
+        unpack(get_shard_inputs),
+    output:
+        tar=f"{OUT}/{DATASET}-{{shard}}.tar",
+        info=f"{WORK}/shards/{DATASET}-{{shard}}.json",
+    log:
+        f"{LOGS}/write_shard/{{shard}}.log",
+    conda:
+        "../envs/shards.yaml"
+    script:
+        "../scripts/write_shard.py"
+
+
+rule index_shards:
+    input:
+        unpack(get_ledger_inputs),
+        infos=get_shard_infos,
+        plans=get_shard_plans,
+    output:
+        [f"{OUT}/{name}" for name in INDEX_FILES],
+    log:
+        f"{LOGS}/index_shards.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        layout=get_shard_layout(),
+    script:
+        "../scripts/index_shards.py"

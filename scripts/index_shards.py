@@ -1,0 +1,25 @@
+"""Rule glue for index_shards: logic in shardsmith.index."""
+
+import sys
+
+sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
+
+from pathlib import Path
+
+from shardsmith.index import LedgerMismatch, build_index
+from shardsmith.logs import run_job
+
+
+def main() -> None:
+    stats = build_index(
+        snakemake.params.layout["dataset"],
+        shard_infos=list(snakemake.input.infos),
+        shard_plans=list(snakemake.input.plans),
+        status_paths=list(snakemake.input.status),
+        rejected_paths=list(snakemake.input.rejected),
+        out_dir=Path(snakemake.output[0]).parent,
+    )
+    print(f"{stats['input_records']} input records = {stats['published']} published + {stats['rejected']} rejected")
+
+
+run_job(snakemake.log[0], main, expected=(LedgerMismatch,))

@@ -1,0 +1,22 @@
+"""Rule glue for validate_dataset: logic in shardsmith.validate."""
+
+import sys
+
+sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
+
+from shardsmith.logs import run_job
+from shardsmith.validate import ValidationFailed, check_dataset, write_json
+
+
+def main() -> None:
+    summary = check_dataset(
+        list(snakemake.input.reports),
+        snakemake.input.sizes,
+        snakemake.input.manifest,
+        min_shards=snakemake.params.min_shards,
+    )
+    write_json(snakemake.output[0], summary)
+    print(f"valid: {summary['samples']} samples in {summary['shards']} shards, read with {summary['loader']}")
+
+
+run_job(snakemake.log[0], main, expected=(ValidationFailed,))

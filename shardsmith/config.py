@@ -1,0 +1,128 @@
+"""Checks on the validated config that a JSON schema cannot express, run before any work.
+
+The schema (config/config.schema.yaml) checks keys and types; this module checks the paths: folders that
+overlap once made a cache directory equal to the image directory, which mixed raw and processed files
+and crashed training with mixed batch shapes. So overlapping or nested folders are refused up front.
+"""
+
+import glob
+import os
+import re
+from pathlib import Path
+
+from braceexpand import braceexpand
+
+from shardsmith.errors import ConfigError
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_REMOTE = re.compile(r"^(https?|s3)://")
+
+
+def _real(path: str) -> Path:
+    return Path(os.path.realpath(os.path.expanduser(path)))
+
+
+def _nested(a: Path, b: Path) -> bool:
+    """True when a and b are the same folder or one contains the other."""
+    return a == b or a in b.parents or b in a.parents
+
+
+def _static_dir(pattern: str) -> str:
+    """The folder of a path pattern, up to its first brace or glob character."""
+    cut = min((i for i, c in enumerate(pattern) if c in "{*?["), default=len(pattern))
+    return os.path.dirname(pattern[:cut]) or "."
+
+
+def expand_paths(pattern: str) -> list[str]:
+    """Brace-expand, then glob, a path pattern; sorted and de-duplicated, in brace order for brace patterns."""
+    out: list[str] = []
+    for p in braceexpand(pattern):
+        if _GLOB_CHARS.search(p):
+            out.extend(sorted(glob.glob(p)))
+        else:
+            out.append(p)
+    return list(dict.fromkeys(out))
+
+
+def output_dirs(config: dict) -> dict[str, str]:
+    """The folders the workflow writes to, by config key."""
+    dirs = {f"paths.{k}": config["paths"][k] for k in ("raw", "work", "output", "logs")}
+    dest = config.get("publish", {}).get("dest")
+    if dest and not _REMOTE.match(dest):
+        dirs["publish.dest"] = dest
+    return dirs
+
+
+def check_paths(config: dict) -> None:
+    """Refuse output folders that coincide or nest, and outputs that overlap an input."""
+    outs = {k: _real(v) for k, v in output_dirs(config).items()}
+    names = list(outs)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if a == "paths.logs" or b == "paths.logs":
+                if outs[a] == outs[b]:
+                    raise ConfigError(f"{a} and {b} are the same folder ({outs[a]}); give each its own folder.")
+                continue
+            if _nested(outs[a], outs[b]):
+                raise ConfigError(
+                    f"{a} ({config_value(config, a)}) and {b} ({config_value(config, b)}) overlap: "
+                    "the raw cache, work, output and publish folders must be separate, none inside another."
+                )
+    for i, src in enumerate(config["sources"]):
+        where = f"sources[{i}] ({src['name']})"
+        if _REMOTE.match(src["path"]):
+            continue
+        if src["type"] == "folder":
+            src_dir = _real(src["path"])
+            if not src_dir.is_dir():
+                raise ConfigError(f"{where}.path: folder {src['path']} does not exist.")
+        else:
+            src_dir = _real(_static_dir(src["path"]))
+            local = [p for p in expand_paths(src["path"]) if not _REMOTE.match(p)]
+            if not local:
+                raise ConfigError(f"{where}.path: no file matches {src['path']}.")
+            missing = [p for p in local if not os.path.exists(p)]
+            if src["type"] == "manifest" and missing:
+                raise ConfigError(f"{where}.path: manifest {missing[0]} does not exist.")
+            for p in local:
+                for key, out in outs.items():
+                    if _real(p) == out or out in _real(p).parents:
+                        raise ConfigError(f"{where}.path: input {p} lies inside {key} ({out}); keep inputs out of output folders.")
+            if src["type"] == "manifest":
+                continue  # a manifest's own folder is not an input folder
+        for key, out in outs.items():
+            if _nested(src_dir, out):
+                raise ConfigError(
+                    f"{key} ({config_value(config, key)}) overlaps input folder {src['path']} of {where}: "
+                    "a cache or output folder inside an input folder (or the other way round) mixes raw and "
+                    "processed files. Choose a separate folder."
+                )
+
+
+def config_value(config: dict, dotted: str) -> object:
+    node: object = config
+    for part in dotted.split("."):
+        node = node[part]  # type: ignore[index]
+    return node
+
+
+def check_sources(config: dict) -> None:
+    """Source settings that depend on each other."""
+    names = [s["name"] for s in config["sources"]]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"sources: names must be unique; {', '.join(dupes)} used more than once.")
+    for i, src in enumerate(config["sources"]):
+        if src["type"] != "manifest":
+            for key in ("columns", "key_column", "carry_columns"):
+                if key in src:
+                    raise ConfigError(f"sources[{i}] ({src['name']}): '{key}' applies to manifests only.")
+        fmt = src.get("format", "auto")
+        if src.get("columns") and fmt not in ("auto", "csv", "tsv"):
+            raise ConfigError(f"sources[{i}] ({src['name']}): 'columns' (a headerless table) needs format csv or tsv.")
+
+
+def check_config(config: dict) -> None:
+    """Everything beyond the schema, in the order a user would fix it."""
+    check_sources(config)
+    check_paths(config)

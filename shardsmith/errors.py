@@ -1,0 +1,19 @@
+"""Errors shared by the stages.
+
+A `Rejection` is a per-record outcome (the record goes to the ledger and the run goes on);
+a `ConfigError` is the user's to fix before any work starts.
+"""
+
+
+class Rejection(Exception):
+    """One record cannot be published; `reason` is a short snake_case code, `detail` says why."""
+
+    def __init__(self, stage: str, reason: str, detail: str = "") -> None:
+        super().__init__(f"{stage}/{reason}: {detail}" if detail else f"{stage}/{reason}")
+        self.stage = stage
+        self.reason = reason
+        self.detail = detail
+
+
+class ConfigError(ValueError):
+    """The configuration is wrong; the message names the key and what is expected."""

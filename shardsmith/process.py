@@ -1,0 +1,123 @@
+"""Process one part: caption normalization and image resize, from the raw cache to a processed part tar.
+
+Each record either becomes a sample (jpg + txt + json, written in record order) with a row in the
+part's samples table, or a row in the part's rejection table. Images are processed in a thread pool:
+Pillow releases the GIL while decoding, resizing and encoding.
+"""
+
+import hashlib
+import json
+import tarfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
+
+import pandas as pd
+
+from shardsmith.captions import CaptionSettings, pick_caption
+from shardsmith.errors import Rejection
+from shardsmith.resize import ImageResult, ResizeSettings, process_image
+from shardsmith.tario import ShardWriter, atomic_open
+
+SAMPLE_COLUMNS = [
+    "key", "source", "source_id", "url", "width_before", "height_before", "width", "height",
+    "bytes", "sha256", "caption_length", "caption_field", "passthrough",
+    "jpg_offset", "jpg_size", "txt_offset", "txt_size", "json_offset", "json_size",
+]  # fmt: skip
+REJECT_COLUMNS = ["source", "source_id", "url", "key", "stage", "reason", "detail"]
+
+
+def _iter_raw(raw_tar: str) -> Iterator[tuple[int, bytes, dict]]:
+    """(rid, image bytes, source fields) for every fetched record of a raw part tar, in order."""
+    with tarfile.open(raw_tar, mode="r:") as tar:
+        pending: dict[str, bytes] = {}
+        for info in tar:
+            key, ext = info.name.split(".", 1)
+            pending[ext] = tar.extractfile(info).read()
+            if "img" in pending and "meta" in pending:
+                yield int(key[1:]), pending["img"], json.loads(pending["meta"])
+                pending = {}
+
+
+def _transform(
+    item: tuple[int, bytes, dict], resize: ResizeSettings, captions: CaptionSettings
+) -> tuple[int, ImageResult | Rejection, str, str, dict]:
+    rid, data, fields = item
+    try:
+        caption, field = pick_caption(fields, captions)
+        return rid, process_image(data, resize), caption, field, fields
+    except Rejection as r:
+        return rid, r, "", "", fields
+
+
+def sample_json(status: dict, result: ImageResult, caption_field: str, fields: dict) -> bytes:
+    """The sample's `json`: where it came from, sizes, and the original source fields."""
+    meta = {
+        "key": status["key"],
+        "source": status["source"],
+        "source_id": status["source_id"],
+        "url": status["url"],
+        "caption_field": caption_field,
+        "original_width": result.orig_width,
+        "original_height": result.orig_height,
+        "width": result.width,
+        "height": result.height,
+        "fields": fields,
+    }
+    return json.dumps(meta, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _chunks(it: Iterator, n: int) -> Iterator[list]:
+    while batch := list(islice(it, n)):
+        yield batch
+
+
+def process_part(
+    raw_tar: str,
+    status_path: str,
+    out_tar: str,
+    out_samples: str,
+    out_rejected: str,
+    resize: ResizeSettings,
+    captions: CaptionSettings,
+    threads: int = 1,
+) -> tuple[int, int]:
+    """Write the processed part; returns (samples, rejections)."""
+    status = pd.read_parquet(status_path)
+    by_rid = {row["rid"]: row for row in status.to_dict("records")}
+    rejected = [
+        {**{c: row[c] for c in ("source", "source_id", "url", "key")}, "stage": "download", "reason": row["reason"], "detail": row["detail"]}
+        for row in by_rid.values()
+        if row["status"] != "ok"
+    ]
+    samples = []
+    seen: dict[str, str] = {}
+    with atomic_open(out_tar) as f, ShardWriter(f) as tar, ThreadPoolExecutor(max(1, threads)) as pool:
+        for batch in _chunks(_iter_raw(raw_tar), 16 * max(1, threads)):
+            for rid, result, caption, field, fields in pool.map(lambda x: _transform(x, resize, captions), batch):
+                row = by_rid[rid]
+                if not isinstance(result, Rejection) and row["key"] in seen:
+                    result = Rejection("process", "duplicate_key", f"same key as {seen[row['key']]}")
+                if isinstance(result, Rejection):
+                    rejected.append(
+                        {**{c: row[c] for c in ("source", "source_id", "url", "key")}, "stage": result.stage, "reason": result.reason, "detail": result.detail}
+                    )
+                    continue
+                seen[row["key"]] = row["source_id"]
+                txt = caption.encode("utf-8")
+                where = tar.write(row["key"], {"jpg": result.data, "txt": txt, "json": sample_json(row, result, field, fields)})
+                samples.append(
+                    {
+                        "key": row["key"], "source": row["source"], "source_id": row["source_id"], "url": row["url"],
+                        "width_before": result.orig_width, "height_before": result.orig_height,
+                        "width": result.width, "height": result.height, "bytes": len(result.data),
+                        "sha256": hashlib.sha256(result.data).hexdigest(), "caption_length": len(caption),
+                        "caption_field": field, "passthrough": result.passthrough,
+                        **{f"{ext}_{n}": v for ext, (off, size) in where.items() for n, v in (("offset", off), ("size", size))},
+                    }
+                )  # fmt: skip
+    with atomic_open(out_samples) as f:
+        pd.DataFrame(samples, columns=SAMPLE_COLUMNS).to_parquet(f, index=False)
+    with atomic_open(out_rejected) as f:
+        pd.DataFrame(rejected, columns=REJECT_COLUMNS).to_parquet(f, index=False)
+    return len(samples), len(rejected)

@@ -1,0 +1,88 @@
+"""Shards: assign samples to uniform shards, then write each shard from the processed parts.
+
+Samples keep the order of the parts and of the records within them, so the same inputs always give the
+same shards. A key seen before anywhere in the dataset is rejected as a duplicate (the first one wins).
+Every shard holds `samples_per_shard` samples except the last.
+"""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from shardsmith.process import REJECT_COLUMNS
+from shardsmith.tario import ShardWriter, atomic_open, atomic_write_text, read_member
+
+STAGE = "shard"
+
+
+def shard_name(dataset: str, index: int) -> str:
+    return f"{dataset}-{index:06d}"
+
+
+def plan_shards(
+    samples_paths: list[str],
+    part_ids: list[str],
+    dataset: str,
+    samples_per_shard: int,
+    out_dir: str | os.PathLike,
+) -> list[str]:
+    """Write `{name}.samples.parquet` + `{name}.parts` per shard and `duplicates.parquet`; returns shard names."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frames = []
+    for part, path in zip(part_ids, samples_paths, strict=True):
+        df = pd.read_parquet(path)
+        df.insert(0, "part", part)
+        frames.append(df)
+    allsamples = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    dupes = pd.DataFrame(columns=REJECT_COLUMNS)
+    if len(allsamples):
+        first = allsamples.drop_duplicates("key", keep="first").set_index("key")["source_id"]
+        is_dup = allsamples.duplicated("key", keep="first")
+        d = allsamples[is_dup]
+        dupes = pd.DataFrame(
+            {
+                "source": d["source"], "source_id": d["source_id"], "url": d["url"], "key": d["key"],
+                "stage": STAGE, "reason": "duplicate_key",
+                "detail": ["same key as " + first[k] for k in d["key"]],
+            }
+        )  # fmt: skip
+        allsamples = allsamples[~is_dup].reset_index(drop=True)
+    with atomic_open(out_dir / "duplicates.parquet") as f:
+        dupes[REJECT_COLUMNS].to_parquet(f, index=False)
+    names = []
+    for i, start in enumerate(range(0, len(allsamples), samples_per_shard)):
+        name = shard_name(dataset, i)
+        chunk = allsamples.iloc[start : start + samples_per_shard]
+        with atomic_open(out_dir / f"{name}.samples.parquet") as f:
+            chunk.to_parquet(f, index=False)
+        atomic_write_text(out_dir / f"{name}.parts", "".join(f"{p}\n" for p in dict.fromkeys(chunk["part"])))
+        names.append(name)
+    return names
+
+
+def write_shard(plan_path: str, part_tars: dict[str, str], out_tar: str, out_info: str) -> dict:
+    """Copy the planned samples' members from the processed part tars into one deterministic shard."""
+    plan = pd.read_parquet(plan_path)
+    with atomic_open(out_tar) as f, ShardWriter(f) as tar:
+        for row in plan.to_dict("records"):
+            src = part_tars[row["part"]]
+            members = {ext: read_member(src, row[f"{ext}_offset"], row[f"{ext}_size"]) for ext in ("jpg", "txt", "json")}
+            tar.write(row["key"], members)
+    md5, sha = hashlib.md5(), hashlib.sha256()
+    with open(out_tar, "rb") as f:
+        while block := f.read(1 << 20):
+            md5.update(block)
+            sha.update(block)
+    info = {
+        "shard": os.path.basename(out_tar),
+        "nsamples": len(plan),
+        "filesize": os.path.getsize(out_tar),
+        "md5sum": md5.hexdigest(),
+        "sha256": sha.hexdigest(),
+    }
+    atomic_write_text(out_info, json.dumps(info, indent=1, sort_keys=True) + "\n")
+    return info

@@ -1,0 +1,169 @@
+"""Deterministic tar writing and safe tar reading.
+
+Shards are USTAR with mtime 0, uid/gid 0, no owner names and regular files only, members in a fixed
+order, so the same samples give byte-identical tars. Every file is written under a temporary name and
+renamed into place, so a killed job never leaves a truncated file at a final path.
+"""
+
+import contextlib
+import io
+import os
+import tarfile
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+MEMBER_ORDER = ("jpg", "txt", "json")  # fixed order within a sample; other extensions follow, sorted
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]:
+    """Open a temporary file beside `path`; rename it over `path` only when the block ends without error."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _member_sort_key(ext: str) -> tuple[int, str]:
+    return (MEMBER_ORDER.index(ext), "") if ext in MEMBER_ORDER else (len(MEMBER_ORDER), ext)
+
+
+class ShardWriter:
+    """Writes samples `{key}.{ext}` to a deterministic USTAR tar; call `close()` (or use `with`) to finish.
+
+    `offsets()` gives, per written member, the data offset and size, so readers can seek to a member
+    without scanning the tar.
+    """
+
+    def __init__(self, fileobj: BinaryIO) -> None:
+        self._tar = tarfile.open(fileobj=fileobj, mode="w", format=tarfile.USTAR_FORMAT)
+        self._keys: set[str] = set()
+
+    def write(self, key: str, members: dict[str, bytes]) -> dict[str, tuple[int, int]]:
+        """Write one sample; returns {ext: (data offset, size)}. A key may be written only once."""
+        if key in self._keys:
+            raise ValueError(f"duplicate key in shard: {key}")
+        if "." in key or "/" in key:
+            raise ValueError(f"key must not contain '.' or '/': {key!r}")
+        self._keys.add(key)
+        where = {}
+        for ext in sorted(members, key=_member_sort_key):
+            data = members[ext]
+            info = tarfile.TarInfo(f"{key}.{ext}")
+            info.size = len(data)
+            info.mtime = 0
+            info.mode = 0o644
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.type = tarfile.REGTYPE
+            header_at = self._tar.offset
+            self._tar.addfile(info, io.BytesIO(data))
+            where[ext] = (header_at + tarfile.BLOCKSIZE, len(data))
+        return where
+
+    def close(self) -> None:
+        self._tar.close()
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def split_member_name(name: str) -> tuple[str, str] | None:
+    """(key, ext) of a member, split at the LAST dot of its basename; None for names without an extension.
+
+    Source shards written by other tools may have dotted keys (`img.0.jpg`); splitting at the last dot
+    keeps `img.0` one sample instead of merging `img.0.*` and `img.1.*` as WebDataset would.
+    """
+    base = name.rsplit("/", 1)[-1]
+    if "." not in base or base.startswith("."):
+        return None
+    stem, ext = name.rsplit(".", 1)
+    return stem, ext.lower()
+
+
+def unsafe_member_reason(info: tarfile.TarInfo) -> str | None:
+    """Why a source tar member must not be read, or None when it is a plain regular file at a safe path."""
+    if not info.isreg():
+        kind = "link" if (info.issym() or info.islnk()) else "directory" if info.isdir() else "special file"
+        return None if info.isdir() else f"{kind}: {info.name}"
+    if info.name.startswith("/") or Path(info.name).is_absolute():
+        return f"absolute path: {info.name}"
+    if ".." in Path(info.name).parts:
+        return f"path with '..': {info.name}"
+    return None
+
+
+def iter_tar_groups(
+    fileobj: BinaryIO,
+) -> Iterator[tuple[str, dict[str, bytes], list[str]]]:
+    """Stream a source tar as (key, {ext: bytes}, problems) groups of ADJACENT members with the same key.
+
+    Unsafe members (links, devices, absolute or '..' paths) are never read; they are reported in
+    `problems` of the group they belong to. A member whose extension repeats within a group is reported too.
+    """
+    with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+        key: str | None = None
+        members: dict[str, bytes] = {}
+        problems: list[str] = []
+        for info in tar:
+            if info.isdir():
+                continue
+            split = split_member_name(info.name)
+            k, ext = split if split else (info.name, "")
+            if k != key:
+                if key is not None:
+                    yield key, members, problems
+                key, members, problems = k, {}, []
+            reason = unsafe_member_reason(info)
+            if reason:
+                problems.append(reason)
+                continue
+            if not ext:
+                problems.append(f"member without extension: {info.name}")
+                continue
+            if ext in members:
+                problems.append(f"repeated member: {info.name}")
+                continue
+            f = tar.extractfile(info)
+            members[ext] = f.read() if f else b""
+        if key is not None:
+            yield key, members, problems
+
+
+def read_member(path: str | os.PathLike, offset: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(size)
+    if len(data) != size:
+        raise OSError(f"{path}: short read at offset {offset} ({len(data)} of {size} bytes)")
+    return data
+
+
+def write_samples(path: str | os.PathLike, samples: Iterable[tuple[str, dict[str, bytes]]]) -> None:
+    """Write all samples to `path` atomically (convenience for small tars)."""
+    with atomic_open(path) as f, ShardWriter(f) as w:
+        for key, members in samples:
+            w.write(key, members)

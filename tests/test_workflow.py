@@ -1,0 +1,191 @@
+"""The whole workflow, run with snakemake on the generated demo data, checked as a user would."""
+
+import json
+import os
+import signal
+import subprocess
+import tarfile
+import time
+
+import pandas as pd
+import pytest
+import yaml
+
+from shardsmith.demo import make_demo
+from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
+
+pytestmark = pytest.mark.workflow
+PUBLISHED_FILES = {"sizes.json", "wids-index.json", "manifest.parquet", "rejected.parquet", "stats.json", "validation.json"}
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory):
+    data = tmp_path_factory.mktemp("inputs") / "data"
+    counts = make_demo(data)
+    return data, sum(counts.values())
+
+
+@pytest.fixture(scope="module")
+def build(demo_data, tmp_path_factory):
+    data, _ = demo_data
+    root = tmp_path_factory.mktemp("build1")
+    config = demo_config(data, root)
+    run_workflow(root, config)
+    return root, config
+
+
+def out_dir(root):
+    return root / "output" / "demo"
+
+
+def test_ledger_adds_up_every_record_published_or_rejected(build, demo_data):
+    root, _ = build
+    _, n_inputs = demo_data
+    stats = json.loads((out_dir(root) / "stats.json").read_text())
+    manifest = pd.read_parquet(out_dir(root) / "manifest.parquet")
+    rejected = pd.read_parquet(out_dir(root) / "rejected.parquet")
+    assert stats["input_records"] == n_inputs
+    assert stats["published"] + stats["rejected"] == n_inputs
+    assert len(manifest) == stats["published"] and len(rejected) == stats["rejected"]
+    ids = list(manifest["source_id"]) + list(rejected["source_id"])
+    assert len(ids) == len(set(ids)) == n_inputs  # each record exactly once
+    reasons = set(rejected["reason"])
+    assert {"truncated", "not_an_image", "decompression_bomb", "too_small", "no_caption", "not_found"} <= reasons
+    assert {"unsafe_member", "no_image"} <= reasons
+    assert all(rejected["detail"].str.len() > 0)
+
+
+def test_openclip_loader_reads_every_published_sample(build):
+    import open_clip
+    from open_clip_train.data import get_dataset_size, get_wds_dataset
+
+    root, _ = build
+    version_dir = root / "fast-storage" / "demo" / (root / "fast-storage" / "demo" / "latest").read_text().strip()
+    sizes = json.loads((version_dir / "sizes.json").read_text())
+    pattern = str(version_dir / f"demo-{{000000..{len(sizes) - 1:06d}}}.tar")
+    total, n_shards = get_dataset_size(pattern)
+    assert total == sum(sizes.values()) > 0 and n_shards == len(sizes)
+
+    class Args:
+        val_data = pattern
+        val_num_samples = None
+        batch_size = 4
+        workers = 0
+
+    transform = open_clip.image_transform(64, is_train=False)
+    info = get_wds_dataset(Args, transform, is_train=False, tokenizer=open_clip.get_tokenizer("ViT-B-32"))
+    seen = sum(len(images) for images, texts in info.dataloader)
+    assert seen == total
+
+
+def test_shards_are_uniform_and_keys_dot_free_and_unique(build):
+    root, config = build
+    sizes = json.loads((out_dir(root) / "sizes.json").read_text())
+    counts = [sizes[k] for k in sorted(sizes)]
+    assert all(c == config["samples_per_shard"] for c in counts[:-1]) and 0 < counts[-1] <= config["samples_per_shard"]
+    keys = []
+    for name in sorted(sizes):
+        with tarfile.open(out_dir(root) / name) as tar:
+            members = tar.getmembers()
+            assert all(m.isreg() and m.mtime == 0 and m.uid == 0 and m.uname == "" for m in members)
+            names = [m.name for m in members]
+        sample_keys = list(dict.fromkeys(n.split(".")[0] for n in names))
+        assert names == [f"{k}.{e}" for k in sample_keys for e in ("jpg", "txt", "json")]
+        keys += sample_keys
+    assert len(keys) == len(set(keys)) == sum(counts)
+    assert all("." not in k and len(k) <= 100 for k in keys)
+
+
+def test_captions_from_json_description_and_sizes_within_limits(build):
+    root, config = build
+    manifest = pd.read_parquet(out_dir(root) / "manifest.parquet")
+    assert max(manifest[["width", "height"]].max()) <= config["resize"]["max_side"]
+    assert (manifest["width_before"] >= 4000).any()  # the oversize photos were shrunk, not dropped
+    legacy = manifest[manifest["source"] == "legacy"]
+    name = legacy["shard"].iloc[0]
+    with tarfile.open(out_dir(root) / name) as tar:
+        key = legacy[legacy["shard"] == name]["key"].iloc[0]
+        txt = tar.extractfile(f"{key}.txt").read().decode()
+        meta = json.loads(tar.extractfile(f"{key}.json").read())
+    assert txt.startswith("Archive photo") and meta["caption_field"] == "json.description"
+    assert meta["fields"]["json"]["description"] == txt
+
+
+def test_published_version_is_complete_and_latest_written(build):
+    root, _ = build
+    base = root / "fast-storage" / "demo"
+    assert (base / "latest").read_text().strip() == "v1"
+    marker = json.loads((base / "v1" / "_COMPLETE.json").read_text())
+    for name, entry in marker["files"].items():
+        assert sha256(base / "v1" / name) == entry["sha256"]
+        assert sha256(out_dir(root) / name) == entry["sha256"]
+    assert PUBLISHED_FILES <= set(marker["files"])
+
+
+def test_rebuild_in_a_fresh_folder_is_byte_identical(build, demo_data, tmp_path):
+    root1, _ = build
+    data, _ = demo_data
+    root2 = tmp_path / "build2"
+    run_workflow(root2, demo_config(data, root2))
+    files1 = sorted(p.name for p in out_dir(root1).iterdir())
+    assert files1 == sorted(p.name for p in out_dir(root2).iterdir())
+    assert any(f.endswith(".tar") for f in files1)
+    for name in files1:
+        assert sha256(out_dir(root1) / name) == sha256(out_dir(root2) / name), name
+
+
+def test_overlapping_paths_are_refused_before_any_work(demo_data, tmp_path):
+    data, _ = demo_data
+    config = demo_config(data, tmp_path)
+    config["paths"]["raw"] = str(data / "photos")  # the image folder used as the cache folder
+    proc = run_workflow(tmp_path, config, check=False)
+    assert proc.returncode != 0
+    assert "paths.raw" in proc.stderr and "overlaps input folder" in proc.stderr
+    assert not (tmp_path / "work").exists() and not (data / "photos" / "demo").exists()
+
+
+def test_bad_config_value_names_the_key(demo_data, tmp_path):
+    data, _ = demo_data
+    config = demo_config(data, tmp_path, samples_per_shard="lots")
+    proc = run_workflow(tmp_path, config, check=False)
+    assert proc.returncode != 0 and "samples_per_shard" in proc.stderr
+
+
+def test_validation_failure_stops_the_run_and_nothing_is_published(demo_data, tmp_path):
+    data, _ = demo_data
+    config = demo_config(data, tmp_path, validate={"min_shards": 64})
+    proc = run_workflow(tmp_path, config, check=False)
+    assert proc.returncode != 0
+    assert "fewer than validate.min_shards=64" in proc.stdout + proc.stderr
+    assert not (tmp_path / "fast-storage" / "demo").exists()
+
+
+def _tars_are_whole(folder):
+    for path in folder.rglob("*.tar"):
+        with tarfile.open(path) as tar:  # a truncated tar raises here or while listing
+            tar.getmembers()
+
+
+def test_killed_run_leaves_no_truncated_tar_and_rerun_completes(build, demo_data, tmp_path):
+    root1, _ = build
+    data, _ = demo_data
+    root = tmp_path / "killed"
+    config = demo_config(data, root)
+    root.mkdir()
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile",
+           str(root / "config.yaml"), "--workflow-profile", "none", "--cores", "1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list((root / "work").rglob("processed/*.tar"))) < 2:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # like an OOM kill or a node failure: no clean-up at all
+    proc.wait()
+    assert not (root / "fast-storage" / "demo" / "latest").exists()
+    for kind in ("raw", "work", "output"):
+        if (root / kind).exists():
+            _tars_are_whole(root / kind)
+    run_workflow(root, config, "--unlock")
+    run_workflow(root, config, "--rerun-incomplete")
+    for name in json.loads((out_dir(root1) / "sizes.json").read_text()):
+        assert sha256(out_dir(root) / name) == sha256(out_dir(root1) / name)

@@ -1,0 +1,43 @@
+"""Helpers for tests that run the real workflow with snakemake in a temporary folder."""
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+
+
+def demo_config(data: Path, root: Path, **overrides) -> dict:
+    """The demo config with inputs in `data` and every output folder under `root`."""
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["paths"] = {k: str(root / k) for k in ("raw", "work", "output", "logs")}
+    config["publish"] = {"dest": str(root / "fast-storage")}
+    by_name = {s["name"]: s for s in config["sources"]}
+    by_name["cc3m_style"]["path"] = str(data / "manifest.tsv")
+    by_name["photos"]["path"] = str(data / "photos")
+    by_name["legacy"]["path"] = str(data / "shards" / "legacy-{000000..000001}.tar")
+    for key, value in overrides.items():
+        config[key] = value
+    return config
+
+
+def run_workflow(root: Path, config: dict, *args: str, check: bool = True, cores: int = 2) -> subprocess.CompletedProcess:
+    root.mkdir(parents=True, exist_ok=True)
+    cfg = root / "config.yaml"
+    cfg.write_text(yaml.safe_dump(config, sort_keys=False))
+    cmd = [
+        str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile", str(cfg),
+        "--workflow-profile", "none", "--cores", str(cores), *args,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
