@@ -27,7 +27,7 @@ def _nested(a: Path, b: Path) -> bool:
     return a == b or a in b.parents or b in a.parents
 
 
-def _static_dir(pattern: str) -> str:
+def static_dir(pattern: str) -> str:
     """The folder of a path pattern, up to its first brace or glob character."""
     cut = min((i for i, c in enumerate(pattern) if c in "{*?["), default=len(pattern))
     return os.path.dirname(pattern[:cut]) or "."
@@ -77,7 +77,7 @@ def check_paths(config: dict) -> None:
             if not src_dir.is_dir():
                 raise ConfigError(f"{where}.path: folder {src['path']} does not exist.")
         else:
-            src_dir = _real(_static_dir(src["path"]))
+            src_dir = _real(static_dir(src["path"]))
             local = [p for p in expand_paths(src["path"]) if not _REMOTE.match(p)]
             if not local:
                 raise ConfigError(f"{where}.path: no file matches {src['path']}.")

@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlparse
 import pandas as pd
 
 from shardsmith.keys import make_key
+from shardsmith.sources import DEFAULT_IMAGE_EXTENSIONS, path_stem
 from shardsmith.tario import ShardWriter, atomic_open, iter_tar_groups
 
 STAGE = "download"
@@ -116,11 +117,11 @@ def iter_shard_records(
     records: pd.DataFrame, source: dict
 ) -> Iterator[tuple[dict, bytes | None, dict | None]]:
     """Expand each source shard into one record per sample group; unsafe members are never extracted."""
-    exts = [e.lower() for e in source.get("image_extensions", ["jpg", "jpeg", "png", "webp"])]
+    exts = [e.lower() for e in source.get("image_extensions", DEFAULT_IMAGE_EXTENSIONS)]
     rid = 0
     for shard in records.to_dict("records"):
         url = shard["url"]
-        stem = Path(urlparse(url).path).name.split(".")[0]
+        stem = path_stem(url.removesuffix(".gz").removesuffix(".tar") + ".tar", source["path"])
         base = {"source": shard["source"], "url": url}
         try:
             stream = open_source(url)

@@ -15,10 +15,11 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from shardsmith.config import expand_paths
+from shardsmith.config import expand_paths, static_dir
 from shardsmith.errors import ConfigError
 from shardsmith.keys import make_key
 
+DEFAULT_IMAGE_EXTENSIONS = ["jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"]  # as in the schema
 RECORD_COLUMNS = ["rid", "source", "source_id", "url", "key", "fields"]
 _FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
@@ -32,6 +33,16 @@ def manifest_format(path: str, declared: str = "auto") -> str:
     if not fmt:
         raise ConfigError(f"cannot tell the format of manifest {path}; set format: parquet, csv, tsv or jsonl.")
     return fmt
+
+
+def path_stem(path: str, pattern: str) -> str:
+    """A file's path relative to the fixed folder of its pattern, without .gz and the format suffix.
+
+    Keys built from it stay distinct for `a/part.parquet` vs `b/part.parquet` and `cap.2023.tsv` vs `cap.2024.tsv`.
+    """
+    rel = os.path.relpath(path, static_dir(pattern))
+    rel = rel[:-3] if rel.endswith(".gz") else rel
+    return os.path.splitext(rel)[0]
 
 
 def _plain(value: object) -> object:
@@ -77,7 +88,7 @@ def iter_manifest_chunks(path: str, src: dict, chunk: int) -> Iterator[pd.DataFr
 
 def _check_columns(path: str, src: dict, columns: list[str]) -> None:
     for key in ("url_column", "key_column"):
-        col = src.get(key)
+        col = src.get(key, "url" if key == "url_column" else None)
         if col and col not in columns:
             hint = " (a headerless file needs 'columns')" if not src.get("columns") else ""
             raise ConfigError(f"manifest {path} has no column '{col}' ({key}); its columns are {columns}{hint}.")
@@ -87,7 +98,7 @@ def iter_manifest_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
     """Records of a manifest source, as lists of at most part_size; a new file starts a new part."""
     url_col = src.get("url_column", "url")
     for path in expand_paths(src["path"]):
-        stem = Path(path).name.split(".")[0]
+        stem = path_stem(path, src["path"])
         row = 0
         part: list[dict] = []
         for df in iter_manifest_chunks(path, src, part_size):
@@ -113,7 +124,7 @@ def iter_manifest_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
 
 
 def _image_exts(src: dict) -> set[str]:
-    return {e.lower().lstrip(".") for e in src.get("image_extensions", ["jpg", "jpeg", "png", "webp"])}
+    return {e.lower().lstrip(".") for e in src.get("image_extensions", DEFAULT_IMAGE_EXTENSIONS)}
 
 
 def iter_folder_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
@@ -122,7 +133,7 @@ def iter_folder_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
     exts = _image_exts(src)
     part: list[dict] = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))  # .thumbnails, .ipynb_checkpoints
         for name in sorted(filenames):
             if name.startswith(".") or name.rsplit(".", 1)[-1].lower() not in exts or "." not in name:
                 continue

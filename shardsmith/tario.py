@@ -14,7 +14,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-MEMBER_ORDER = ("jpg", "txt", "json")  # fixed order within a sample; other extensions follow, sorted
+MEMBER_ORDER = ("jpg", "txt", "json")
+_UMASK = os.umask(0)
+os.umask(_UMASK)  # fixed order within a sample; other extensions follow, sorted
 
 
 @contextlib.contextmanager
@@ -23,6 +25,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; readers (training jobs) may be other users
     try:
         with os.fdopen(fd, mode) as f:
             yield f
@@ -124,7 +127,8 @@ def iter_tar_groups(
     Unsafe members (links, devices, absolute or '..' paths) are never read; they are reported in
     `problems` of the group they belong to. A member whose extension repeats within a group is reported too.
     """
-    with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+    counted = _CountingReader(fileobj)
+    with tarfile.open(fileobj=counted, mode="r|*") as tar:
         key: str | None = None
         members: dict[str, bytes] = {}
         problems: list[str] = []
@@ -149,8 +153,24 @@ def iter_tar_groups(
                 continue
             f = tar.extractfile(info)
             members[ext] = f.read() if f else b""
+        # tarfile stops quietly at a cut header; a whole tar ends with an end-of-archive block after the last member.
+        if counted.count < tar.offset + tarfile.BLOCKSIZE:
+            raise tarfile.ReadError("truncated tar: no end-of-archive block")
         if key is not None:
             yield key, members, problems
+
+
+class _CountingReader:
+    """Counts the bytes read through it, to tell a whole tar from one cut at a header."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self.count = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self.count += len(data)
+        return data
 
 
 def read_member(path: str | os.PathLike, offset: int, size: int) -> bytes:

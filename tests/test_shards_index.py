@@ -1,0 +1,243 @@
+"""Shard planning and writing, and the index files whose ledger must add up."""
+
+import hashlib
+import io
+import json
+import tarfile
+
+import pandas as pd
+import pytest
+from conftest import jpeg_bytes
+
+from shardsmith.captions import CaptionSettings
+from shardsmith.download import STATUS_COLUMNS, download_part
+from shardsmith.index import MANIFEST_COLUMNS, LedgerMismatch, build_index
+from shardsmith.process import REJECT_COLUMNS, SAMPLE_COLUMNS, process_part
+from shardsmith.resize import ResizeSettings
+from shardsmith.shards import plan_shards, write_shard
+from shardsmith.sources import plan_parts
+from shardsmith.tario import ShardWriter, atomic_open
+
+
+def members_of(key: str) -> dict[str, bytes]:
+    return {
+        "jpg": f"jpeg of {key}".encode(),
+        "txt": f"caption {key}".encode(),
+        "json": json.dumps({"key": key}).encode(),
+    }
+
+
+def make_part(work, part: str, keys: list[str], rejected: int = 0) -> dict:
+    """A processed part (tar + samples table + rejected table) and its download status, built directly."""
+    tar, samples = work / f"{part}.tar", []
+    with atomic_open(tar) as f, ShardWriter(f) as w:
+        for i, key in enumerate(keys):
+            where = w.write(key, members_of(key))
+            samples.append(
+                {
+                    "key": key, "source": "src", "source_id": f"{part}:{i}", "url": f"{key}.jpg",
+                    "width_before": 64, "height_before": 48, "width": 64, "height": 48, "bytes": where["jpg"][1],
+                    "sha256": "0" * 64, "caption_length": 9, "caption_field": "txt", "passthrough": i % 2 == 0,
+                    **{f"{e}_{n}": v for e, (off, size) in where.items() for n, v in (("offset", off), ("size", size))},
+                }
+            )  # fmt: skip
+    paths = {"tar": str(tar), "samples": str(work / f"{part}.samples.parquet")}
+    pd.DataFrame(samples, columns=SAMPLE_COLUMNS).to_parquet(paths["samples"])
+    rej = [
+        {
+            "source": "src",
+            "source_id": f"{part}:bad{i}",
+            "url": "",
+            "key": "",
+            "stage": "download",
+            "reason": "no_url",
+            "detail": "",
+        }
+        for i in range(rejected)
+    ]
+    paths["rejected"] = str(work / f"{part}.rejected.parquet")
+    pd.DataFrame(rej, columns=REJECT_COLUMNS).to_parquet(paths["rejected"])
+    paths["status"] = str(work / f"{part}.status.parquet")
+    pd.DataFrame({"rid": range(len(keys) + rejected)}).to_parquet(paths["status"])
+    return paths
+
+
+@pytest.fixture
+def built(tmp_path):
+    """Three parts (the second repeats a key of the first), planned into shards of 4 and written."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    parts = {
+        "src-000000": make_part(work, "src-000000", [f"a{i}" for i in range(5)], rejected=2),
+        "src-000001": make_part(work, "src-000001", ["b0", "a1", "b1", "b2", "b3"]),
+        "src-000002": make_part(work, "src-000002", ["c0", "c1", "c2"], rejected=1),
+    }
+    names = plan_shards([p["samples"] for p in parts.values()], list(parts), "ds", 4, work / "plan")
+    infos = [
+        write_shard(str(work / "plan" / f"{n}.samples.parquet"), {k: p["tar"] for k, p in parts.items()}, str(out / f"{n}.tar"), str(work / f"{n}.info.json"))
+        for n in names
+    ]  # fmt: skip
+    return {"work": work, "out": out, "parts": parts, "names": names, "infos": infos}
+
+
+def tar_members(path) -> list[tuple[str, bytes]]:
+    with tarfile.open(path) as tar:
+        return [(m.name, tar.extractfile(m).read()) for m in tar]
+
+
+def index_args(b: dict, **override) -> dict:
+    args = {
+        "dataset": "ds",
+        "shard_infos": [str(b["work"] / f"{n}.info.json") for n in b["names"]],
+        "shard_plans": [str(b["work"] / "plan" / f"{n}.samples.parquet") for n in b["names"]],
+        "status_paths": [p["status"] for p in b["parts"].values()],
+        "rejected_paths": [
+            *(p["rejected"] for p in b["parts"].values()),
+            str(b["work"] / "plan" / "duplicates.parquet"),
+        ],
+        "out_dir": b["out"],
+    }
+    return {**args, **override}
+
+
+EXPECTED_KEYS = [*(f"a{i}" for i in range(5)), "b0", "b1", "b2", "b3", "c0", "c1", "c2"]
+
+
+def test_plan_shards_makes_uniform_shards_in_input_order(built):
+    plan = built["work"] / "plan"
+    assert built["names"] == ["ds-000000", "ds-000001", "ds-000002"]
+    keys = [list(pd.read_parquet(plan / f"{n}.samples.parquet")["key"]) for n in built["names"]]
+    assert [len(k) for k in keys] == [4, 4, 4]
+    assert sum(keys, []) == EXPECTED_KEYS
+
+
+def test_plan_shards_last_shard_holds_the_remainder(tmp_path):
+    part = make_part(tmp_path, "src-000000", [f"k{i}" for i in range(7)])
+    names = plan_shards([part["samples"]], ["src-000000"], "ds", 3, tmp_path / "plan")
+    assert [len(pd.read_parquet(tmp_path / "plan" / f"{n}.samples.parquet")) for n in names] == [3, 3, 1]
+
+
+def test_plan_shards_rejects_later_duplicate_keys_and_keeps_the_first(built):
+    dupes = pd.read_parquet(built["work"] / "plan" / "duplicates.parquet")
+    assert list(dupes.columns) == REJECT_COLUMNS
+    assert dupes.to_dict("records") == [
+        {"source": "src", "source_id": "src-000001:1", "url": "a1.jpg", "key": "a1", "stage": "shard", "reason": "duplicate_key", "detail": "same key as src-000000:1"}
+    ]  # fmt: skip
+    first = pd.read_parquet(built["work"] / "plan" / "ds-000000.samples.parquet")
+    assert first.set_index("key").loc["a1", "part"] == "src-000000"
+
+
+def test_parts_files_list_the_parts_each_shard_draws_from(built):
+    parts = [(built["work"] / "plan" / f"{n}.parts").read_text().split() for n in built["names"]]
+    assert parts == [["src-000000"], ["src-000000", "src-000001"], ["src-000001", "src-000002"]]
+
+
+def test_write_shard_copies_the_planned_members_in_order(built):
+    got = [m for n in built["names"] for m in tar_members(built["out"] / f"{n}.tar")]
+    want = [(f"{k}.{e}", members_of(k)[e]) for k in EXPECTED_KEYS for e in ("jpg", "txt", "json")]
+    assert got == want
+
+
+def test_write_shard_info_matches_the_file(built):
+    for n, info in zip(built["names"], built["infos"], strict=True):
+        data = (built["out"] / f"{n}.tar").read_bytes()
+        assert info == {
+            "shard": f"{n}.tar", "nsamples": 4, "filesize": len(data),
+            "md5sum": hashlib.md5(data).hexdigest(), "sha256": hashlib.sha256(data).hexdigest(),
+        }  # fmt: skip
+        assert json.loads((built["work"] / f"{n}.info.json").read_text()) == info
+
+
+def test_write_shard_is_byte_identical_on_rewrite(built, tmp_path):
+    n = built["names"][1]
+    again = tmp_path / "again.tar"
+    write_shard(
+        str(built["work"] / "plan" / f"{n}.samples.parquet"),
+        {k: p["tar"] for k, p in built["parts"].items()},
+        str(again),
+        str(tmp_path / "i.json"),
+    )
+    assert again.read_bytes() == (built["out"] / f"{n}.tar").read_bytes()
+
+
+def test_build_index_writes_index_files_that_add_up(built):
+    out = built["out"]
+    stats = build_index(**index_args(built))
+    assert json.loads((out / "sizes.json").read_text()) == {f"{n}.tar": 4 for n in built["names"]}
+    wids = json.loads((out / "wids-index.json").read_text())
+    assert wids["__kind__"] == "wids-shard-index-v1" and wids["name"] == "ds"
+    for entry, n in zip(wids["shardlist"], built["names"], strict=True):
+        data = (out / f"{n}.tar").read_bytes()
+        assert entry == {
+            "url": f"{n}.tar",
+            "nsamples": 4,
+            "md5sum": hashlib.md5(data).hexdigest(),
+            "filesize": len(data),
+        }
+    manifest = pd.read_parquet(out / "manifest.parquet")
+    assert list(manifest.columns) == MANIFEST_COLUMNS
+    assert list(manifest["key"]) == EXPECTED_KEYS
+    assert list(manifest["shard"]) == [f"ds-00000{i // 4}.tar" for i in range(12)]
+    rejected = pd.read_parquet(out / "rejected.parquet")
+    assert list(rejected.columns) == REJECT_COLUMNS and len(rejected) == 4
+    assert stats == json.loads((out / "stats.json").read_text())
+    assert stats["input_records"] == 16 == stats["published"] + stats["rejected"]
+    assert (stats["published"], stats["rejected"], stats["shards"]) == (12, 4, 3)
+    assert stats["rejected_by_stage"] == {"download": 3, "shard": 1}
+    assert stats["rejected_by_reason"] == {"download/no_url": 3, "shard/duplicate_key": 1}
+    assert stats["published_by_source"] == {"src": 12}
+    assert stats["bytes"] == sum(i["filesize"] for i in built["infos"])
+
+
+def test_build_index_refuses_a_status_row_without_outcome(built, tmp_path):
+    extra = tmp_path / "extra.status.parquet"
+    pd.DataFrame({"rid": [0]}).to_parquet(extra)
+    args = index_args(built)
+    with pytest.raises(LedgerMismatch, match="17 input records != 12 published \\+ 4 rejected"):
+        build_index(**{**args, "status_paths": [*args["status_paths"], str(extra)]})
+    assert not (built["out"] / "stats.json").exists()
+
+
+def test_build_index_refuses_shards_that_disagree_with_their_plans(built):
+    args = index_args(built)
+    with pytest.raises(LedgerMismatch, match="shards hold 8 samples"):
+        build_index(**{**args, "shard_infos": args["shard_infos"][:2]})
+
+
+def test_shard_written_from_real_stages_holds_the_processed_members(tmp_path):
+    """plan_parts -> download_part -> process_part -> plan_shards -> write_shard -> build_index, on a folder."""
+    root = tmp_path / "photos"
+    root.mkdir()
+    for i in range(3):
+        (root / f"p{i}.jpg").write_bytes(jpeg_bytes((80 + i, 40), (10 * i, 100, 50)))
+        (root / f"p{i}.txt").write_text(f"  photo {i}  ")
+    (root / "tiny.jpg").write_bytes(jpeg_bytes((8, 8)))  # rejected by min_side
+    src = {"name": "photos", "type": "folder", "path": str(root)}
+    w = tmp_path / "w"
+    [part] = plan_parts([src], 10, w)
+    status = download_part(str(w / f"{part}.parquet"), str(w / "raw.tar"), str(w / "status.parquet"), src)
+    assert list(status.columns) == STATUS_COLUMNS
+    kept, rejected = process_part(
+        str(w / "raw.tar"), str(w / "status.parquet"), str(w / f"{part}.tar"), str(w / "samples.parquet"),
+        str(w / "rejected.parquet"), ResizeSettings(), CaptionSettings(),
+    )  # fmt: skip
+    assert (kept, rejected) == (3, 1)
+    [name] = plan_shards([str(w / "samples.parquet")], [part], "ds", 10, w / "plan")
+    write_shard(
+        str(w / "plan" / f"{name}.samples.parquet"),
+        {part: str(w / f"{part}.tar")},
+        str(w / f"{name}.tar"),
+        str(w / "info.json"),
+    )
+    assert tar_members(w / f"{name}.tar") == tar_members(w / f"{part}.tar")
+    names = [n for n, _ in tar_members(w / f"{name}.tar")]
+    assert names == [f"photos-p{i}.{e}" for i in range(3) for e in ("jpg", "txt", "json")]
+    stats = build_index(
+        "ds", [str(w / "info.json")], [str(w / "plan" / f"{name}.samples.parquet")], [str(w / "status.parquet")],
+        [str(w / "rejected.parquet"), str(w / "plan" / "duplicates.parquet")], tmp_path / "out",
+    )  # fmt: skip
+    assert (stats["input_records"], stats["published"], stats["rejected"]) == (4, 3, 1)
+    with tarfile.open(w / f"{name}.tar") as tar:
+        assert tar.extractfile("photos-p0.txt").read() == b"photo 0"
+        meta = json.load(io.BytesIO(tar.extractfile("photos-p0.json").read()))
+    assert meta["fields"] == {"txt": "  photo 0  "} and meta["source_id"] == "p0.jpg"
