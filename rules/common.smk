@@ -54,6 +54,11 @@ def get_all_part_samples(wildcards):
     return expand(rules.process_part.output.samples, part=get_part_ids())
 
 
+def get_exclusions(wildcards):
+    """Tables of samples to leave out of the shards (key, stage, reason, detail), from optional stages."""
+    return []
+
+
 def get_ledger_inputs(wildcards):
     """Every part's status and rejection tables, plus the duplicate keys found when planning shards."""
     parts = get_part_ids()
@@ -61,7 +66,7 @@ def get_ledger_inputs(wildcards):
         "status": expand(rules.download_part.output.status, part=parts),
         "rejected": [
             *expand(rules.process_part.output.rejected, part=parts),
-            f"{checkpoints.plan_shards.get().output[0]}/duplicates.parquet",
+            f"{checkpoints.plan_shards.get().output[0]}/dropped.parquet",
         ],
     }
 

@@ -1,6 +1,7 @@
 checkpoint plan_shards:
     input:
         samples=get_all_part_samples,
+        exclusions=get_exclusions,
     output:
         directory(f"{WORK}/plan/shards"),
     log:

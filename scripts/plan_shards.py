@@ -18,6 +18,7 @@ def main() -> None:
         dataset=snakemake.params.layout["dataset"],
         samples_per_shard=snakemake.params.layout["samples_per_shard"],
         out_dir=snakemake.output[0],
+        exclusions=list(snakemake.input.exclusions),
     )
     print(f"planned {len(names)} shards of at most {snakemake.params.layout['samples_per_shard']} samples")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from shardsmith.process import REJECT_COLUMNS
+from shardsmith.process import REJECT_COLUMNS, SAMPLE_COLUMNS
 from shardsmith.tario import ShardWriter, atomic_open, atomic_write_text, read_member
 
 STAGE = "shard"
@@ -22,41 +22,53 @@ def shard_name(dataset: str, index: int) -> str:
     return f"{dataset}-{index:06d}"
 
 
+def _ledger_rows(samples: pd.DataFrame, stage: object, reason: object, detail: object) -> pd.DataFrame:
+    """Rejection rows for samples that were processed but are left out of the shards."""
+    rows = samples[["source", "source_id", "url", "key"]].reset_index(drop=True)
+    return rows.assign(stage=stage, reason=reason, detail=detail)[REJECT_COLUMNS]
+
+
 def plan_shards(
     samples_paths: list[str],
     part_ids: list[str],
     dataset: str,
     samples_per_shard: int,
     out_dir: str | os.PathLike,
+    exclusions: list[str] = (),
 ) -> list[str]:
-    """Write `{name}.samples.parquet` + `{name}.parts` per shard and `duplicates.parquet`; returns shard names."""
+    """Write `{name}.samples.parquet` + `{name}.parts` per shard and `dropped.parquet`; returns shard names.
+
+    `exclusions` are parquet tables (key, stage, reason, detail) from stages that drop samples after
+    processing (e.g. a similarity threshold, records already published); their samples go to the ledger
+    with that reason, and the shards stay uniform.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    frames = []
-    for part, path in zip(part_ids, samples_paths, strict=True):
-        df = pd.read_parquet(path)
-        df.insert(0, "part", part)
-        frames.append(df)
-    allsamples = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    dupes = pd.DataFrame(columns=REJECT_COLUMNS)
-    if len(allsamples):
-        first = allsamples.drop_duplicates("key", keep="first").set_index("key")["source_id"]
-        is_dup = allsamples.duplicated("key", keep="first")
-        d = allsamples[is_dup]
-        dupes = pd.DataFrame(
-            {
-                "source": d["source"], "source_id": d["source_id"], "url": d["url"], "key": d["key"],
-                "stage": STAGE, "reason": "duplicate_key",
-                "detail": ["same key as " + first[k] for k in d["key"]],
-            }
-        )  # fmt: skip
-        allsamples = allsamples[~is_dup].reset_index(drop=True)
-    with atomic_open(out_dir / "duplicates.parquet") as f:
-        dupes[REJECT_COLUMNS].to_parquet(f, index=False)
+    frames = [pd.read_parquet(path).assign(part=part) for part, path in zip(part_ids, samples_paths, strict=True)]
+    samples = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*SAMPLE_COLUMNS, "part"])
+    dropped = [pd.DataFrame(columns=REJECT_COLUMNS)]
+
+    if exclusions:
+        excluded = pd.concat([pd.read_parquet(p) for p in exclusions], ignore_index=True)
+        excluded = excluded.drop_duplicates("key", keep="first").set_index("key")
+        hit = samples["key"].isin(excluded.index)
+        why = excluded.loc[samples.loc[hit, "key"]]
+        dropped.append(_ledger_rows(samples[hit], why["stage"].values, why["reason"].values, why["detail"].values))
+        samples = samples[~hit].reset_index(drop=True)
+
+    is_dup = samples.duplicated("key", keep="first")
+    if is_dup.any():
+        first = samples[~is_dup].set_index("key")["source_id"]
+        detail = ["same key as " + first[k] for k in samples.loc[is_dup, "key"]]
+        dropped.append(_ledger_rows(samples[is_dup], STAGE, "duplicate_key", detail))
+        samples = samples[~is_dup].reset_index(drop=True)
+
+    with atomic_open(out_dir / "dropped.parquet") as f:
+        pd.concat(dropped, ignore_index=True).to_parquet(f, index=False)
     names = []
-    for i, start in enumerate(range(0, len(allsamples), samples_per_shard)):
+    for i, start in enumerate(range(0, len(samples), samples_per_shard)):
         name = shard_name(dataset, i)
-        chunk = allsamples.iloc[start : start + samples_per_shard]
+        chunk = samples.iloc[start : start + samples_per_shard]
         with atomic_open(out_dir / f"{name}.samples.parquet") as f:
             chunk.to_parquet(f, index=False)
         atomic_write_text(out_dir / f"{name}.parts", "".join(f"{p}\n" for p in dict.fromkeys(chunk["part"])))

@@ -93,7 +93,7 @@ def index_args(b: dict, **override) -> dict:
         "status_paths": [p["status"] for p in b["parts"].values()],
         "rejected_paths": [
             *(p["rejected"] for p in b["parts"].values()),
-            str(b["work"] / "plan" / "duplicates.parquet"),
+            str(b["work"] / "plan" / "dropped.parquet"),
         ],
         "out_dir": b["out"],
     }
@@ -118,7 +118,7 @@ def test_plan_shards_last_shard_holds_the_remainder(tmp_path):
 
 
 def test_plan_shards_rejects_later_duplicate_keys_and_keeps_the_first(built):
-    dupes = pd.read_parquet(built["work"] / "plan" / "duplicates.parquet")
+    dupes = pd.read_parquet(built["work"] / "plan" / "dropped.parquet")
     assert list(dupes.columns) == REJECT_COLUMNS
     assert dupes.to_dict("records") == [
         {"source": "src", "source_id": "src-000001:1", "url": "a1.jpg", "key": "a1", "stage": "shard", "reason": "duplicate_key", "detail": "same key as src-000000:1"}
@@ -234,10 +234,26 @@ def test_shard_written_from_real_stages_holds_the_processed_members(tmp_path):
     assert names == [f"photos-p{i}.{e}" for i in range(3) for e in ("jpg", "txt", "json")]
     stats = build_index(
         "ds", [str(w / "info.json")], [str(w / "plan" / f"{name}.samples.parquet")], [str(w / "status.parquet")],
-        [str(w / "rejected.parquet"), str(w / "plan" / "duplicates.parquet")], tmp_path / "out",
+        [str(w / "rejected.parquet"), str(w / "plan" / "dropped.parquet")], tmp_path / "out",
     )  # fmt: skip
     assert (stats["input_records"], stats["published"], stats["rejected"]) == (4, 3, 1)
     with tarfile.open(w / f"{name}.tar") as tar:
         assert tar.extractfile("photos-p0.txt").read() == b"photo 0"
         meta = json.load(io.BytesIO(tar.extractfile("photos-p0.json").read()))
     assert meta["fields"] == {"txt": "  photo 0  "} and meta["source_id"] == "p0.jpg"
+
+
+def test_exclusions_go_to_the_ledger_with_their_reason_and_shards_stay_uniform(tmp_path):
+    from shardsmith.process import SAMPLE_COLUMNS
+
+    rows = [{c: 0 for c in SAMPLE_COLUMNS} | {"key": f"k{i}", "source": "s", "source_id": f"id{i}", "url": ""} for i in range(7)]
+    part = tmp_path / "p.samples.parquet"
+    pd.DataFrame(rows).to_parquet(part)
+    excl = tmp_path / "excl.parquet"
+    pd.DataFrame({"key": ["k1", "k4"], "stage": "embed", "reason": "low_similarity", "detail": "0.01 < 0.2"}).to_parquet(excl)
+    names = plan_shards([str(part)], ["s-000000"], "ds", 2, tmp_path / "plan", exclusions=[str(excl)])
+    kept = [list(pd.read_parquet(tmp_path / "plan" / f"{n}.samples.parquet")["key"]) for n in names]
+    assert kept == [["k0", "k2"], ["k3", "k5"], ["k6"]]
+    dropped = pd.read_parquet(tmp_path / "plan" / "dropped.parquet")
+    assert list(dropped["key"]) == ["k1", "k4"] and set(dropped["reason"]) == {"low_similarity"}
+    assert set(dropped["stage"]) == {"embed"} and list(dropped["source_id"]) == ["id1", "id4"]
