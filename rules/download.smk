@@ -12,9 +12,12 @@ checkpoint plan_parts:
         "../scripts/plan_parts.py"
 
 
+# Outputs are also hard-linked under {RAW}/.keep/, which Snakemake does not delete before a rerun:
+# a rerun of a part fetches only its failed records (see shardsmith/download.py, make retry-failed).
 rule download_part:
     input:
         records=get_part_records,
+        retry=get_retry_marker,
     output:
         tar=f"{RAW}/{{part}}.tar",
         status=f"{RAW}/{{part}}.status.parquet",
@@ -24,5 +27,7 @@ rule download_part:
         "../envs/shards.yaml"
     params:
         source=get_part_source,
+        download=config["download"],
+        s3=config["s3"],
     script:
         "../scripts/download_part.py"

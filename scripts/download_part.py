@@ -1,4 +1,4 @@
-"""Rule glue for download_part: logic in shardsmith.download."""
+"""Rule glue for download_part: logic in shardsmith.download (records, raw cache) and shardsmith.fetch."""
 
 import sys
 
@@ -14,9 +14,13 @@ def main() -> None:
         out_tar=snakemake.output.tar,
         out_status=snakemake.output.status,
         source=snakemake.params.source,
+        settings=snakemake.params.download,
+        s3=snakemake.params.s3,
+        retry_marker=snakemake.input.retry[0] if snakemake.input.retry else None,
     )
-    print(f"{snakemake.wildcards.part}: {len(status)} records, {(status['status'] == 'ok').sum()} fetched")
-    print(status.loc[status["status"] != "ok", "reason"].value_counts().to_string())
+    failed = status[status["status"] != "ok"]
+    if len(failed):
+        print("failures by reason:\n" + failed["reason"].value_counts().to_string())
 
 
 run_job(snakemake.log[0], main)

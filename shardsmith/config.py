@@ -34,10 +34,13 @@ def static_dir(pattern: str) -> str:
 
 
 def expand_paths(pattern: str) -> list[str]:
-    """Brace-expand, then glob, a path pattern; sorted and de-duplicated, in brace order for brace patterns."""
+    """Brace-expand, then glob, a path pattern; sorted and de-duplicated, in brace order for brace patterns.
+
+    URLs (http, https, s3) are brace-expanded only: `?` starts a query and there is no folder to glob.
+    """
     out: list[str] = []
     for p in braceexpand(pattern):
-        if _GLOB_CHARS.search(p):
+        if _GLOB_CHARS.search(p) and not _REMOTE.match(p):
             out.extend(sorted(glob.glob(p)))
         else:
             out.append(p)
@@ -114,7 +117,7 @@ def check_sources(config: dict) -> None:
         raise ConfigError(f"sources: names must be unique; {', '.join(dupes)} used more than once.")
     for i, src in enumerate(config["sources"]):
         if src["type"] != "manifest":
-            for key in ("columns", "key_column", "carry_columns"):
+            for key in ("columns", "key_column", "carry_columns", "hash_column"):
                 if key in src:
                     raise ConfigError(f"sources[{i}] ({src['name']}): '{key}' applies to manifests only.")
         fmt = src.get("format", "auto")
@@ -126,3 +129,47 @@ def check_config(config: dict) -> None:
     """Everything beyond the schema, in the order a user would fix it."""
     check_sources(config)
     check_paths(config)
+
+
+def _dotted(path: list[object]) -> str:
+    """`resize.quality`, `sources[0].type` from a JSON path."""
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def schema_error_message(exc: BaseException) -> str:
+    """One line naming the key and what it must be, from Snakemake's WorkflowError around a jsonschema error.
+
+    Snakemake prints the schema error with the failing sub-schema, often 40 lines; the user needs the key,
+    the value and the rule.
+    """
+    import difflib
+
+    from jsonschema.exceptions import ValidationError
+
+    err = exc
+    while err is not None and not isinstance(err, ValidationError):
+        err = err.__cause__ or err.__context__
+    if err is None:  # not a schema error: keep Snakemake's first meaningful line
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.startswith("WorkflowError")]
+        return lines[0] if lines else str(exc)
+    key = _dotted(list(err.absolute_path))
+    described = err.schema.get("description", "") if isinstance(err.schema, dict) else ""
+    if err.validator == "additionalProperties":
+        allowed = list(err.schema.get("properties", {}))
+        unknown = re.findall(r"'([^']+)'", err.message.split("(", 1)[-1]) or ["?"]
+        where = f"{key}." if key else ""
+        close = difflib.get_close_matches(unknown[0], allowed, n=1)
+        hint = f"did you mean '{where}{close[0]}'?" if close else f"known keys here: {', '.join(allowed)}"
+        return f"{where}{unknown[0]}: unknown key; {hint}"
+    if err.validator == "required":
+        missing = re.findall(r"'([^']+)' is a required property", err.message) or ["?"]
+        sub = err.schema.get("properties", {}).get(missing[0], {})
+        what = f" ({sub['description']})" if sub.get("description") else ""
+        return f"{key + '.' if key else ''}{missing[0]}: missing; this key is required{what}"
+    value = repr(err.instance)
+    message = err.message.removeprefix(value).strip()  # jsonschema starts with the value: say it once
+    value = value if len(value) <= 60 else value[:57] + "..."
+    return f"{key or '(top level)'} = {value} {message}" + (f" ({described.rstrip('.')})" if described else "")

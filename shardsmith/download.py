@@ -1,59 +1,64 @@
 """Download: fetch each record's raw bytes into the part's raw-cache tar, with a status row per record.
 
 The raw cache holds bytes exactly as fetched, so a rebuild or a change of resize settings never fetches
-again. Every input record gets one status row (ok, or an error with a reason); nothing is dropped silently.
+again. Every input record gets one status row (ok, or an error with a reason, the HTTP status, bytes and
+attempts); nothing is dropped silently. Remote records are fetched concurrently by shardsmith.fetch;
+source shards (local, https://, s3://) are streamed and never extracted.
+
+Retrying without refetching: the job's outputs ({raw}/{dataset}/{part}.tar and .status.parquet) are also
+hard-linked under {raw}/{dataset}/.keep/. Snakemake deletes a job's outputs before it reruns the job, but
+the .keep links survive, so any rerun of a part (`make retry-failed`, `--forcerun download_part`, a
+changed download setting) reuses every record whose URL is unchanged and whose outcome is final, and
+fetches only records never fetched and failures whose reason is in `download.retry_reasons`.
 """
 
+import argparse
+import contextlib
+import hashlib
 import json
 import os
+import shutil
+import sys
 import tarfile
-from collections.abc import Iterator
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 import pandas as pd
 
+from shardsmith.fetch import (
+    DEFAULT_RETRY_REASONS,
+    AttemptError,
+    Fetcher,
+    FetchError,
+    FetchSettings,
+    Outcome,
+    StreamError,
+    check_hash,
+    local_path,
+    open_source,
+    open_stream_url,
+)
 from shardsmith.keys import make_key
+from shardsmith.s3 import S3Error, S3Settings
 from shardsmith.sources import DEFAULT_IMAGE_EXTENSIONS, path_stem
-from shardsmith.tario import ShardWriter, atomic_open, iter_tar_groups
+from shardsmith.tario import ShardWriter, atomic_open, atomic_write_text, iter_tar_groups
+
+__all__ = ["FetchError", "local_path", "open_source", "fetch_bytes", "download_part", "STATUS_COLUMNS"]
 
 STAGE = "download"
-STATUS_COLUMNS = ["rid", "source", "source_id", "url", "key", "status", "reason", "detail", "bytes"]
+STATUS_COLUMNS = [
+    "rid", "source", "source_id", "url", "key", "status", "reason", "detail", "bytes", "http_status", "attempts",
+]  # fmt: skip
+_INT_COLUMNS = {"rid": "int64", "bytes": "int64", "http_status": "int64", "attempts": "int64"}
 SIDECARS = ("txt", "json")
-
-
-class FetchError(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-
-
-def local_path(url: str) -> str | None:
-    """The filesystem path of a local URL (plain path or file://), else None."""
-    if url.startswith("file://"):
-        return unquote(urlparse(url).path)
-    if "://" in url:
-        return None
-    return url
-
-
-def open_source(url: str):  # -> BinaryIO
-    """Open a source for reading; local paths and file:// URLs (remote schemes come with the downloader)."""
-    path = local_path(url)
-    if path is None:
-        raise FetchError("unsupported_url", f"no fetcher for {url.split('://')[0]}:// URLs")
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise FetchError("not_found", f"no such file: {path}") from None
-    except IsADirectoryError:
-        raise FetchError("unreadable", f"is a folder, not a file: {path}") from None
-    except OSError as e:
-        raise FetchError("unreadable", f"{path}: {e.strerror or e}") from None
+KEEP_DIR = ".keep"
 
 
 def fetch_bytes(url: str) -> bytes:
+    """The bytes of a local path or file:// URL."""
     if not url:
         raise FetchError("no_url", "the record has no URL")
     with open_source(url) as f:
@@ -92,78 +97,419 @@ def read_sidecars(image_path: str) -> dict[str, object]:
     return member_fields(members)
 
 
-def _ok(rec: dict, data: bytes, fields: dict) -> tuple[dict, bytes, dict]:
-    return {**rec, "status": "ok", "reason": "", "detail": "", "bytes": len(data)}, data, fields
+def _row(rec: dict, outcome: Outcome) -> dict:
+    return {
+        **{c: rec[c] for c in ("rid", "source", "source_id", "url", "key")},
+        "status": "ok" if outcome.ok else "error",
+        "reason": outcome.reason,
+        "detail": outcome.detail,
+        "bytes": outcome.nbytes,
+        "http_status": outcome.http_status,
+        "attempts": outcome.attempts,
+    }
 
 
-def _error(rec: dict, reason: str, detail: str) -> tuple[dict, None, None]:
-    return {**rec, "status": "error", "reason": reason, "detail": detail, "bytes": 0}, None, None
+def _ok(rec: dict, data: bytes, fields: dict, http_status: int = 0, attempts: int = 1) -> tuple[dict, bytes, dict]:
+    return _row(rec, Outcome(nbytes=len(data), http_status=http_status, attempts=attempts)), data, fields
 
 
-def iter_file_records(records: pd.DataFrame, with_sidecars: bool) -> Iterator[tuple[dict, bytes | None, dict | None]]:
-    for rec in records.to_dict("records"):
+def _error(rec: dict, reason: str, detail: str, http_status: int = 0, attempts: int = 1) -> tuple[dict, None, None]:
+    return _row(rec, Outcome(reason=reason, detail=detail, http_status=http_status, attempts=attempts)), None, None
+
+
+# --- the raw-cache keep ---------------------------------------------------------------------------
+
+
+class Keep:
+    """The .keep links of one part's raw tar and status, with a small JSON that says they belong together."""
+
+    def __init__(self, out_tar: str | os.PathLike) -> None:
+        out_tar = Path(out_tar)
+        part = out_tar.name.removesuffix(".tar")
+        self.dir = out_tar.parent / KEEP_DIR
+        self.tar = self.dir / f"{part}.tar"
+        self.status = self.dir / f"{part}.status.parquet"
+        self.meta = self.dir / f"{part}.json"
+        self.marker = self.dir / f"{part}.retry"
+        self._reader = None
+
+    def load(self) -> pd.DataFrame | None:
+        """The kept status table, or None when there is none or its files do not match (a run killed mid-save)."""
         try:
-            data = fetch_bytes(rec["url"])
-        except FetchError as e:
-            yield _error(rec, e.reason, e.detail)
-            continue
-        fields = json.loads(rec["fields"])
-        if with_sidecars:
-            fields.update(read_sidecars(local_path(rec["url"]) or rec["url"]))
-        yield _ok(rec, data, fields)
+            meta = json.loads(self.meta.read_text())
+            if self.tar.stat().st_size != meta["tar_size"] or _sha256(self.status) != meta["status_sha256"]:
+                return None
+            status = pd.read_parquet(self.status)
+        except (OSError, ValueError, KeyError):
+            return None
+        for col in STATUS_COLUMNS:  # a keep written before a column existed
+            if col not in status:
+                status[col] = 0
+        return status
+
+    def mark(self, reasons: set[str]) -> None:
+        """Ask for these failures to be fetched again (see mark_failed)."""
+        atomic_write_text(self.marker, json.dumps({"reasons": sorted(reasons)}) + "\n")
+
+    def marked_reasons(self, marker: str | os.PathLike | None) -> set[str]:
+        """The reasons a retry marker asks for, if it was set after this part's last download."""
+        try:
+            if marker is None or (self.meta.exists() and os.path.getmtime(marker) < os.path.getmtime(self.meta)):
+                return set()
+            return set(json.loads(Path(marker).read_text())["reasons"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return set()
+
+    def members(self) -> dict[int, dict[str, tuple[int, int]]]:
+        """{rid: {ext: (offset, size)}} of the kept tar, read from its headers only."""
+        out: dict[int, dict[str, tuple[int, int]]] = {}
+        with tarfile.open(self.tar, mode="r:") as tar:
+            for info in tar:
+                key, ext = info.name.split(".", 1)
+                out.setdefault(int(key[1:]), {})[ext] = (info.offset_data, info.size)
+        return out
+
+    def read(self, where: tuple[int, int]) -> bytes:
+        if self._reader is None:
+            self._reader = open(self.tar, "rb")  # noqa: SIM115 - one handle for the whole part; see close()
+        self._reader.seek(where[0])
+        data = self._reader.read(where[1])
+        if len(data) != where[1]:
+            raise OSError(f"{self.tar}: short read at {where[0]}")
+        return data
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def save(self, out_tar: str, out_status: str, status: pd.DataFrame) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _link_or_copy(Path(out_tar), self.tar)
+        _link_or_copy(Path(out_status), self.status)
+        meta = {
+            "tar_size": self.tar.stat().st_size,
+            "status_sha256": _sha256(self.status),
+            "records": len(status),
+            "reasons": dict(Counter(r for r in status["reason"] if r)),
+        }
+        atomic_write_text(self.meta, json.dumps(meta, indent=1, sort_keys=True) + "\n")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Make `dst` the same file as `src` (a hard link; a copy where links are not supported), atomically."""
+    tmp = dst.parent / f".{dst.name}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
+
+
+def _reusable(prev: dict | None, rec: dict, retry: set[str]) -> bool:
+    """A kept outcome stands when it is for the same URL and source record and is not to be retried."""
+    return (
+        prev is not None
+        and prev["url"] == rec["url"]
+        and prev["source_id"] == rec["source_id"]
+        and (prev["status"] == "ok" or prev["reason"] not in retry)
+    )
+
+
+# --- manifest and folder records ------------------------------------------------------------------
+
+
+def download_records(
+    records: pd.DataFrame,
+    source: dict,
+    fetcher: Fetcher,
+    tar: ShardWriter,
+    keep: Keep | None,
+    kept: pd.DataFrame | None,
+    spool_dir: str,
+    label: str = "",
+    refetch: set[str] | None = None,
+) -> list[dict]:
+    """Fetch what is not in the keep, then write every ok record to `tar` in record order; returns status rows.
+
+    Kept failures whose reason is in `refetch` (default: the retry reasons) are fetched again.
+    """
+    recs = records.to_dict("records")
+    retry = set(fetcher.s.retry_reasons) if refetch is None else refetch
+    hash_type = source.get("hash_type", "md5")
+    expected = {r["rid"]: (r.get("hash") or None) for r in recs}
+    kept_members = {}
+    if keep is not None and kept is not None:
+        try:
+            kept_members = keep.members()
+        except (tarfile.TarError, OSError, ValueError) as e:
+            fetcher.log(f"download {label}: the raw cache's tar is unreadable ({e}); fetching the whole part")
+            kept = None
+    prev_rows = {} if kept is None else {int(r["rid"]): r for r in kept.to_dict("records")}
+    reused: dict[int, dict] = {}
+    jobs = []
+    for rec in recs:
+        prev = prev_rows.get(rec["rid"])
+        if _reusable(prev, rec, retry) and (prev["status"] != "ok" or rec["rid"] in kept_members):
+            if prev["status"] == "ok" and expected[rec["rid"]]:
+                try:  # the manifest's hash may have changed since the bytes were kept
+                    check_hash(keep.read(kept_members[rec["rid"]]["img"]), expected[rec["rid"]], hash_type)
+                except AttemptError:
+                    jobs.append((rec["rid"], rec["url"], expected[rec["rid"]]))
+                    continue
+            reused[rec["rid"]] = prev
+        else:
+            jobs.append((rec["rid"], rec["url"], expected[rec["rid"]]))
+    if reused:
+        fetcher.log(f"download {label}: {len(reused)} records kept from the raw cache, {len(jobs)} to fetch")
+
+    outcomes: dict[int, Outcome] = {}
+    spooled: dict[int, tuple[int, int]] = {}
+    with tempfile.TemporaryFile(dir=spool_dir, prefix=".spool-") as spool:
+
+        def on_result(rid: int, outcome: Outcome) -> None:
+            if outcome.ok:  # bodies arrive out of order; spool them so the tar is written in record order
+                spooled[rid] = (spool.tell(), len(outcome.data))
+                spool.write(outcome.data)
+                outcome.data = None
+            outcomes[rid] = outcome
+
+        fetcher.fetch_all(jobs, on_result, hash_type=hash_type, label=label)
+        rows = []
+        for rec in recs:
+            rid = rec["rid"]
+            if rid in reused:
+                prev = reused[rid]
+                row = {
+                    **{c: prev[c] for c in STATUS_COLUMNS},
+                    **{c: rec[c] for c in ("rid", "source", "source_id", "url", "key")},
+                }
+                data = keep.read(kept_members[rid]["img"]) if prev["status"] == "ok" else None
+            else:
+                outcome = outcomes[rid]
+                row = _row(rec, outcome)
+                data = None
+                if outcome.ok:
+                    spool.seek(spooled[rid][0])
+                    data = spool.read(spooled[rid][1])
+            rows.append(row)
+            if data is not None:
+                fields = json.loads(rec["fields"])
+                if source["type"] == "folder":
+                    fields.update(read_sidecars(local_path(rec["url"]) or rec["url"]))
+                meta = json.dumps(fields, sort_keys=True, ensure_ascii=False).encode("utf-8")
+                tar.write(f"r{rid:07d}", {"img": data, "meta": meta})
+    if keep is not None:
+        keep.close()
+    return rows
+
+
+# --- source shards --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _open_shard(url: str, fetcher: Fetcher | None) -> Iterator[tuple[object, int, int]]:
+    """(file, HTTP status, attempts) of a source shard: local files opened, remote ones streamed."""
+    if local_path(url) is not None or fetcher is None:
+        with open_source(url) as f:
+            yield f, 0, 1
+    else:
+        with open_stream_url(url, fetcher) as opened:
+            yield opened
 
 
 def iter_shard_records(
-    records: pd.DataFrame, source: dict
+    records: pd.DataFrame, source: dict, fetcher: Fetcher | None = None
 ) -> Iterator[tuple[dict, bytes | None, dict | None]]:
-    """Expand each source shard into one record per sample group; unsafe members are never extracted."""
+    """Expand each source shard into one record per sample group; unsafe members are never extracted.
+
+    A shard that cannot be opened gives one error row (source_id = its URL); one that breaks off gives the
+    groups read so far plus one `{url}#<rest>` row with the reason (broken_shard, truncated_download,
+    timeout, deadline, an S3 reason, ...).
+    """
     exts = [e.lower() for e in source.get("image_extensions", DEFAULT_IMAGE_EXTENSIONS)]
     rid = 0
     for shard in records.to_dict("records"):
         url = shard["url"]
         stem = path_stem(url.removesuffix(".gz").removesuffix(".tar") + ".tar", source["path"])
         base = {"source": shard["source"], "url": url}
+        first = rid
+        failure: tuple[str, str] | None = None
+        http_status, attempts = 0, 1
         try:
-            stream = open_source(url)
-        except FetchError as e:
-            yield _error({**base, "rid": rid, "source_id": url, "key": ""}, e.reason, e.detail)
+            with _open_shard(url, fetcher) as (stream, http_status, attempts):
+                try:
+                    for orig_key, members, problems in iter_tar_groups(stream):
+                        rec = {
+                            **base,
+                            "rid": rid,
+                            "source_id": f"{url}#{orig_key}",
+                            "key": make_key(source["name"], stem, orig_key),
+                        }
+                        rid += 1
+                        image_ext = next((e for e in exts if e in members), None)
+                        if problems:
+                            yield _error(rec, "unsafe_member", "; ".join(problems), http_status, attempts)
+                        elif image_ext is None:
+                            yield _error(
+                                rec,
+                                "no_image",
+                                f"no image member among {sorted(members) or 'none'}",
+                                http_status,
+                                attempts,
+                            )
+                        else:
+                            yield _ok(rec, members[image_ext], member_fields(members), http_status, attempts)
+                except StreamError as e:
+                    failure = (e.reason, f"source shard broke off after {rid - first} records: {e.detail}")
+                except (tarfile.TarError, EOFError, OSError) as e:
+                    failure = ("broken_shard", f"source shard unreadable after {rid - first} records: {e}")
+        except (FetchError, StreamError) as e:
+            failure = (e.reason, e.detail)
+        except AttemptError as e:
+            failure, http_status, attempts = (e.reason, e.detail), e.http_status, e.attempts
+        except S3Error as e:  # raised when the stream ends: it explains a tar error seen before it
+            timed_out = e.reason == "timeout" and fetcher is not None and fetcher.left() <= 0
+            failure = ("deadline" if timed_out else e.reason, f"{e.detail} (after {rid - first} records)")
+        if failure:
+            sid = url if rid == first else f"{url}#<rest>"
+            yield _error({**base, "rid": rid, "source_id": sid, "key": ""}, *failure, http_status, attempts)
             rid += 1
-            continue
-        with stream:
-            try:
-                for orig_key, members, problems in iter_tar_groups(stream):
-                    rec = {**base, "rid": rid, "source_id": f"{url}#{orig_key}", "key": make_key(source["name"], stem, orig_key)}
-                    rid += 1
-                    image_ext = next((e for e in exts if e in members), None)
-                    if problems:
-                        yield _error(rec, "unsafe_member", "; ".join(problems))
-                    elif image_ext is None:
-                        yield _error(rec, "no_image", f"no image member among {sorted(members) or 'none'}")
-                    else:
-                        yield _ok(rec, members[image_ext], member_fields(members))
-            except (tarfile.TarError, EOFError, OSError) as e:
-                rec = {**base, "rid": rid, "source_id": f"{url}#<rest>", "key": ""}
-                rid += 1
-                yield _error(rec, "broken_shard", f"source shard unreadable after {rid - 1} records: {e}")
+
+
+def _shard_keys(status: pd.DataFrame, source: dict) -> list[str]:
+    """Sample keys of kept shard rows, recomputed: they follow the source name and path pattern."""
+
+    def key(row: dict) -> str:
+        url, _, orig = row["source_id"].partition("#")
+        if not orig or orig == "<rest>":
+            return row["key"]
+        stem = path_stem(url.removesuffix(".gz").removesuffix(".tar") + ".tar", source["path"])
+        return make_key(source["name"], stem, orig)
+
+    return [key(r) for r in status.to_dict("records")]
+
+
+# --- one part ---------------------------------------------------------------------------------------
 
 
 def download_part(
-    records_path: str, out_tar: str, out_status: str, source: dict
+    records_path: str,
+    out_tar: str,
+    out_status: str,
+    source: dict,
+    settings: "FetchSettings | dict | None" = None,
+    s3: "S3Settings | dict | None" = None,
+    log: Callable[[str], None] = print,
+    retry_marker: str | None = None,
 ) -> pd.DataFrame:
-    """Fetch one part into `out_tar` (members r{rid}.img + r{rid}.meta) and write its status parquet."""
+    """Fetch one part into `out_tar` (members r{rid}.img + r{rid}.meta) and write its status parquet.
+
+    Records kept in the raw cache from an earlier run of this part are reused (see the module docstring);
+    failures with a retry reason, or with a reason named in a `retry_marker` newer than the keep, are
+    fetched again.
+    """
+    settings = FetchSettings.from_config(settings)
+    s3 = s3 if isinstance(s3, S3Settings) else S3Settings(**(s3 or {}))
     records = pd.read_parquet(records_path)
+    label = Path(out_tar).name.removesuffix(".tar")
+    fetcher = Fetcher(settings, s3, log=log)
+    keep = Keep(out_tar)
+    kept = keep.load()
+    retry = set(settings.retry_reasons) | keep.marked_reasons(retry_marker)
+    started = time.monotonic()
+
     if source["type"] == "shards":
-        results = iter_shard_records(records, source)
+        urls = set(records["url"])
+        if kept is not None and set(kept["url"]) == urls and not kept["reason"].isin(retry).any():
+            log(f"download {label}: source shard kept from the raw cache, not read again")
+            _link_or_copy(keep.tar, Path(out_tar))
+            os.utime(out_tar)  # newer than its inputs, or Snakemake would rerun the job next time
+            status = kept[STATUS_COLUMNS].assign(key=_shard_keys(kept, source))
+        else:
+            rows = []
+            with atomic_open(out_tar) as f, ShardWriter(f) as tar:
+                for row, data, fields in iter_shard_records(records, source, fetcher):
+                    rows.append(row)
+                    if data is not None:
+                        meta = json.dumps(fields, sort_keys=True, ensure_ascii=False).encode("utf-8")
+                        tar.write(f"r{row['rid']:07d}", {"img": data, "meta": meta})
+            status = pd.DataFrame(rows, columns=STATUS_COLUMNS)
     else:
-        results = iter_file_records(records, with_sidecars=source["type"] == "folder")
-    rows = []
-    with atomic_open(out_tar) as f, ShardWriter(f) as tar:
-        for row, data, fields in results:
-            rows.append({c: row[c] for c in STATUS_COLUMNS})
-            if data is not None:
-                meta = json.dumps(fields, sort_keys=True, ensure_ascii=False).encode("utf-8")
-                tar.write(f"r{row['rid']:07d}", {"img": data, "meta": meta})
-    status = pd.DataFrame(rows, columns=STATUS_COLUMNS).astype({"rid": "int64", "bytes": "int64"})
+        with atomic_open(out_tar) as f, ShardWriter(f) as tar:
+            rows = download_records(records, source, fetcher, tar, keep, kept, str(Path(out_tar).parent), label, retry)
+        status = pd.DataFrame(rows, columns=STATUS_COLUMNS)
+
+    status = status.astype(_INT_COLUMNS)
     with atomic_open(out_status) as f:
         status.to_parquet(f, index=False)
+    keep.save(out_tar, out_status, status)
+    ok = int((status["status"] == "ok").sum())
+    log(
+        f"download {label}: {len(status)} records, {ok} ok, {len(status) - ok} failed in {time.monotonic() - started:.1f} s"
+    )
     return status
+
+
+# --- retry-failed -----------------------------------------------------------------------------------
+
+
+def mark_failed(raw_dir: str | os.PathLike, reasons: set[str], dry_run: bool = False) -> dict[str, Counter]:
+    """Write `.keep/{part}.retry` (the reasons) for every downloaded part with failures for these reasons;
+    returns {part: reasons found}.
+
+    download_part takes the marker as an input when it exists (rules/common.smk, get_retry_marker), so the
+    next snakemake run, whatever its command line, downloads exactly these parts again (fetching only their
+    failed records with these reasons; the rest comes from the keep) and updates what depends on them.
+    """
+    raw_dir = Path(raw_dir)
+    marked: dict[str, Counter] = {}
+    for meta in sorted((raw_dir / KEEP_DIR).glob("*.json")):
+        part = meta.name.removesuffix(".json")
+        kept = Keep(raw_dir / f"{part}.tar").load()
+        hits = Counter(r for r in kept["reason"] if r in reasons) if kept is not None else Counter()
+        if hits:
+            marked[part] = hits
+            if not dry_run:
+                Keep(raw_dir / f"{part}.tar").mark(reasons)
+    return marked
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m shardsmith.download retry-failed CONFIG`: see the README (Retrying failed downloads)."""
+    import yaml
+
+    parser = argparse.ArgumentParser(prog="python -m shardsmith.download")
+    sub = parser.add_subparsers(dest="command", required=True)
+    retry = sub.add_parser("retry-failed", help="mark downloaded parts with retryable failures to be fetched again")
+    retry.add_argument("config", help="the workflow's config file (relative paths are taken from the current folder)")
+    retry.add_argument("--reasons", nargs="+", help="reasons to refetch (default: download.retry_reasons)")
+    retry.add_argument("--dry-run", action="store_true", help="only list what would be refetched")
+    args = parser.parse_args(argv)
+
+    config = yaml.safe_load(Path(args.config).read_text())
+    raw_dir = Path(config["paths"]["raw"]) / config["dataset"]
+    reasons = set(args.reasons or config.get("download", {}).get("retry_reasons", DEFAULT_RETRY_REASONS))
+    marked = mark_failed(raw_dir, reasons, dry_run=args.dry_run)
+    for part, hits in marked.items():
+        print(
+            f"{part}: {sum(hits.values())} records to refetch ({', '.join(f'{r} {n}' for r, n in hits.most_common())})"
+        )
+    total = sum(sum(h.values()) for h in marked.values())
+    verb = "would be" if args.dry_run else "are"
+    print(f"{len(marked)} parts with {total} failed records {verb} fetched again by the next snakemake run")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

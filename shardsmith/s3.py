@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
@@ -29,6 +30,21 @@ class S3Error(Exception):
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+
+    @property
+    def hint(self) -> str:
+        """How to fix it, for the one-line message a user sees (shardsmith.logs.run_job prints it)."""
+        return HINTS.get(self.reason, "")
+
+
+HINTS = {
+    "no_credentials": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or s3.profile) where the jobs run",
+    "forbidden": "the credentials may not access this bucket or prefix: check the keys, s3.profile and the bucket policy",
+    "unreachable": "check s3.endpoint_url (scheme, host, port) and that the store is reachable from this machine",
+    "no_such_bucket": "create the bucket, or fix the bucket name in the s3:// path",
+    "no_aws_cli": "install the AWS CLI v2, or set s3.aws_cli to its path",
+    "timeout": "the store is slow or stalled: check s3.endpoint_url and the network, then run again",
+}
 
 
 _REASONS = (
@@ -94,8 +110,12 @@ def run(s: S3Settings, *args: str, timeout: float = 600) -> str:
 
 
 @contextlib.contextmanager
-def open_stream(url: str, s: S3Settings) -> Iterator[IO[bytes]]:
-    """Stream an object's bytes (`aws s3 cp URL -`); errors surface as S3Error when the stream ends."""
+def open_stream(url: str, s: S3Settings, timeout: float | None = None) -> Iterator[IO[bytes]]:
+    """Stream an object's bytes (`aws s3 cp URL -`); errors surface as S3Error when the stream ends.
+
+    With `timeout`, the CLI is killed after that many seconds (the stream ends, S3Error('timeout')), so a
+    stalled store cannot hold a job past its deadline.
+    """
     try:
         proc = subprocess.Popen(
             aws_command(s, "s3", "cp", "--only-show-errors", url, "-"),
@@ -105,6 +125,11 @@ def open_stream(url: str, s: S3Settings) -> Iterator[IO[bytes]]:
         )
     except FileNotFoundError:
         raise S3Error("no_aws_cli", f"the AWS CLI ({s.aws_cli}) is not installed or not on PATH") from None
+    killed = threading.Event()
+    watchdog = threading.Timer(timeout, lambda: (killed.set(), proc.kill())) if timeout is not None else None
+    if watchdog:
+        watchdog.daemon = True
+        watchdog.start()
     try:
         yield proc.stdout
         proc.stdout.read()  # drain, so the CLI can exit
@@ -113,13 +138,17 @@ def open_stream(url: str, s: S3Settings) -> Iterator[IO[bytes]]:
         err = proc.stderr.read().decode("utf-8", "replace")
         proc.stderr.close()
         code = proc.wait()
+        if watchdog:
+            watchdog.cancel()
+    if killed.is_set():
+        raise S3Error("timeout", f"aws s3 cp {url} took over {timeout:.1f} s")
     if code != 0:
         err = redact(err.strip())
         raise S3Error(classify(err), err.splitlines()[-1] if err else f"aws s3 cp exited with {code}")
 
 
-def read_object(url: str, s: S3Settings) -> bytes:
-    with open_stream(url, s) as f:
+def read_object(url: str, s: S3Settings, timeout: float | None = None) -> bytes:
+    with open_stream(url, s, timeout) as f:
         return f.read()
 
 

@@ -87,7 +87,7 @@ def iter_manifest_chunks(path: str, src: dict, chunk: int) -> Iterator[pd.DataFr
 
 
 def _check_columns(path: str, src: dict, columns: list[str]) -> None:
-    for key in ("url_column", "key_column"):
+    for key in ("url_column", "key_column", "hash_column"):
         col = src.get(key, "url" if key == "url_column" else None)
         if col and col not in columns:
             hint = " (a headerless file needs 'columns')" if not src.get("columns") else ""
@@ -113,6 +113,7 @@ def iter_manifest_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
                         "url": "" if rec[url_col] is None else str(_plain(rec[url_col]) or ""),
                         "key": make_key(src["name"], str(ident)) if ident is not None else make_key(src["name"], stem, f"{row:09d}"),
                         "fields": json.dumps(fields, sort_keys=True, ensure_ascii=False, default=str),
+                        **({"hash": str(_plain(rec[src["hash_column"]]) or "")} if src.get("hash_column") else {}),
                     }
                 )
                 row += 1
@@ -176,10 +177,13 @@ def plan_parts(sources: list[dict], part_size: int, out_dir: str | os.PathLike) 
             df = pd.DataFrame(records)
             df.insert(0, "rid", range(len(df)))
             df.insert(1, "source", src["name"])
-            with atomic_open(out_dir / f"{part_id}.parquet") as f:
-                df[RECORD_COLUMNS].to_parquet(f, index=False)
+            with atomic_open(out_dir / f"{part_id}.parquet") as f:  # + `hash` when the source has a hash_column
+                df[[*RECORD_COLUMNS, *(["hash"] if "hash" in df else [])]].to_parquet(f, index=False)
             part_ids.append(part_id)
             n += 1
         if n == 0:
-            raise ConfigError(f"source {src['name']} ({src['path']}) has no records.")
+            raise ConfigError(
+                f"source {src['name']} ({src['path']}) has no records: point its path at a non-empty "
+                f"{src['type']} or remove the source from the config."
+            )
     return part_ids

@@ -61,7 +61,7 @@ def test_manifest_records_with_local_paths_and_file_urls_are_fetched(tmp_path):
         f"file url\tfile://{tmp_path / 'my%20pic.jpg'}",
         f"gone\t{tmp_path / 'missing.jpg'}",
         "no url\t",
-        "remote\thttp://example.com/x.jpg",
+        "remote\tftp://example.com/x.jpg",
         f"folder\t{tmp_path}",
     ]
     (tmp_path / "m.tsv").write_text("\n".join(lines) + "\n")

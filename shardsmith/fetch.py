@@ -1,0 +1,743 @@
+"""Fetch: the bytes of many URLs at once, politely and within a deadline; one outcome per URL.
+
+Used by download_part for one part. Worker threads each run one attempt at a time; the calling thread
+is the dispatcher and decides what runs when: at most `concurrency` attempts in all and
+`per_host_concurrency` per host, at most `per_host_rate` starts per second per host, backoff with jitter
+between attempts, and a Retry-After from a 429/503 pauses the whole host, not just the one URL. It stops
+at the part deadline: what is not done by then is reported as `deadline`, and the workers (daemon
+threads, bounded by their own timeouts) are left behind, so a stalled server never holds a job.
+
+http(s) goes through urllib3 with redirects followed by hand (counted, and the X-Robots-Tag of the final
+response checked), s3:// through the AWS CLI (shardsmith.s3), plain paths and file:// from disk. Every
+downloaded body is sniffed: an HTML error page served as image/jpeg is `not_an_image` here, not later.
+"""
+
+import contextlib
+import hashlib
+import heapq
+import queue
+import random
+import re
+import threading
+import time
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
+from email.utils import parsedate_to_datetime
+from typing import IO
+from urllib.parse import unquote, urljoin, urlparse, urlsplit
+
+import urllib3
+
+from shardsmith import __version__
+from shardsmith.s3 import S3Error, S3Settings, open_stream
+
+# Transient reasons: retried within a job (except `deadline`) and refetched by a retry run. As in the schema.
+DEFAULT_RETRY_REASONS = (
+    "timeout", "connection_error", "dns_error", "server_error", "rate_limited", "truncated_download",
+    "unreachable", "s3_error", "deadline",
+)  # fmt: skip
+DEFAULT_OPTOUT_DIRECTIVES = ("noai", "noimageai", "noindex", "noimageindex")  # img2dataset's defaults
+DEFAULT_USER_AGENT = f"shardsmith/{__version__} (image-caption dataset builder; honours X-Robots-Tag noai)"
+_REDIRECTS = (301, 302, 303, 307, 308)
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+@dataclass(frozen=True)
+class FetchSettings:
+    """The `download:` config section; defaults as in config/config.schema.yaml."""
+
+    concurrency: int = 32
+    per_host_concurrency: int = 8
+    per_host_rate: float | None = None  # request starts per second per host; None: no limit
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 20.0  # longest silence between two reads
+    request_timeout_s: float = 60.0  # a whole image response, so a slow trickle cannot go on for ever
+    retries: int = 3  # further attempts after the first, for retry_reasons
+    backoff_s: float = 1.0  # wait before retry n: backoff_s * 2**(n-1), times a jitter in [0.5, 1.5)
+    backoff_max_s: float = 60.0
+    retry_after_max_s: float = 120.0  # cap on a server's Retry-After
+    max_bytes: int = 50_000_000
+    max_redirects: int = 5
+    user_agent: str = DEFAULT_USER_AGENT
+    respect_optout: bool = True
+    optout_directives: tuple[str, ...] = DEFAULT_OPTOUT_DIRECTIVES
+    part_deadline_s: float | None = 3600.0
+    retry_reasons: tuple[str, ...] = DEFAULT_RETRY_REASONS
+    progress_every: int = 1000  # log a progress line every this many records (and at least every 60 s)
+
+    @classmethod
+    def from_config(cls, config: "dict | FetchSettings | None") -> "FetchSettings":
+        if isinstance(config, FetchSettings):
+            return config
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in (config or {}).items() if k in known}
+        for k in ("optout_directives", "retry_reasons"):
+            if k in values:
+                values[k] = tuple(values[k])
+        return cls(**values)
+
+    @property
+    def ua_token(self) -> str:
+        """The product token of the user agent (`shardsmith`), matched against `X-Robots-Tag: <token>: noai`."""
+        return re.split(r"[/\s]", self.user_agent.strip(), maxsplit=1)[0].lower()
+
+
+@dataclass
+class Outcome:
+    """What became of one URL: `reason` is "" when `data` holds the bytes."""
+
+    data: bytes | None = None
+    reason: str = ""
+    detail: str = ""
+    http_status: int = 0
+    attempts: int = 0
+    nbytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.reason
+
+
+class AttemptError(Exception):
+    """One attempt failed; `retry_after` is the server's requested pause in seconds, if it gave one."""
+
+    def __init__(
+        self, reason: str, detail: str, http_status: int = 0, retry_after: float | None = None, nbytes: int = 0
+    ) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.http_status = http_status
+        self.retry_after = retry_after
+        self.nbytes = nbytes
+        self.attempts = 1  # set by callers that retry on their own (open_stream_url)
+
+
+# --- checks on a response -------------------------------------------------------------------------
+
+_SIGNATURES = (
+    (0, b"\xff\xd8\xff", "jpeg"),
+    (0, b"\x89PNG\r\n\x1a\n", "png"),
+    (0, b"GIF87a", "gif"),
+    (0, b"GIF89a", "gif"),
+    (0, b"BM", "bmp"),
+    (0, b"II*\x00", "tiff"),
+    (0, b"MM\x00*", "tiff"),
+    (0, b"\x00\x00\x01\x00", "ico"),
+    (0, b"\x00\x00\x00\x0cjP  \r\n\x87\n", "jpeg2000"),
+    (0, b"\xff\x4f\xff\x51", "jpeg2000"),
+    (0, b"\xff\x0a", "jxl"),
+    (0, b"\x00\x00\x00\x0cJXL \r\n\x87\n", "jxl"),
+    (0, b"8BPS", "psd"),
+)
+_HEIF_BRANDS = {b"avif", b"avis", b"heic", b"heix", b"heim", b"heis", b"mif1", b"msf1"}
+
+
+def sniff_image(data: bytes) -> str | None:
+    """The image format the first bytes announce, or None: the body, not the Content-Type, decides."""
+    for offset, magic, name in _SIGNATURES:
+        if data[offset : offset + len(magic)] == magic:
+            return name
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    if data[4:8] == b"ftyp" and data[8:12] in _HEIF_BRANDS:
+        return "avif" if data[8:11] == b"avi" else "heif"
+    return None
+
+
+def describe_non_image(data: bytes, content_type: str) -> str:
+    head = data[:512].lstrip().lower()
+    if head.startswith((b"<!doctype html", b"<html", b"<head", b"<body")) or b"<html" in head:
+        kind = "an HTML page"
+    elif head.startswith((b"<?xml", b"<svg")) or b"<svg" in head:
+        kind = "XML/SVG"
+    elif head.startswith((b"{", b"[")):
+        kind = "JSON"
+    elif not data:
+        kind = "empty"
+    else:
+        kind = "not a known image format"
+    return f"body is {kind} (Content-Type {content_type or 'none'}; starts with {data[:24]!r})"
+
+
+def opted_out(robots_tags: list[str], ua_token: str, directives: tuple[str, ...]) -> str | None:
+    """The X-Robots-Tag value that forbids use, or None. As img2dataset: `noai` and `<token>: noai` count,
+    a directive for another crawler (`otherbot: noai`) does not."""
+    for value in robots_tags:
+        parts = value.split(":", 1)
+        token = parts[0].strip().lower() if len(parts) == 2 else None
+        said = {d.strip().lower() for d in parts[-1].split(",")}
+        if (token is None or token == ua_token) and said & set(directives):
+            return value
+    return None
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date); None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+def check_hash(data: bytes, expected: str | None, hash_type: str) -> None:
+    if not expected:
+        return
+    got = hashlib.new(hash_type, data).hexdigest()
+    if got != expected.strip().lower():
+        raise AttemptError("hash_mismatch", f"{hash_type} {got} != {expected.strip().lower()} in the manifest")
+
+
+def host_key(url: str) -> str:
+    """What per-host limits count: the host of http(s) URLs, the bucket of s3 URLs, '' for local files."""
+    try:
+        u = urlsplit(url)
+        hostname = u.hostname
+    except ValueError:  # a malformed URL: its attempt reports bad_url
+        return ""
+    scheme = u.scheme.lower()
+    if scheme in ("http", "https"):
+        return (hostname or "").lower()
+    if scheme == "s3":
+        return f"s3://{u.netloc}"
+    return ""
+
+
+def _http_status_reason(status: int) -> str:
+    if status in (404, 410):
+        return "not_found"
+    if status in (401, 403, 451):
+        return "forbidden"
+    if status == 429:
+        return "rate_limited"
+    if status == 408:
+        return "timeout"
+    if status >= 500:
+        return "server_error"
+    return "http_error"
+
+
+def classify_exception(e: BaseException) -> tuple[str, str]:
+    """(reason, detail) for an exception raised while talking to a server."""
+    text = f"{type(e).__name__}: {e}"
+    chain = [e, e.__cause__, e.__context__, *[a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]]
+    if any(isinstance(x, urllib3.exceptions.IncompleteRead) for x in chain) or "IncompleteRead" in text:
+        return "truncated_download", f"connection closed before the end of the body ({text})"
+    if isinstance(e, urllib3.exceptions.NameResolutionError):
+        return "dns_error", text
+    if isinstance(e, urllib3.exceptions.NewConnectionError):  # before timeouts: it subclasses ConnectTimeoutError
+        return "connection_error", text
+    if isinstance(e, (urllib3.exceptions.TimeoutError, TimeoutError)):
+        return "timeout", text
+    if isinstance(e, urllib3.exceptions.SSLError):
+        return "ssl_error", text
+    if isinstance(e, (urllib3.exceptions.LocationValueError, urllib3.exceptions.LocationParseError, ValueError)):
+        return "bad_url", text
+    if isinstance(e, (urllib3.exceptions.HTTPError, OSError)):
+        return "connection_error", text
+    return "fetch_error", text
+
+
+# --- local files --------------------------------------------------------------------------------------
+
+
+class FetchError(Exception):
+    """A local input cannot be read; `reason` is the status reason."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def local_path(url: str) -> str | None:
+    """The filesystem path of a local URL (plain path or file://), else None."""
+    if url.startswith("file://"):
+        return unquote(urlparse(url).path)
+    if "://" in url:
+        return None
+    return url
+
+
+def open_source(url: str) -> IO[bytes]:
+    """Open a local path or file:// URL for reading; FetchError (not_found, unreadable, unsupported_url) if not."""
+    path = local_path(url)
+    if path is None:
+        raise FetchError("unsupported_url", f"no local file for {url.split('://')[0]}:// URLs")
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise FetchError("not_found", f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise FetchError("unreadable", f"is a folder, not a file: {path}") from None
+    except OSError as e:
+        raise FetchError("unreadable", f"{path}: {e.strerror or e}") from None
+
+
+# --- single attempts ------------------------------------------------------------------------------
+
+
+class Fetcher:
+    """Fetches URLs under one FetchSettings, S3 settings and part deadline (a time.monotonic() value)."""
+
+    def __init__(
+        self,
+        settings: FetchSettings,
+        s3: S3Settings | None = None,
+        deadline: float | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.s = settings
+        self.s3 = s3 or S3Settings()
+        if deadline is None and settings.part_deadline_s is not None:
+            deadline = time.monotonic() + settings.part_deadline_s
+        self.deadline = deadline if deadline is not None else float("inf")
+        self.log = log
+        self.headers = {"User-Agent": settings.user_agent, "Accept": "image/*,*/*;q=0.8", "Accept-Encoding": "identity"}
+        pool_args = {"num_pools": 256, "maxsize": settings.per_host_concurrency, "block": False}
+        self._direct = urllib3.PoolManager(**pool_args)
+        self._proxies = {k: v for k, v in urllib.request.getproxies().items() if k in ("http", "https")}
+        self._proxy_pools = {url: urllib3.ProxyManager(url, **pool_args) for url in set(self._proxies.values())}
+
+    # Which retries to make: the in-job set is the retry set without `deadline` (time is up by then).
+    def retryable(self, reason: str) -> bool:
+        return reason in self.s.retry_reasons and reason != "deadline"
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def _pool(self, url: str) -> urllib3.PoolManager:
+        u = urlsplit(url)
+        proxy = self._proxies.get(u.scheme.lower())
+        if proxy and (u.hostname or "") not in _LOOPBACK and not urllib.request.proxy_bypass(u.hostname or ""):
+            return self._proxy_pools[proxy]
+        return self._direct
+
+    def attempt(self, url: str, expected_hash: str | None = None, hash_type: str = "md5") -> tuple[bytes, int]:
+        """One attempt at one URL: (bytes, HTTP status). Raises AttemptError."""
+        if not url:
+            raise AttemptError("no_url", "the record has no URL")
+        if self.left() <= 0:
+            raise AttemptError("deadline", "the part deadline passed before this attempt")
+        try:
+            scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+        except ValueError as e:
+            raise AttemptError("bad_url", f"{e}: {url[:200]}") from None
+        if scheme in ("http", "https"):
+            data, status, ctype = self._http(url)
+        elif scheme == "s3":
+            data, status, ctype = self._s3(url), 0, ""
+        elif scheme in ("", "file"):
+            return self._local(url), 0  # local inputs are taken as they are (resize judges them)
+        else:
+            raise AttemptError("unsupported_url", f"no fetcher for {scheme}:// URLs")
+        if not sniff_image(data):
+            raise AttemptError("not_an_image", describe_non_image(data, ctype), status)
+        try:
+            check_hash(data, expected_hash, hash_type)
+        except AttemptError as e:
+            e.http_status = status
+            raise
+        return data, status
+
+    def _local(self, url: str) -> bytes:
+        try:
+            with open_source(url) as f:
+                data = f.read(self.s.max_bytes + 1)
+        except FetchError as e:
+            raise AttemptError(e.reason, e.detail) from None
+        if len(data) > self.s.max_bytes:
+            raise AttemptError("too_large", f"file is over max_bytes={self.s.max_bytes}", nbytes=len(data))
+        return data
+
+    def _timeout(self) -> urllib3.Timeout:
+        left = max(0.01, self.left())
+        return urllib3.Timeout(connect=min(self.s.connect_timeout_s, left), read=min(self.s.read_timeout_s, left))
+
+    def open_http(self, url: str) -> tuple[urllib3.BaseHTTPResponse, str]:
+        """GET `url`, following at most max_redirects redirects; returns the final 2xx response (body unread)
+        and its URL. Raises AttemptError for other statuses and for opted-out responses."""
+        hops = 0
+        while True:
+            if urlsplit(url).scheme.lower() not in ("http", "https"):
+                raise AttemptError("unsupported_url", f"redirected to a non-http URL: {url[:200]}")
+            if self.left() <= 0:
+                raise AttemptError("deadline", "the part deadline passed")
+            try:
+                resp = self._pool(url).request(
+                    "GET", url, headers=self.headers, redirect=False, retries=False,
+                    preload_content=False, timeout=self._timeout(),
+                )  # fmt: skip
+            except urllib3.exceptions.HTTPError as e:
+                raise AttemptError(*classify_exception(e)) from None
+            status = resp.status
+            if status in _REDIRECTS:
+                location = resp.headers.get("Location")
+                _discard(resp)
+                if not location:
+                    raise AttemptError("http_error", f"HTTP {status} without a Location header", status)
+                hops += 1
+                if hops > self.s.max_redirects:
+                    raise AttemptError(
+                        "too_many_redirects",
+                        f"more than {self.s.max_redirects} redirects (next: {location[:200]})",
+                        status,
+                    )
+                url = urljoin(url, location)
+                continue
+            if not 200 <= status < 300:
+                retry_after = parse_retry_after(resp.headers.get("Retry-After")) if status in (429, 503) else None
+                _discard(resp)
+                raise AttemptError(
+                    _http_status_reason(status), f"HTTP {status} {resp.reason or ''}".strip(), status, retry_after
+                )
+            if self.s.respect_optout:
+                said = opted_out(resp.headers.getlist("X-Robots-Tag"), self.s.ua_token, self.s.optout_directives)
+                if said:
+                    _discard(resp)
+                    raise AttemptError("opted_out", f"X-Robots-Tag: {said}", status)
+            return resp, url
+
+    def _http(self, url: str) -> tuple[bytes, int, str]:
+        started = time.monotonic()
+        resp, _ = self.open_http(url)
+        status = resp.status
+        clean = False
+        try:
+            declared = _content_length(resp)
+            if declared is not None and declared > self.s.max_bytes:
+                raise AttemptError(
+                    "too_large", f"Content-Length {declared} is over max_bytes={self.s.max_bytes}", status
+                )
+            stop_at = min(started + self.s.request_timeout_s, self.deadline)
+            buf = bytearray()
+            while True:
+                now = time.monotonic()
+                if now > stop_at:
+                    reason = "deadline" if now >= self.deadline else "timeout"
+                    raise AttemptError(
+                        reason, f"slow response: {len(buf)} bytes in {now - started:.1f} s", status, nbytes=len(buf)
+                    )
+                try:
+                    chunk = resp.read1(1 << 16)
+                except (urllib3.exceptions.HTTPError, OSError) as e:
+                    reason, detail = classify_exception(e)
+                    raise AttemptError(reason, detail, status, nbytes=len(buf)) from None
+                if not chunk:
+                    break
+                buf += chunk
+                if len(buf) > self.s.max_bytes:
+                    raise AttemptError(
+                        "too_large",
+                        f"body is over max_bytes={self.s.max_bytes}; stopped reading",
+                        status,
+                        nbytes=len(buf),
+                    )
+            if declared is not None and len(buf) < declared and "Content-Encoding" not in resp.headers:
+                raise AttemptError("truncated_download", f"got {len(buf)} of {declared} bytes", status, nbytes=len(buf))
+            clean = True
+            return bytes(buf), status, resp.headers.get("Content-Type", "")
+        finally:
+            if clean and _reusable(resp):
+                resp.release_conn()
+            else:
+                _discard(resp)
+
+    def _s3(self, url: str) -> bytes:
+        try:
+            with open_stream(url, self.s3, timeout=max(0.1, min(self.s.request_timeout_s, self.left()))) as f:
+                buf = bytearray()
+                while chunk := f.read1(1 << 16):
+                    buf += chunk
+                    if len(buf) > self.s.max_bytes:
+                        raise AttemptError(
+                            "too_large",
+                            f"object is over max_bytes={self.s.max_bytes}; stopped reading",
+                            nbytes=len(buf),
+                        )
+        except S3Error as e:
+            reason = "deadline" if e.reason == "timeout" and self.left() <= 0 else e.reason
+            raise AttemptError(reason, e.detail) from None
+        return bytes(buf)
+
+    # --- many URLs --------------------------------------------------------------------------------
+
+    def fetch_all(
+        self,
+        jobs: list[tuple[int, str, str | None]],
+        on_result: Callable[[int, Outcome], None],
+        hash_type: str = "md5",
+        label: str = "",
+    ) -> None:
+        """Fetch every (id, url, expected hash) job; `on_result(id, outcome)` is called once per job, in this
+        thread, as outcomes become final. Returns at the latest at the deadline (rest: `deadline`)."""
+        _Dispatch(self, jobs, on_result, hash_type, label).run()
+
+    def _worker(self, work: "queue.SimpleQueue", done: "queue.SimpleQueue", hash_type: str) -> None:
+        # Workers share only the connection pools, which are thread-safe.
+        while (job := work.get()) is not None:
+            jid, url, expected = job
+            try:
+                data, status = self.attempt(url, expected, hash_type)
+                done.put((jid, Outcome(data=data, http_status=status, nbytes=len(data))))
+            except AttemptError as e:
+                done.put((jid, e))
+            except Exception as e:  # a bug must not lose the record: report it on its status row
+                done.put((jid, AttemptError("fetch_error", f"{type(e).__name__}: {e}")))
+
+
+def _content_length(resp: urllib3.BaseHTTPResponse) -> int | None:
+    try:
+        value = resp.headers.get("Content-Length")
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _reusable(resp: urllib3.BaseHTTPResponse) -> bool:
+    """Whether the connection may serve another request: not when the server closes it after this body."""
+    if resp.headers.get("Connection", "").lower() == "close":
+        return False
+    return resp.headers.get("Content-Length") is not None or bool(getattr(resp, "chunked", False))
+
+
+def _discard(resp: urllib3.BaseHTTPResponse) -> None:
+    """Drop a response whose body we do not read: close its connection so no unread bytes reach a later request."""
+    with contextlib.suppress(Exception):
+        resp.close()
+    with contextlib.suppress(Exception):
+        resp.release_conn()
+
+
+@dataclass
+class _Host:
+    pending: deque = field(default_factory=deque)
+    inflight: int = 0
+    not_before: float = 0.0  # rate slot or a Retry-After pause
+    listed: bool = False  # in the dispatcher's round-robin list
+
+
+class _Dispatch:
+    """The scheduling loop of Fetcher.fetch_all (see the module docstring)."""
+
+    def __init__(self, f: Fetcher, jobs, on_result, hash_type: str, label: str) -> None:
+        self.f, self.s, self.on_result, self.label = f, f.s, on_result, label
+        self.jobs = {jid: (jid, url, expected) for jid, url, expected in jobs}
+        self.attempts = dict.fromkeys(self.jobs, 0)
+        self.hosts: dict[str, _Host] = {}
+        self.ring: deque[str] = deque()
+        self.waiting: list[tuple[float, int, int]] = []  # (due, seq, job id): retries in backoff
+        self.inflight: dict[int, str] = {}
+        self.finished: set[int] = set()
+        self.hash_type = hash_type
+        self.done = 0
+        self.ok = 0
+        self.nbytes = 0
+        self.started = time.monotonic()
+        self.last_log = self.started
+        for jid, url, _ in self.jobs.values():
+            self._enqueue(jid, url, front=False)
+
+    def _enqueue(self, jid: int, url: str, front: bool) -> None:
+        key = host_key(url)
+        host = self.hosts.setdefault(key, _Host())
+        (host.pending.appendleft if front else host.pending.append)(jid)
+        if not host.listed:
+            host.listed = True
+            self.ring.append(key)
+
+    def _limit(self, key: str) -> int:
+        return self.s.concurrency if key == "" else self.s.per_host_concurrency
+
+    def _dispatch(self, work: "queue.SimpleQueue", now: float) -> float:
+        """Start what may start now; returns when something held back by time may start."""
+        wake = float("inf")
+        progress = True
+        while progress and len(self.inflight) < self.s.concurrency and self.ring:
+            progress = False
+            for _ in range(len(self.ring)):
+                if len(self.inflight) >= self.s.concurrency:
+                    break
+                key = self.ring.popleft()
+                host = self.hosts[key]
+                if not host.pending:
+                    host.listed = False
+                    continue
+                self.ring.append(key)
+                if host.inflight >= self._limit(key):
+                    continue
+                if host.not_before > now:
+                    wake = min(wake, host.not_before)
+                    continue
+                jid = host.pending.popleft()
+                host.inflight += 1
+                if self.s.per_host_rate and key:
+                    host.not_before = max(now, host.not_before) + 1.0 / self.s.per_host_rate
+                self.inflight[jid] = key
+                self.attempts[jid] += 1
+                work.put(self.jobs[jid])
+                progress = True
+        return wake
+
+    def _finish(self, jid: int, outcome: Outcome) -> None:
+        outcome.attempts = self.attempts[jid]
+        self.finished.add(jid)
+        self.done += 1
+        self.ok += outcome.ok
+        self.nbytes += outcome.nbytes if outcome.ok else 0
+        self.on_result(jid, outcome)
+        now = time.monotonic()
+        if self.done % max(1, self.s.progress_every) == 0 or now - self.last_log >= 60 or self.done == len(self.jobs):
+            self._progress(now)
+
+    def _progress(self, now: float) -> None:
+        self.last_log = now
+        took = max(now - self.started, 1e-6)
+        self.f.log(
+            f"download {self.label}: {self.done}/{len(self.jobs)} records done ({self.ok} ok, {self.done - self.ok} failed), "
+            f"{self.done / took:.1f} records/s, {self.nbytes / took / 1e6:.2f} MB/s, {len(self.waiting)} in backoff"
+        )
+
+    def _handle(self, jid: int, result: "Outcome | AttemptError", now: float) -> None:
+        key = self.inflight.pop(jid)
+        host = self.hosts[key]
+        host.inflight -= 1
+        if isinstance(result, Outcome):
+            self._finish(jid, result)
+            return
+        e = result
+        tries = self.attempts[jid]
+        if self.f.retryable(e.reason) and tries <= self.s.retries:
+            backoff = min(self.s.backoff_max_s, self.s.backoff_s * 2 ** (tries - 1)) * random.uniform(0.5, 1.5)
+            if e.retry_after is not None:
+                pause = min(e.retry_after, self.s.retry_after_max_s)
+                host.not_before = max(host.not_before, now + pause)  # the whole host backs off
+                backoff = max(backoff, pause)
+            due = now + backoff
+            if due < self.f.deadline:
+                heapq.heappush(self.waiting, (due, jid, jid))
+                return
+            e = AttemptError(
+                e.reason, f"{e.detail} (no time left before the part deadline to retry)", e.http_status, nbytes=e.nbytes
+            )
+        self._finish(jid, Outcome(reason=e.reason, detail=e.detail, http_status=e.http_status, nbytes=e.nbytes))
+
+    def run(self) -> None:
+        if not self.jobs:
+            return
+        work: queue.SimpleQueue = queue.SimpleQueue()
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        workers = [
+            threading.Thread(target=self.f._worker, args=(work, done, self.hash_type), daemon=True, name=f"fetch-{i}")
+            for i in range(min(self.s.concurrency, len(self.jobs)))
+        ]
+        for t in workers:
+            t.start()
+        try:
+            while self.done < len(self.jobs):
+                now = time.monotonic()
+                if now >= self.f.deadline:
+                    break
+                while self.waiting and self.waiting[0][0] <= now:
+                    _, _, jid = heapq.heappop(self.waiting)
+                    self._enqueue(jid, self.jobs[jid][1], front=True)
+                wake = self._dispatch(work, now)
+                if self.waiting:
+                    wake = min(wake, self.waiting[0][0])
+                timeout = max(0.001, min(wake, self.f.deadline) - now)
+                try:
+                    jid, result = done.get(timeout=min(timeout, 60.0))
+                except queue.Empty:
+                    continue
+                self._handle(jid, result, time.monotonic())
+                while True:  # take everything that is ready before dispatching again
+                    try:
+                        jid, result = done.get_nowait()
+                    except queue.Empty:
+                        break
+                    self._handle(jid, result, time.monotonic())
+        finally:
+            for _ in workers:
+                work.put(None)
+        left = [jid for jid in self.jobs if jid not in self.finished]
+        if left:
+            self.f.log(f"download {self.label}: part deadline reached with {len(left)} records not done")
+        for jid in left:
+            self.inflight.pop(jid, None)
+            detail = f"not fetched within the part deadline ({self.s.part_deadline_s} s)"
+            self._finish(jid, Outcome(reason="deadline", detail=detail))
+
+
+# --- streams (source shards) ------------------------------------------------------------------------
+
+
+class StreamError(Exception):
+    """A remote stream broke off; `reason` is a status reason (timeout, truncated_download, deadline, ...)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class _HTTPBody:
+    """A streaming response as a file for tarfile: deadline checked on every read, errors as StreamError."""
+
+    def __init__(self, resp: urllib3.BaseHTTPResponse, f: Fetcher) -> None:
+        self.resp, self.f, self.count = resp, f, 0
+        self.declared = _content_length(resp)
+
+    def read(self, n: int = -1) -> bytes:
+        if self.f.left() <= 0:
+            raise StreamError("deadline", f"part deadline reached after {self.count} bytes")
+        try:
+            data = self.resp.read1(n if n and n > 0 else 1 << 16)
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise StreamError(*classify_exception(e)) from None
+        self.count += len(data)
+        if not data and self.declared is not None and self.count < self.declared:
+            raise StreamError("truncated_download", f"got {self.count} of {self.declared} bytes")
+        return data
+
+
+@contextlib.contextmanager
+def open_stream_url(url: str, f: Fetcher) -> Iterator[tuple[IO[bytes], int, int]]:
+    """Open a remote source shard for streaming: yields (file, HTTP status, attempts).
+
+    Opening is retried like an image (backoff, Retry-After); a stream that breaks later raises StreamError
+    (or, for s3://, S3Error when the block ends). Nothing is retried mid-stream: the shard's rows say what
+    was read, and a retry run reads the shard again.
+    """
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "s3":
+        timeout = None if f.deadline == float("inf") else max(0.1, f.left())
+        with open_stream(url, f.s3, timeout=timeout) as stream:
+            yield stream, 0, 1
+        return
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            resp, _ = f.open_http(url)
+            break
+        except AttemptError as e:
+            e.attempts = attempts
+            if not f.retryable(e.reason) or attempts > f.s.retries:
+                raise
+            pause = min(f.s.backoff_max_s, f.s.backoff_s * 2 ** (attempts - 1)) * random.uniform(0.5, 1.5)
+            if e.retry_after is not None:
+                pause = max(pause, min(e.retry_after, f.s.retry_after_max_s))
+            if pause >= f.left():
+                raise
+            time.sleep(pause)
+    try:
+        yield _HTTPBody(resp, f), resp.status, attempts
+    finally:
+        _discard(resp)

@@ -1,0 +1,178 @@
+"""A real HTTP server for tests, on 127.0.0.1, with scripted replies and per-path request counts.
+
+`server.route(path, *replies)`: the n-th request to `path` gets `replies[n]` (the last one repeats), so
+"500 then success" is `route(p, Reply(500), Reply(body=jpg))`. Unknown paths get 404. The server counts
+requests per path, records when each started and with which User-Agent, and the most requests it ever
+had in flight at once, so tests can assert what the client did, not just what it returned.
+"""
+
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: bytes = b""
+    headers: list[tuple[str, str]] = field(default_factory=lambda: [("Content-Type", "image/jpeg")])
+    content_length: int | None = -1  # -1: len(body); None: no header (body ends when the connection closes)
+    delay: float = 0.0  # seconds before the status line
+    stall: float = 0.0  # seconds after the headers, before the body
+    trickle: float = 0.0  # seconds between body chunks of `chunk` bytes
+    chunk: int = 1 << 16
+
+
+def redirect(location: str, status: int = 302) -> Reply:
+    return Reply(status, headers=[("Location", location)])
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as real servers do
+    server: "_Server"
+
+    def log_message(self, *args) -> None:  # keep pytest output clean
+        pass
+
+    def do_GET(self) -> None:
+        state = self.server.state
+        reply = state.begin(self.path, self.headers.get("User-Agent", ""))
+        try:
+            self._send(reply, state.stop)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True  # the client gave up: what a timeout test wants
+        finally:
+            state.end()
+
+    def _send(self, r: Reply, stop: threading.Event) -> None:
+        if r.delay and stop.wait(r.delay):
+            return
+        self.send_response(r.status)
+        for name, value in r.headers:
+            self.send_header(name, value)
+        length = len(r.body) if r.content_length == -1 else r.content_length
+        if length is not None:
+            self.send_header("Content-Length", str(length))
+        if length is None or length > len(r.body):  # the body ends when we hang up; a truncated one early
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.flush()
+        if r.stall and stop.wait(r.stall):
+            return
+        for i in range(0, len(r.body), r.chunk):
+            self.wfile.write(r.body[i : i + r.chunk])
+            self.wfile.flush()
+            if r.trickle and stop.wait(r.trickle):
+                return
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.routes: dict[str, list[Reply]] = {}
+        self.counts: Counter[str] = Counter()
+        self.times: dict[str, list[float]] = defaultdict(list)
+        self.user_agents: list[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    def begin(self, path: str, user_agent: str) -> Reply:
+        with self.lock:
+            n = self.counts[path]
+            self.counts[path] += 1
+            self.times[path].append(time.monotonic())
+            self.user_agents.append(user_agent)
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            replies = self.routes.get(path) or [Reply(404, b"not found", [("Content-Type", "text/plain")])]
+            return replies[min(n, len(replies) - 1)]
+
+    def end(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False  # never wait for a handler that is still trickling to a client that left
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.state = _State()
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # clients that time out and hang up are what these tests make happen
+
+
+class HTTPTestServer:
+    """Handle on the running server; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._server = _Server()
+        self.port = self._server.server_address[1]
+        self.state = self._server.state
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+
+    def url(self, path: str, host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}{path}"
+
+    def route(self, path: str, *replies: Reply) -> str:
+        """Serve `replies` at `path` (in order, the last repeating); returns the URL."""
+        with self.state.lock:
+            self.state.routes[path] = list(replies)
+        return self.url(path)
+
+    def count(self, path: str) -> int:
+        with self.state.lock:
+            return self.state.counts[path]
+
+    def times(self, path: str) -> list[float]:
+        with self.state.lock:
+            return list(self.state.times[path])
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.state.max_in_flight
+
+    @property
+    def user_agents(self) -> list[str]:
+        with self.state.lock:
+            return list(self.state.user_agents)
+
+    def reset_counts(self) -> None:
+        with self.state.lock:
+            self.state.counts.clear()
+            self.state.times.clear()
+            self.state.max_in_flight = 0
+
+    def close(self) -> None:
+        self.state.stop.set()  # wake stalled and trickling handlers
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+
+@pytest.fixture
+def http_server():
+    """A fresh HTTPTestServer on 127.0.0.1 for one test; stopped afterwards."""
+    server = HTTPTestServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def http_server_module():
+    """One HTTPTestServer shared by a module's tests (for end-to-end runs)."""
+    server = HTTPTestServer()
+    try:
+        yield server
+    finally:
+        server.close()

@@ -1,0 +1,249 @@
+"""download_part with remote inputs: HTTP manifests, S3 URLs, S3 and HTTPS source shards, and the raw-cache
+keep that lets a rerun fetch only what failed. Real servers on 127.0.0.1 (tests/httpserver.py, moto_server
+through the real aws CLI)."""
+
+import hashlib
+import io
+import json
+import tarfile
+
+import pandas as pd
+from conftest import jpeg_bytes
+from httpserver import Reply, http_server  # noqa: F401 - fixture
+from servers import s3_bucket, s3_server  # noqa: F401 - fixtures
+from test_download import assert_ledger, read_raw
+
+from shardsmith.download import Keep, download_part, main, mark_failed
+from shardsmith.s3 import upload
+from shardsmith.sources import plan_parts
+
+FAST = dict(
+    concurrency=4, per_host_concurrency=4, connect_timeout_s=2, read_timeout_s=1, request_timeout_s=2,
+    retries=2, backoff_s=0.05, backoff_max_s=0.2, part_deadline_s=60,
+)  # fmt: skip
+
+
+def run(tmp_path, source: dict, s3=None, part_size: int = 100, **settings):
+    """Plan `source` (again) and download every part; returns [(status, raw members)] per part."""
+    ids = plan_parts([source], part_size, tmp_path / "parts")
+    out = []
+    for pid in ids:
+        records = tmp_path / "parts" / f"{pid}.parquet"
+        tar, status_path = tmp_path / "raw" / f"{pid}.tar", tmp_path / "raw" / f"{pid}.status.parquet"
+        status = download_part(
+            str(records), str(tar), str(status_path), source, {**FAST, **settings}, s3, log=lambda m: None
+        )
+        assert status.equals(pd.read_parquet(status_path))
+        raw = read_raw(tar)
+        assert_ledger(pd.read_parquet(records), status, raw, source)
+        out.append((status, raw))
+    return out
+
+
+def snakemake_deletes_outputs(tmp_path) -> None:
+    """What Snakemake does before it reruns a job: remove its declared outputs."""
+    for p in (tmp_path / "raw").glob("*.*"):
+        if p.is_dir():
+            continue
+        p.unlink()
+
+
+def write_manifest(path, rows: list[dict]) -> None:
+    pd.DataFrame(rows).to_parquet(path, index=False)
+
+
+def manifest_source(path, **extra) -> dict:
+    return {"name": "web", "type": "manifest", "path": str(path), "url_column": "url", **extra}
+
+
+def reasons(status: pd.DataFrame) -> list[str]:
+    return [r or "ok" for r in status["reason"]]
+
+
+def test_http_manifest_rows_carry_reason_status_attempts_and_hash_check(tmp_path, http_server):
+    s = http_server
+    imgs = [jpeg_bytes(color=(i * 40, 10, 10)) for i in range(4)]
+    md5 = [hashlib.md5(b).hexdigest() for b in imgs]
+    rows = [
+        {"url": s.route("/a.jpg", Reply(body=imgs[0])), "caption": "a", "md5": md5[0]},
+        {"url": s.route("/b.jpg", Reply(body=imgs[1])), "caption": "b", "md5": md5[0]},  # bytes changed since
+        {"url": s.route("/c.jpg", Reply(body=imgs[2])), "caption": "c", "md5": ""},  # no hash: not checked
+        {"url": s.route("/d.jpg", Reply(500, b""), Reply(body=imgs[3])), "caption": "d", "md5": md5[3]},
+        {"url": s.url("/gone.jpg"), "caption": "e", "md5": ""},
+        {"url": s.route("/f.jpg", Reply(body=b"<html>moved</html>")), "caption": "f", "md5": ""},
+    ]
+    write_manifest(tmp_path / "m.parquet", rows)
+    [(status, raw)] = run(tmp_path, manifest_source(tmp_path / "m.parquet", hash_column="md5"))
+    assert reasons(status) == ["ok", "hash_mismatch", "ok", "ok", "not_found", "not_an_image"]
+    assert list(status["http_status"]) == [200, 200, 200, 200, 404, 200]
+    assert list(status["attempts"]) == [1, 1, 1, 2, 1, 1]
+    assert [raw[f"r{i:07d}"]["img"] for i in (0, 2, 3)] == [imgs[0], imgs[2], imgs[3]]
+    assert json.loads(raw["r0000003"]["meta"]) == {"caption": "d", "md5": md5[3], "url": rows[3]["url"]}
+    with tarfile.open(tmp_path / "raw" / "web-000000.tar") as tar:  # record order, whatever order they arrived in
+        assert [m.name for m in tar] == [f"r{i:07d}.{e}" for i in (0, 2, 3) for e in ("img", "meta")]
+
+
+def test_rerun_fetches_only_retryable_failures_and_keeps_the_rest(tmp_path, http_server):
+    s = http_server
+    imgs = [jpeg_bytes(color=(i * 40, 90, 10)) for i in range(3)]
+    urls = [
+        s.route("/ok0.jpg", Reply(body=imgs[0])),
+        s.route("/flaky.jpg", Reply(500, b"")),  # down for the whole first run
+        s.route("/ok2.jpg", Reply(body=imgs[2])),
+        s.url("/gone.jpg"),  # 404: final, never refetched
+        s.route("/slow.jpg", Reply(body=imgs[1], stall=30)),  # times out in the first run
+    ]
+    write_manifest(tmp_path / "m.parquet", [{"url": u, "caption": f"c{i}"} for i, u in enumerate(urls)])
+    src = manifest_source(tmp_path / "m.parquet")
+    [(first, _)] = run(tmp_path, src, read_timeout_s=0.3, retries=1)
+    assert reasons(first) == ["ok", "server_error", "ok", "not_found", "timeout"]
+    counts = {p: s.count(p) for p in ("/ok0.jpg", "/flaky.jpg", "/ok2.jpg", "/gone.jpg", "/slow.jpg")}
+    assert counts == {"/ok0.jpg": 1, "/flaky.jpg": 2, "/ok2.jpg": 1, "/gone.jpg": 1, "/slow.jpg": 2}
+
+    s.route("/flaky.jpg", Reply(body=imgs[1]))  # the server is back
+    s.route("/slow.jpg", Reply(body=imgs[1]))
+    snakemake_deletes_outputs(tmp_path)
+    [(second, raw)] = run(tmp_path, src)
+    assert reasons(second) == ["ok", "ok", "ok", "not_found", "ok"]
+    assert list(second["attempts"]) == [1, 1, 1, 1, 1]
+    after = {p: s.count(p) for p in counts}
+    assert after == {**counts, "/flaky.jpg": 3, "/slow.jpg": 3}  # only the two failures were fetched again
+    assert [raw[f"r{i:07d}"]["img"] for i in (0, 1, 2, 4)] == [imgs[0], imgs[1], imgs[2], imgs[1]]
+    with tarfile.open(tmp_path / "raw" / "web-000000.tar") as tar:
+        assert [m.name for m in tar] == [f"r{i:07d}.{e}" for i in (0, 1, 2, 4) for e in ("img", "meta")]
+
+    # nothing left to retry: a third run fetches nothing at all
+    snakemake_deletes_outputs(tmp_path)
+    [(third, _)] = run(tmp_path, src)
+    assert third.equals(second) and {p: s.count(p) for p in counts} == after
+
+
+def test_a_changed_record_is_fetched_again_and_captions_follow_the_manifest(tmp_path, http_server):
+    s = http_server
+    a, b, c = (jpeg_bytes(color=(1, i * 60, 1)) for i in range(3))
+    urls = [s.route("/a.jpg", Reply(body=a)), s.route("/b.jpg", Reply(body=b)), s.route("/c.jpg", Reply(body=c))]
+    write_manifest(tmp_path / "m.parquet", [{"url": urls[0], "caption": "one"}, {"url": urls[1], "caption": "two"}])
+    run(tmp_path, manifest_source(tmp_path / "m.parquet"))
+    # the manifest changes: a caption is fixed, the second record now points elsewhere
+    write_manifest(tmp_path / "m.parquet", [{"url": urls[0], "caption": "ONE"}, {"url": urls[2], "caption": "two"}])
+    snakemake_deletes_outputs(tmp_path)
+    [(status, raw)] = run(tmp_path, manifest_source(tmp_path / "m.parquet"))
+    assert (s.count("/a.jpg"), s.count("/b.jpg"), s.count("/c.jpg")) == (1, 1, 1)
+    assert raw["r0000001"]["img"] == c
+    assert json.loads(raw["r0000000"]["meta"])["caption"] == "ONE"  # fields come from the records, not the cache
+
+
+def test_a_damaged_keep_is_ignored_and_the_part_fetched_again(tmp_path, http_server):
+    url = http_server.route("/a.jpg", Reply(body=jpeg_bytes()))
+    write_manifest(tmp_path / "m.parquet", [{"url": url, "caption": "x"}])
+    run(tmp_path, manifest_source(tmp_path / "m.parquet"))
+    keep = Keep(tmp_path / "raw" / "web-000000.tar")
+    assert keep.load() is not None
+    size = keep.tar.stat().st_size
+    keep.tar.unlink()
+    keep.tar.write_bytes(b"\0" * 1024)  # e.g. a run killed between writing the tar and the keep's record of it
+    snakemake_deletes_outputs(tmp_path)
+    [(status, raw)] = run(tmp_path, manifest_source(tmp_path / "m.parquet"))
+    assert reasons(status) == ["ok"] and http_server.count("/a.jpg") == 2
+    keep.tar.unlink()
+    keep.tar.write_bytes(b"\xff" * size)  # same size, garbage inside
+    snakemake_deletes_outputs(tmp_path)
+    [(status, raw)] = run(tmp_path, manifest_source(tmp_path / "m.parquet"))
+    assert reasons(status) == ["ok"] and http_server.count("/a.jpg") == 3
+
+
+def test_retry_failed_marks_only_parts_with_retryable_failures(tmp_path, http_server):
+    s = http_server
+    img = jpeg_bytes()
+    rows = [{"url": s.route("/ok.jpg", Reply(body=img)), "caption": "a"}, {"url": s.url("/gone.jpg"), "caption": "b"}]
+    rows += [
+        {"url": s.route("/down.jpg", Reply(502, b"")), "caption": "c"},
+        {"url": s.route("/ok2.jpg", Reply(body=img)), "caption": "d"},
+    ]
+    write_manifest(tmp_path / "m.parquet", rows)
+    run(tmp_path, manifest_source(tmp_path / "m.parquet"), part_size=2, retries=0)  # parts: [ok, gone], [down, ok2]
+    keep = tmp_path / "raw" / ".keep"
+    assert mark_failed(tmp_path / "raw", {"server_error"}, dry_run=True) == {"web-000001": {"server_error": 1}}
+    assert not list(keep.glob("*.retry"))
+    (tmp_path / "config.yaml").write_text(json.dumps({"dataset": "raw", "paths": {"raw": str(tmp_path)}}))
+    assert main(["retry-failed", str(tmp_path / "config.yaml")]) == 0
+    assert [p.name for p in keep.glob("*.retry")] == ["web-000001.retry"]
+    assert main(["retry-failed", str(tmp_path / "config.yaml"), "--reasons", "not_found"]) == 0
+    assert sorted(p.name for p in keep.glob("*.retry")) == ["web-000000.retry", "web-000001.retry"]
+
+
+# --- S3 ----------------------------------------------------------------------------------------------
+
+
+def test_s3_urls_in_a_manifest_are_fetched_with_the_aws_cli(tmp_path, s3_server, s3_bucket):
+    img = jpeg_bytes()
+    (tmp_path / "a.jpg").write_bytes(img)
+    (tmp_path / "page.jpg").write_bytes(b"<!doctype html><html></html>")
+    upload(str(tmp_path / "a.jpg"), f"s3://{s3_bucket}/img/a.jpg", s3_server)
+    upload(str(tmp_path / "page.jpg"), f"s3://{s3_bucket}/img/page.jpg", s3_server)
+    rows = [{"url": f"s3://{s3_bucket}/img/{n}", "caption": n} for n in ("a.jpg", "missing.jpg", "page.jpg")]
+    rows.append({"url": "s3://no-such-bucket-here/x.jpg", "caption": "x"})
+    write_manifest(tmp_path / "m.parquet", rows)
+    # each object is one `aws s3 cp` (a CLI start-up of about a second): allow for it on a busy machine
+    [(status, raw)] = run(tmp_path, manifest_source(tmp_path / "m.parquet"), s3=s3_server, request_timeout_s=60)
+    assert reasons(status)[:3] == ["ok", "not_found", "not_an_image"]
+    assert reasons(status)[3] in ("no_such_bucket", "not_found")
+    assert list(status["attempts"]) == [1, 1, 1, 1]
+    assert raw["r0000000"]["img"] == img
+
+
+def shard_tar(samples: dict[str, dict[str, bytes]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for key, members in samples.items():
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_s3_source_shards_are_streamed_with_a_brace_pattern(tmp_path, s3_server, s3_bucket):
+    img = jpeg_bytes()
+    for i in range(2):
+        data = shard_tar(
+            {f"{i}{k}": {"jpg": img, "json": json.dumps({"description": f"photo {i}{k}"}).encode()} for k in "ab"}
+        )
+        (tmp_path / f"old-{i}.tar").write_bytes(data)
+        upload(str(tmp_path / f"old-{i}.tar"), f"s3://{s3_bucket}/shards/old-00000{i}.tar", s3_server)
+    src = {"name": "old", "type": "shards", "path": f"s3://{s3_bucket}/shards/old-{{000000..000002}}.tar"}
+    parts = run(tmp_path, src, s3=s3_server)
+    assert [reasons(st) for st, _ in parts] == [["ok", "ok"], ["ok", "ok"], ["not_found"]]
+    status, raw = parts[0]
+    assert list(status["source_id"]) == [f"s3://{s3_bucket}/shards/old-000000.tar#0{k}" for k in "ab"]
+    assert list(status["key"]) == ["old-old-000000-0a", "old-old-000000-0b"]
+    assert json.loads(raw["r0000001"]["meta"]) == {"json": {"description": "photo 0b"}}
+    assert parts[2][0]["source_id"][0] == f"s3://{s3_bucket}/shards/old-000002.tar"
+
+
+# --- HTTPS/HTTP source shards ------------------------------------------------------------------------
+
+
+def test_http_source_shards_stream_and_a_cut_shard_is_reread_on_retry(tmp_path, http_server):
+    s = http_server
+    img = jpeg_bytes()
+    whole = shard_tar({k: {"jpg": img + b"\0" * 3000, "txt": k.encode()} for k in ("a", "b", "c")})
+    content_type_tar = [("Content-Type", "application/x-tar")]
+    s.route("/shards/web-000000.tar", Reply(body=whole, headers=content_type_tar))
+    cut = whole[: len(whole) // 2 + 700]
+    s.route("/shards/web-000001.tar", Reply(body=cut, headers=content_type_tar, content_length=len(whole)))
+    src = {"name": "web", "type": "shards", "path": s.url("/shards/web-{000000..000001}.tar")}
+    parts = run(tmp_path, src, retries=1)
+    assert reasons(parts[0][0]) == ["ok", "ok", "ok"]
+    cut_rows = parts[1][0]
+    assert reasons(cut_rows)[-1] == "truncated_download" and cut_rows["source_id"].iloc[-1].endswith("#<rest>")
+    assert set(reasons(cut_rows)[:-1]) == {"ok"} and len(cut_rows) < 4
+    assert s.count("/shards/web-000000.tar") == 1 and s.count("/shards/web-000001.tar") == 1
+
+    s.route("/shards/web-000001.tar", Reply(body=whole, headers=content_type_tar))
+    snakemake_deletes_outputs(tmp_path)
+    parts = run(tmp_path, src)
+    assert [reasons(st) for st, _ in parts] == [["ok"] * 3, ["ok"] * 3]
+    assert s.count("/shards/web-000000.tar") == 1  # kept: not read again
+    assert s.count("/shards/web-000001.tar") == 2
+    assert parts[0][1]["r0000002"]["img"] == img + b"\0" * 3000

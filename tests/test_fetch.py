@@ -1,0 +1,230 @@
+"""shardsmith.fetch against a real HTTP server on 127.0.0.1: every kind of reply ends in the right outcome."""
+
+import time
+from email.utils import formatdate
+
+import pytest
+import yaml
+from conftest import jpeg_bytes
+from httpserver import Reply, http_server, redirect  # noqa: F401 - fixture
+from servers import free_port
+
+from shardsmith.fetch import (
+    AttemptError,
+    Fetcher,
+    FetchSettings,
+    Outcome,
+    check_hash,
+    opted_out,
+    parse_retry_after,
+    sniff_image,
+)
+from workflow_helpers import REPO
+
+JPEG = [("Content-Type", "image/jpeg")]
+# Short timeouts and backoffs so the whole file runs in seconds; the behaviour is the same at any scale.
+# The limits still leave good replies seconds of slack, so a loaded CI machine does not turn them into timeouts.
+FAST = dict(
+    concurrency=8, per_host_concurrency=8, connect_timeout_s=2, read_timeout_s=1.5, request_timeout_s=3,
+    retries=2, backoff_s=0.05, backoff_max_s=0.2, retry_after_max_s=2, max_bytes=100_000, part_deadline_s=30,
+)  # fmt: skip
+
+
+def fetch(urls: dict[str, str], **overrides) -> dict[str, Outcome]:
+    """Fetch {name: url} with FAST settings (plus overrides); returns {name: outcome}."""
+    names = list(urls)
+    out: dict[str, Outcome] = {}
+    fetcher = Fetcher(FetchSettings(**{**FAST, **overrides}), log=lambda msg: None)
+    fetcher.fetch_all([(i, urls[n], None) for i, n in enumerate(names)], lambda i, o: out.__setitem__(names[i], o))
+    assert sorted(out) == sorted(names)  # one outcome per URL, always
+    return out
+
+
+def summary(o: Outcome) -> tuple[str, int, int]:
+    return (o.reason or "ok", o.http_status, o.attempts)
+
+
+def test_every_kind_of_reply_gets_its_reason_status_and_attempts(http_server):
+    img = jpeg_bytes()
+    s = http_server
+    s.route("/loop/b", redirect("/loop/a"))
+    urls = {
+        "good": s.route("/good.jpg", Reply(body=img)),
+        "missing": s.url("/missing.jpg"),
+        "flaky": s.route("/flaky.jpg", Reply(500, b"oops"), Reply(body=img)),
+        "down": s.route("/down.jpg", Reply(503, b"oops")),
+        "busy": s.route("/busy.jpg", Reply(429, b"slow down", [("Retry-After", "1")]), Reply(body=img)),
+        "trickle": s.route("/trickle.jpg", Reply(body=img * 60, trickle=0.1, chunk=512)),
+        "stall": s.route("/stall.jpg", Reply(body=img, stall=10)),
+        "truncated": s.route("/truncated.jpg", Reply(body=img[:300], content_length=len(img))),
+        "html": s.route("/page.jpg", Reply(body=b"<!DOCTYPE html><html><body>Not here</body></html>")),
+        "huge": s.route("/huge.jpg", Reply(body=img + b"\0" * 200_000)),
+        "huge_no_length": s.route("/huge2.jpg", Reply(body=img + b"\0" * 400_000, content_length=None)),
+        "loop": s.route("/loop/a", redirect("/loop/b")),
+        "moved": s.route("/moved", redirect("/good.jpg", 301)),
+        "noai": s.route("/noai.jpg", Reply(body=img, headers=[*JPEG, ("X-Robots-Tag", "noai")])),
+        "refused": f"http://127.0.0.1:{free_port()}/x.jpg",
+        "no_url": "",
+        "ftp": "ftp://example.com/x.jpg",
+    }
+    out = fetch(urls)
+    expected = {
+        "good": ("ok", 200, 1),
+        "missing": ("not_found", 404, 1),  # permanent: not retried
+        "flaky": ("ok", 200, 2),
+        "down": ("server_error", 503, 3),  # 1 + retries
+        "busy": ("ok", 200, 2),
+        "trickle": ("timeout", 200, 3),
+        "stall": ("timeout", 200, 3),
+        "truncated": ("truncated_download", 200, 3),
+        "html": ("not_an_image", 200, 1),
+        "huge": ("too_large", 200, 1),
+        "huge_no_length": ("too_large", 200, 1),
+        "loop": ("too_many_redirects", 302, 1),
+        "moved": ("ok", 200, 1),
+        "noai": ("opted_out", 200, 1),
+        "refused": ("connection_error", 0, 3),
+        "no_url": ("no_url", 0, 1),
+        "ftp": ("unsupported_url", 0, 1),
+    }
+    assert {k: summary(o) for k, o in out.items()} == expected
+    for name in ("good", "flaky", "busy", "moved"):
+        assert out[name].data == img and out[name].nbytes == len(img)
+    assert all(o.data is None for o in out.values() if not o.ok)
+    # what the server saw: each attempt is one request, redirects are followed and counted
+    counts = {p: s.count(p) for p in ("/good.jpg", "/missing.jpg", "/flaky.jpg", "/down.jpg", "/page.jpg", "/moved")}
+    assert counts == {"/good.jpg": 2, "/missing.jpg": 1, "/flaky.jpg": 2, "/down.jpg": 3, "/page.jpg": 1, "/moved": 1}
+    assert s.count("/loop/a") + s.count("/loop/b") == 6  # the first request + max_redirects (5) redirects
+    busy = s.times("/busy.jpg")
+    assert busy[1] - busy[0] >= 0.95  # Retry-After: 1 was honoured
+    assert out["truncated"].nbytes == 300 and "300" in out["truncated"].detail
+    assert out["huge"].nbytes == 0  # refused from Content-Length, body never read
+    assert 100_000 < out["huge_no_length"].nbytes < 100_000 + (1 << 16) + 1  # stopped reading right past the cap
+    assert "HTML" in out["html"].detail and "image/jpeg" in out["html"].detail
+
+
+def test_retry_after_is_capped_and_pauses_the_whole_host(http_server):
+    img = jpeg_bytes()
+    s = http_server
+    urls = {
+        "limited": s.route("/limited.jpg", Reply(429, b"", [("Retry-After", "3600")]), Reply(body=img)),
+        "dated": s.route("/dated.jpg", Reply(503, b"", [("Retry-After", formatdate(time.time() + 3600, usegmt=True))]), Reply(body=img)),
+    }  # fmt: skip
+    t0 = time.monotonic()
+    out = fetch(urls, concurrency=1, retry_after_max_s=0.4)
+    assert [summary(o) for o in out.values()] == [("ok", 200, 2), ("ok", 200, 2)]
+    assert time.monotonic() - t0 < 10  # capped at 0.4 s, not an hour
+    first, second = s.times("/limited.jpg"), s.times("/dated.jpg")
+    # the second URL's first request waited for the pause that the first URL's 429 put on the host
+    assert second[0] - first[0] >= 0.35
+
+
+def test_per_host_concurrency_is_never_exceeded_but_is_used(http_server):
+    img = jpeg_bytes()
+    urls = {f"i{i}": http_server.route(f"/slow{i}.jpg", Reply(body=img, delay=0.2)) for i in range(10)}
+    out = fetch(urls, concurrency=8, per_host_concurrency=3)
+    assert all(o.ok for o in out.values())
+    assert http_server.max_in_flight == 3
+
+
+def test_per_host_rate_spaces_request_starts(http_server):
+    img = jpeg_bytes()
+    urls = {f"i{i}": http_server.route(f"/r{i}.jpg", Reply(body=img)) for i in range(5)}
+    out = fetch(urls, per_host_rate=10)
+    assert all(o.ok for o in out.values())
+    starts = sorted(t for i in range(5) for t in http_server.times(f"/r{i}.jpg"))
+    assert min(b - a for a, b in zip(starts, starts[1:])) >= 0.09  # 10 per second: 0.1 s apart
+
+
+def test_part_deadline_ends_the_job_even_when_every_server_stalls(http_server):
+    urls = {f"i{i}": http_server.route(f"/stall{i}.jpg", Reply(body=b"x", stall=60)) for i in range(12)}
+    t0 = time.monotonic()
+    out = fetch(urls, concurrency=4, read_timeout_s=60, request_timeout_s=120, part_deadline_s=1.0)
+    took = time.monotonic() - t0
+    assert took < 10  # read timeouts of 60 s did not hold the job: the deadline did
+    assert {o.reason for o in out.values()} == {"deadline"}
+    assert sum(o.attempts for o in out.values()) == 4  # four were in flight; the rest never started
+    assert all("deadline" in o.detail for o in out.values())
+
+
+def test_user_agent_is_sent_and_optout_for_other_crawlers_is_ignored(http_server):
+    img = jpeg_bytes()
+    s = http_server
+    urls = {
+        "other": s.route("/other.jpg", Reply(body=img, headers=[*JPEG, ("X-Robots-Tag", "otherbot: noai")])),
+        "ours": s.route("/ours.jpg", Reply(body=img, headers=[*JPEG, ("X-Robots-Tag", "googlebot: noindex"), ("X-Robots-Tag", "mybot: noimageai")])),
+    }  # fmt: skip
+    out = fetch(urls, user_agent="MyBot/2.0 (+https://example.org/bot)")
+    assert summary(out["other"]) == ("ok", 200, 1)
+    assert summary(out["ours"]) == ("opted_out", 200, 1) and "mybot: noimageai" in out["ours"].detail
+    assert set(s.user_agents) == {"MyBot/2.0 (+https://example.org/bot)"}
+
+
+def test_optout_can_be_turned_off(http_server):
+    img = jpeg_bytes()
+    url = http_server.route("/noai.jpg", Reply(body=img, headers=[*JPEG, ("X-Robots-Tag", "noai, noindex")]))
+    assert summary(fetch({"a": url}, respect_optout=False)["a"]) == ("ok", 200, 1)
+
+
+def test_a_reason_left_out_of_retry_reasons_is_not_retried(http_server):
+    url = http_server.route("/down.jpg", Reply(500, b""))
+    out = fetch({"a": url}, retry_reasons=["timeout"])
+    assert summary(out["a"]) == ("server_error", 500, 1)
+
+
+def test_local_files_and_sizes(tmp_path):
+    (tmp_path / "a.jpg").write_bytes(b"\xff\xd8\xff" + b"\0" * 10)
+    (tmp_path / "big.jpg").write_bytes(b"\0" * 2000)
+    out = fetch(
+        {"a": str(tmp_path / "a.jpg"), "big": f"file://{tmp_path / 'big.jpg'}", "gone": str(tmp_path / "x.jpg")},
+        max_bytes=1000,
+    )
+    assert [summary(out[k]) for k in ("a", "big", "gone")] == [("ok", 0, 1), ("too_large", 0, 1), ("not_found", 0, 1)]
+
+
+def test_sniff_image_knows_images_by_their_bytes():
+    assert sniff_image(jpeg_bytes()) == "jpeg"
+    assert sniff_image(b"\x89PNG\r\n\x1a\n....") == "png"
+    assert sniff_image(b"GIF89a...") == "gif"
+    assert sniff_image(b"RIFF\x00\x00\x00\x00WEBPVP8 ") == "webp"
+    assert sniff_image(b"\x00\x00\x00\x1cftypavif\x00") == "avif"
+    for not_image in (b"<!DOCTYPE html><html>", b'{"error": 1}', b"", b"Access denied", b"<svg xmlns="):
+        assert sniff_image(not_image) is None
+
+
+def test_optout_directives_follow_img2dataset():
+    directives = ("noai", "noimageai", "noindex", "noimageindex")
+    assert opted_out(["noai"], "shardsmith", directives) == "noai"
+    assert opted_out(["NoImageIndex, nofollow"], "shardsmith", directives)
+    assert opted_out(["shardsmith: noai"], "shardsmith", directives)
+    assert opted_out(["otherbot: noai"], "shardsmith", directives) is None
+    assert opted_out(["nofollow", "noarchive"], "shardsmith", directives) is None
+    assert opted_out([], "shardsmith", directives) is None
+
+
+def test_retry_after_values():
+    assert parse_retry_after("7") == 7.0
+    assert 3500 < parse_retry_after(formatdate(time.time() + 3600, usegmt=True)) <= 3600
+    assert parse_retry_after(formatdate(time.time() - 60, usegmt=True)) == 0.0
+    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+
+
+def test_check_hash():
+    check_hash(b"abc", "900150983CD24FB0D6963F7D28E17F72", "md5")  # case does not matter
+    check_hash(b"abc", "", "md5")  # no hash, no check
+    with pytest.raises(AttemptError) as e:
+        check_hash(b"abd", "900150983cd24fb0d6963f7d28e17f72", "md5")
+    assert e.value.reason == "hash_mismatch"
+
+
+def test_schema_defaults_are_the_fetch_settings_defaults():
+    schema = yaml.safe_load((REPO / "config" / "config.schema.yaml").read_text())
+    props = schema["properties"]["download"]["properties"]
+    from_schema = FetchSettings.from_config({k: v["default"] for k, v in props.items()})
+    assert from_schema == FetchSettings()
+    assert set(props) == set(FetchSettings.__dataclass_fields__)
+
+
+def test_malformed_urls_are_rows_not_crashes():
+    out = fetch({"ipv6": "http://[bad", "no_host": "https://", "space": "http://exa mple.com/a.jpg"})
+    assert {k: summary(o) for k, o in out.items()} == {k: ("bad_url", 0, 1) for k in ("ipv6", "no_host", "space")}
