@@ -1,0 +1,85 @@
+# CLIP embedding stats: one job per processed part (the GPU rule), then per-shard score tables and the
+# dataset's embedding_stats.json. Requested only when embed.enabled; scripts import torch, this file does not.
+
+
+rule embed_part:
+    input:
+        tar=rules.process_part.output.tar,
+        samples=rules.process_part.output.samples,
+        model=get_embed_model_files,
+    output:
+        scores=f"{WORK}/embed/{{part}}.parquet",
+        embeddings=f"{WORK}/embed/{{part}}.npz",
+        info=f"{WORK}/embed/{{part}}.json",
+    log:
+        f"{LOGS}/embed_part/{{part}}.log",
+    conda:
+        "../envs/embed.yaml"
+    threads: config["embed"]["workers"] + 1
+    resources:
+        gpu=0 if config["embed"]["device"] == "cpu" else 1,
+        mem_mb=lambda wc, attempt: 8000 * attempt,
+    params:
+        settings=get_embed_settings(),
+    script:
+        "../scripts/embed_part.py"
+
+
+rule exclude_low_similarity:
+    input:
+        get_all_part_scores,
+    output:
+        f"{WORK}/embed/excluded.parquet",
+    log:
+        f"{LOGS}/exclude_low_similarity.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        model=config["embed"]["model"],
+        min_similarity=config["embed"]["min_similarity"],
+    script:
+        "../scripts/embed_exclusions.py"
+
+
+rule write_shard_scores:
+    input:
+        unpack(get_shard_embed_inputs),
+    output:
+        scores=f"{OUT}/{DATASET}-{{shard}}.scores.parquet",
+        sums=f"{WORK}/embed/shards/{DATASET}-{{shard}}.json",
+    log:
+        f"{LOGS}/write_shard_scores/{{shard}}.log",
+    conda:
+        "../envs/shards.yaml"
+    script:
+        "../scripts/embed_shard_scores.py"
+
+
+rule write_shard_embeddings:
+    input:
+        unpack(get_shard_embed_inputs),
+    output:
+        f"{OUT}/{DATASET}-{{shard}}.embeddings.npz",
+    log:
+        f"{LOGS}/write_shard_embeddings/{{shard}}.log",
+    conda:
+        "../envs/shards.yaml"
+    script:
+        "../scripts/embed_shard_embeddings.py"
+
+
+rule summarize_embeddings:
+    input:
+        unpack(get_embed_summary_inputs),
+    output:
+        f"{OUT}/embedding_stats.json",
+    log:
+        f"{LOGS}/summarize_embeddings.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        model=config["embed"]["model"],
+        min_similarity=config["embed"]["min_similarity"],
+        resize=config["resize"],
+    script:
+        "../scripts/summarize_embeddings.py"

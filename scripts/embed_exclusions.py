@@ -1,0 +1,18 @@
+"""Rule glue for exclude_low_similarity: logic in shardsmith.embed_stats."""
+
+import sys
+
+sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
+
+from shardsmith.embed_stats import write_exclusions
+from shardsmith.logs import run_job
+
+
+def main() -> None:
+    n = write_exclusions(
+        list(snakemake.input), snakemake.params.model, snakemake.params.min_similarity, snakemake.output[0]
+    )
+    print(f"{n} samples below min_similarity {snakemake.params.min_similarity}")
+
+
+run_job(snakemake.log[0], main)

@@ -1,0 +1,32 @@
+"""Rule glue for embed_part: logic in shardsmith.embed (the model lives in this process; workers only decode)."""
+
+import sys
+
+sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
+
+from shardsmith.embed import EmbedSettings, embed_part
+from shardsmith.logs import run_job
+
+
+def main() -> None:
+    info = embed_part(
+        snakemake.input.tar,
+        snakemake.input.samples,
+        out_scores=snakemake.output.scores,
+        out_embeddings=snakemake.output.embeddings,
+        out_info=snakemake.output.info,
+        settings=EmbedSettings(**snakemake.params.settings),
+        threads=snakemake.threads,
+    )
+    prov = info["provenance"]
+    print(
+        f"{info['part']}: {info['samples']} samples in {info['seconds_inference']} s "
+        f"({info['images_per_second']} img/s) on {prov['device']}, {prov['precision']['used']}, "
+        f"final batch {info['final_batch_size']} after {info['oom_halvings']} OOM halvings"
+    )
+    if prov["random_weights"]:
+        print(prov["weights_statement"])
+
+
+if __name__ == "__main__":  # DataLoader workers started by spawn/forkserver re-import this file; they must not rerun it
+    run_job(snakemake.log[0], main)

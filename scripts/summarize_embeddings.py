@@ -1,0 +1,29 @@
+"""Rule glue for summarize_embeddings: logic in shardsmith.embed_stats."""
+
+import sys
+
+sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
+
+from shardsmith.embed_stats import write_stats
+from shardsmith.logs import run_job
+
+
+def main() -> None:
+    stats = write_stats(
+        snakemake.output[0],
+        shard_scores_paths=list(snakemake.input.scores),
+        shard_sums_paths=list(snakemake.input.sums),
+        part_infos=list(snakemake.input.infos),
+        model=snakemake.params.model,
+        exclusions=snakemake.input.exclusions[0] if snakemake.input.exclusions else None,
+        min_similarity=snakemake.params.min_similarity,
+        shard_embeddings_paths=list(snakemake.input.embeddings),
+        resize=snakemake.params.resize,
+    )
+    sim = stats["similarity"]
+    print(f"{stats['counts']['published']} published samples, similarity mean {sim.get('mean')} std {sim.get('std')}")
+    if stats["random_weights"]:
+        print(stats["provenance"]["weights_statement"])
+
+
+run_job(snakemake.log[0], main)

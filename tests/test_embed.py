@@ -1,0 +1,421 @@
+"""The CLIP embedding stage on the CPU with a tiny random open_clip model, loaded through the checkpoint path.
+
+Nothing is downloaded: HF_HUB_OFFLINE is set before open_clip is imported, and the tiny model is written
+by shardsmith.tinyclip into a temporary folder.
+"""
+
+import gc
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from dataclasses import replace
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before open_clip imports huggingface_hub
+
+import numpy as np
+import open_clip
+import pandas as pd
+import PIL
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from shardsmith import embed, embed_stats
+from shardsmith.embed import EmbedSettings, HalvingBatch, PartSamples, embed_part
+from shardsmith.embed_stats import HIST_EDGES, QUANTILES, score_columns
+from shardsmith.errors import ConfigError
+from shardsmith.process import SAMPLE_COLUMNS
+from shardsmith.shards import plan_shards
+from shardsmith.tario import ShardWriter, atomic_open
+from shardsmith.tinyclip import NAME, checkpoint_marker, write_tiny_clip
+from workflow_helpers import REPO
+
+COLS = score_columns(NAME)
+SIM = COLS["similarity"]
+CAPTIONS = [
+    "a red square",
+    "two dogs on a beach",
+    "une photo de la tour Eiffel",
+    "sunset over hills",
+    "x",
+    "蓝色的天空",
+]
+
+
+def noise_jpeg(seed: int, size: tuple[int, int]) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def make_part(folder, part: str, n: int, seed: int = 0) -> tuple[str, str]:
+    """A processed part as process_part writes it: `{part}.tar` (jpg, txt, json) and `{part}.samples.parquet`."""
+    tar, rows = folder / f"{part}.tar", []
+    with atomic_open(tar) as f, ShardWriter(f) as w:
+        for i in range(n):
+            key = f"{part.replace('-', '_')}_{i:04d}"
+            size = (40 + 17 * ((seed + i) % 7), 36 + 11 * ((seed + 2 * i) % 5))
+            txt = f"{CAPTIONS[(seed + i) % len(CAPTIONS)]} {i}".encode()
+            where = w.write(key, {"jpg": noise_jpeg(seed * 1000 + i, size), "txt": txt, "json": b"{}"})
+            rows.append(
+                {
+                    "key": key, "source": "src", "source_id": f"{part}:{i}", "url": f"{key}.jpg",
+                    "width_before": size[0], "height_before": size[1], "width": size[0], "height": size[1],
+                    "bytes": where["jpg"][1], "sha256": "0" * 64, "caption_length": len(txt), "caption_field": "txt",
+                    "passthrough": True,
+                    **{f"{ext}_{k}": v for ext, (off, sz) in where.items() for k, v in (("offset", off), ("size", sz))},
+                }
+            )  # fmt: skip
+    samples = folder / f"{part}.samples.parquet"
+    with atomic_open(samples) as f:
+        pd.DataFrame(rows, columns=SAMPLE_COLUMNS).to_parquet(f, index=False)
+    return str(tar), str(samples)
+
+
+def outputs(folder, part: str) -> dict[str, str]:
+    return {
+        k: str(folder / f"{part}.{ext}")
+        for k, ext in (("out_scores", "parquet"), ("out_embeddings", "npz"), ("out_info", "json"))
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    config, ckpt = write_tiny_clip(tmp_path_factory.mktemp("models"))
+    return EmbedSettings(model=NAME, pretrained=str(ckpt), model_config=str(config), batch_size=4, workers=0)
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory, tiny):
+    """Three processed parts (7, 5 and 9 samples), embedded with the tiny model."""
+    folder = tmp_path_factory.mktemp("parts")
+    made = {}
+    for seed, (part, n) in enumerate([("src-000000", 7), ("src-000001", 5), ("src-000002", 9)]):
+        tar, samples = make_part(folder, part, n, seed=seed)
+        out = outputs(folder, part)
+        info = embed_part(tar, samples, **out, settings=tiny)
+        made[part] = {"tar": tar, "samples": samples, "info": info, **out}
+    return made
+
+
+def test_tiny_model_is_deterministic_and_loads_through_the_checkpoint_path(tmp_path):
+    (cfg1, ckpt1), (cfg2, ckpt2) = write_tiny_clip(tmp_path / "a"), write_tiny_clip(tmp_path / "b")
+    assert ckpt1.read_bytes() == ckpt2.read_bytes() and cfg1.read_bytes() == cfg2.read_bytes()
+    open_clip.add_model_config(cfg1)
+    model, _, preprocess = open_clip.create_model_and_transforms(NAME, pretrained=str(ckpt1))
+    saved = torch.load(ckpt1, weights_only=True)["state_dict"]
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    assert checkpoint_marker(ckpt1)["random_init"] is True
+    assert (tmp_path / "a" / "tiny-clip.pt").stat().st_size < 10_000_000
+
+
+def test_scores_equal_a_direct_open_clip_computation(parts, tiny):
+    open_clip.add_model_config(tiny.model_config)
+    model, _, preprocess = open_clip.create_model_and_transforms(NAME, pretrained=tiny.pretrained)
+    model.eval()
+    tokenizer = open_clip.get_tokenizer(NAME)
+    part = parts["src-000002"]
+    scores = pd.read_parquet(part["out_scores"])
+    arrays = np.load(part["out_embeddings"])
+    with tarfile.open(part["tar"]) as tar:  # read the samples back independently of the offsets
+        for row, key in enumerate(scores["key"]):
+            image = Image.open(io.BytesIO(tar.extractfile(f"{key}.jpg").read())).convert("RGB")
+            text = tar.extractfile(f"{key}.txt").read().decode()
+            with torch.no_grad():
+                img = model.encode_image(preprocess(image).unsqueeze(0))[0]
+                txt = model.encode_text(tokenizer([text]))[0]
+            expected = float(F.normalize(img, dim=-1) @ F.normalize(txt, dim=-1))
+            assert scores[SIM][row] == pytest.approx(expected, abs=1e-5)
+            assert scores[COLS["image_norm"]][row] == pytest.approx(float(img.norm()), rel=1e-5)
+            assert scores[COLS["text_norm"]][row] == pytest.approx(float(txt.norm()), rel=1e-5)
+            np.testing.assert_allclose(arrays["image"][row], F.normalize(img, dim=-1).numpy(), atol=2e-3)
+            np.testing.assert_allclose(arrays["text"][row], F.normalize(txt, dim=-1).numpy(), atol=2e-3)
+    assert arrays["image"].dtype == np.float16 and list(arrays["key"]) == list(scores["key"])
+    assert scores[SIM].std() > 0  # distinct samples, distinct scores
+
+
+def _probe(folder) -> None:
+    """Record, once per process, how many modules with parameters (a model) this process holds."""
+    path = folder / f"{os.getpid()}.json"
+    if not path.exists():
+        held = [
+            o
+            for o in gc.get_objects()
+            if issubclass(type(o), torch.nn.Module) and any(True for _ in o.parameters(recurse=False))
+        ]
+        path.write_text(json.dumps({"pid": os.getpid(), "modules_with_parameters": len(held)}))
+
+
+def test_workers_decode_only_and_never_hold_a_model(parts, tiny, tmp_path, monkeypatch):
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    original = PartSamples.__getitem__
+
+    def probed(self, i):
+        _probe(probes)
+        return original(self, i)
+
+    monkeypatch.setattr(PartSamples, "__getitem__", probed)  # before the workers fork, so they inherit it
+    part = parts["src-000002"]
+    settings = replace(tiny, workers=2, batch_size=3)
+    info = embed_part(part["tar"], part["samples"], **outputs(tmp_path, "src-000002"), settings=settings, threads=3)
+    assert info["workers"] == 2
+    seen = [json.loads(p.read_text()) for p in probes.iterdir()]
+    workers = [s for s in seen if s["pid"] != os.getpid()]
+    assert len(workers) == 2 and not [s for s in seen if s["pid"] == os.getpid()]  # the main process decoded nothing
+    assert all(s["modules_with_parameters"] == 0 for s in workers)
+    # Scores do not depend on workers or batch size.
+    a, b = pd.read_parquet(part["out_scores"]), pd.read_parquet(tmp_path / "src-000002.parquet")
+    assert list(a["key"]) == list(b["key"])
+    np.testing.assert_allclose(a[SIM], b[SIM], atol=1e-5)
+    # The probe does see a model where there is one (so the zeros above mean something).
+    model = open_clip.create_model(NAME, pretrained=tiny.pretrained)
+    (probes / f"{os.getpid()}.json").unlink(missing_ok=True)
+    _probe(probes)
+    assert json.loads((probes / f"{os.getpid()}.json").read_text())["modules_with_parameters"] > 0
+    del model
+
+
+def test_out_of_memory_halves_the_batch_and_goes_on():
+    calls = []
+
+    def forward(x):
+        calls.append(len(x))
+        if len(x) > 5:  # a forced memory budget of 5 samples
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return (x * 2, x.sum(dim=1))
+
+    x = torch.arange(48.0).reshape(16, 3)
+    batcher = HalvingBatch(16, on_oom=lambda: None)
+    doubled, sums = batcher.run(forward, x)
+    assert torch.equal(doubled, x * 2) and torch.equal(sums, x.sum(dim=1))
+    assert batcher.size == 4 and batcher.halvings == 2 and calls[:3] == [16, 8, 4]
+    doubled, _ = batcher.run(forward, x)  # the smaller size is kept: no more failures
+    assert torch.equal(doubled, x * 2) and batcher.halvings == 2
+
+    with pytest.raises(ValueError):
+        HalvingBatch(8).run(lambda x: (_ for _ in ()).throw(ValueError("not memory")), x)
+    with pytest.raises(RuntimeError, match="batch of one"):
+        HalvingBatch(2, on_oom=lambda: None).run(lambda x: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")), x)
+
+
+def test_out_of_memory_inside_embed_part_gives_the_same_scores(parts, tiny, tmp_path, monkeypatch):
+    encode_image = open_clip.model.CLIP.encode_image
+
+    def budgeted(self, image, normalize=False):
+        if image.shape[0] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (forced budget of 2 images)")
+        return encode_image(self, image, normalize=normalize)
+
+    monkeypatch.setattr(open_clip.model.CLIP, "encode_image", budgeted)
+    part = parts["src-000000"]
+    settings = replace(tiny, batch_size=7)
+    info = embed_part(part["tar"], part["samples"], **outputs(tmp_path, "p"), settings=settings)
+    assert info["oom_halvings"] == 2 and info["final_batch_size"] == 1  # 7 -> 3 -> 1
+    np.testing.assert_allclose(
+        pd.read_parquet(tmp_path / "p.parquet")[SIM], pd.read_parquet(part["out_scores"])[SIM], atol=1e-5
+    )
+
+
+def test_provenance_is_complete_and_says_the_weights_are_random(parts, tiny):
+    prov = parts["src-000000"]["info"]["provenance"]
+    assert prov["model"] == NAME and prov["pretrained"] == tiny.pretrained
+    assert prov["checkpoint_sha256"] == hashlib.sha256(open(tiny.pretrained, "rb").read()).hexdigest()
+    assert prov["model_config_sha256"] == hashlib.sha256(open(tiny.model_config, "rb").read()).hexdigest()
+    assert prov["random_weights"] is True and prov["weights_statement"].startswith("RANDOM WEIGHTS")
+    pre = prov["preprocess"]
+    assert pre["size"] == [64, 64] and pre["interpolation"] == "bicubic" and pre["resize_mode"] == "shortest"
+    assert len(pre["mean"]) == len(pre["std"]) == 3 and "Resize" in pre["transform"]
+    assert prov["tokenizer"] == {"class": "SimpleTokenizer", "context_length": 32}
+    lib = prov["resize_library"]
+    assert lib["version"] == PIL.__version__ and isinstance(lib["pillow_simd"], bool)
+    assert lib["name"] == ("pillow-simd" if lib["pillow_simd"] else "pillow")
+    assert prov["precision"] == {"requested": "auto", "used": "fp32", "autocast": False} and prov["device"] == "cpu"
+    assert prov["versions"]["torch"] == torch.__version__ and prov["versions"]["open_clip"] == open_clip.__version__
+
+
+def test_real_checkpoint_is_not_called_random_and_cpu_ignores_half_precision(parts, tiny, tmp_path):
+    plain = tmp_path / "plain.pt"
+    torch.save(
+        torch.load(tiny.pretrained, weights_only=True)["state_dict"], plain
+    )  # as open_clip training saves weights
+    part = parts["src-000001"]
+    settings = replace(tiny, pretrained=str(plain), precision="bf16")
+    prov = embed_part(part["tar"], part["samples"], **outputs(tmp_path, "q"), settings=settings)["provenance"]
+    assert prov["random_weights"] is False and prov["weights_statement"].startswith("weights from checkpoint")
+    assert prov["precision"] == {"requested": "bf16", "used": "fp32", "autocast": False}
+    np.testing.assert_allclose(
+        pd.read_parquet(tmp_path / "q.parquet")[SIM], pd.read_parquet(part["out_scores"])[SIM], atol=1e-6
+    )
+
+
+def test_bad_model_settings_are_one_line_config_errors(tiny, tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="defines model 'tiny-clip'"):
+        embed.register_model_config(EmbedSettings(model="ViT-B-32", model_config=tiny.model_config))
+    with pytest.raises(ConfigError, match="Did you mean ViT-B-32"):
+        embed.register_model_config(EmbedSettings(model="ViT-B32"))
+    with pytest.raises(ConfigError, match="neither a pretrained tag of ViT-B-32 .*laion2b_s34b_b79k"):
+        embed.resolve_weights(EmbedSettings(pretrained="laion2b_typo"))
+    import huggingface_hub.constants as hf
+
+    monkeypatch.setattr(hf, "HF_HUB_OFFLINE", True)  # a known tag, offline, with an empty cache: a clear message
+    monkeypatch.setattr(hf, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ConfigError, match="not in the Hugging Face cache"):
+        embed.resolve_weights(EmbedSettings(model="ViT-B-32", pretrained="laion2b_s34b_b79k"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            embed.resolve_device("cuda")
+    assert embed.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_failed_job_leaves_no_output_and_empty_part_gives_well_formed_files(tiny, tmp_path, monkeypatch):
+    tar, samples = make_part(tmp_path, "src-000009", 3)
+    out = outputs(tmp_path, "broken")
+    monkeypatch.setattr(embed, "encode", lambda *a: (_ for _ in ()).throw(ValueError("disk on fire")))
+    with pytest.raises(ValueError, match="disk on fire"):
+        embed_part(tar, samples, **out, settings=tiny)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".broken", "broken"))]
+    monkeypatch.undo()
+
+    tar, samples = make_part(tmp_path, "src-000010", 0)
+    info = embed_part(tar, samples, **outputs(tmp_path, "empty"), settings=tiny)
+    assert info["samples"] == 0 and info["embed_dim"] == 32
+    assert list(pd.read_parquet(tmp_path / "empty.parquet").columns) == ["key", *COLS.values()]
+    assert np.load(tmp_path / "empty.npz")["image"].shape == (0, 32)
+
+
+def test_embedding_a_part_twice_gives_identical_files(parts, tiny, tmp_path):
+    part = parts["src-000001"]
+    embed_part(part["tar"], part["samples"], **outputs(tmp_path, "again"), settings=tiny)
+    for ext, key in (("parquet", "out_scores"), ("npz", "out_embeddings")):
+        assert (tmp_path / f"again.{ext}").read_bytes() == open(part[key], "rb").read()
+
+
+def test_score_columns_are_named_as_datacomp_does():
+    assert score_columns("ViT-B-32")["similarity"] == "clip_b32_similarity_score"
+    assert score_columns("ViT-L-14")["similarity"] == "clip_l14_similarity_score"
+    assert score_columns("ViT-B-16-quickgelu")["image_norm"] == "clip_b16_quickgelu_image_norm"
+    assert score_columns("hf-hub:timm/ViT-SO400M-14-SigLIP")["similarity"] == "clip_so400m_14_siglip_similarity_score"
+    assert score_columns("tiny-clip") == {
+        "similarity": "tiny_clip_similarity_score",
+        "image_norm": "tiny_clip_image_norm",
+        "text_norm": "tiny_clip_text_norm",
+    }
+
+
+def _plan_and_score(parts, tmp_path, exclusions=(), samples_per_shard=5):
+    """plan_shards over the parts (as the workflow does), then the per-shard score tables and sums."""
+    names = [p for p in parts]
+    plan_dir = tmp_path / "plan"
+    shards = plan_shards(
+        [parts[p]["samples"] for p in names], names, "ds", samples_per_shard, plan_dir, exclusions=list(exclusions)
+    )
+    scores = [parts[p]["out_scores"] for p in names]
+    embs = [parts[p]["out_embeddings"] for p in names]
+    made = []
+    for s in shards:
+        out, sums = tmp_path / f"{s}.scores.parquet", tmp_path / f"{s}.sums.json"
+        embed_stats.write_shard_scores(str(plan_dir / f"{s}.samples.parquet"), scores, embs, str(out), str(sums))
+        npz = tmp_path / f"{s}.embeddings.npz"
+        embed_stats.write_shard_embeddings(str(plan_dir / f"{s}.samples.parquet"), embs, str(npz))
+        made.append((s, out, sums, npz))
+    return plan_dir, made
+
+
+def test_stats_aggregate_exactly_across_parts_and_shards(parts, tmp_path):
+    plan_dir, shards = _plan_and_score(parts, tmp_path)
+    for name, scores, _, npz in shards:  # each shard's table follows its plan, rows aligned with its embeddings
+        plan = pd.read_parquet(plan_dir / f"{name}.samples.parquet")
+        table = pd.read_parquet(scores)
+        assert list(table["key"]) == list(plan["key"]) == list(np.load(npz)["key"])
+    stats = embed_stats.summarize(
+        [str(s[1]) for s in shards], [str(s[2]) for s in shards], [p["out_info"] for p in parts.values()], NAME,
+        shard_embeddings_paths=[str(s[3]) for s in shards],
+    )  # fmt: skip
+    everything = pd.concat([pd.read_parquet(p["out_scores"]) for p in parts.values()])
+    sim = everything[SIM].to_numpy(np.float64)
+    assert stats["counts"] == {
+        "embedded": 21,
+        "published": 21,
+        "excluded_low_similarity": 0,
+        "not_published_other": 0,
+        "parts": 3,
+        "shards": 5,
+    }
+    assert stats["similarity"]["mean"] == pytest.approx(sim.mean()) and stats["similarity"]["std"] == pytest.approx(
+        sim.std()
+    )
+    assert list(stats["similarity"]["quantiles"].values()) == pytest.approx(list(np.quantile(sim, QUANTILES)))
+    assert stats["similarity"]["histogram"]["counts"] == np.histogram(sim, bins=HIST_EDGES)[0].tolist()
+    assert sum(stats["similarity"]["histogram"]["counts"]) == 21
+    norms = everything[COLS["text_norm"]].to_numpy(np.float64)
+    assert stats["text_norm"]["max"] == pytest.approx(norms.max()) and stats["text_norm"]["mean"] == pytest.approx(
+        norms.mean()
+    )
+    image = np.concatenate([np.load(p["out_embeddings"])["image"].astype(np.float64) for p in parts.values()])
+    assert stats["mean_image_embedding"] == pytest.approx(image.mean(axis=0).tolist(), abs=1e-6)
+    assert stats["random_weights"] is True and stats["provenance"]["mixed"] == []
+
+
+def test_min_similarity_sends_samples_to_the_ledger_and_shards_stay_uniform(parts, tmp_path):
+    part_scores = [p["out_scores"] for p in parts.values()]
+    everything = pd.concat([pd.read_parquet(p) for p in part_scores], ignore_index=True)
+    threshold = float(np.median(everything[SIM]))
+    excluded = tmp_path / "excluded.parquet"
+    n = embed_stats.write_exclusions(part_scores, NAME, threshold, str(excluded))
+    low = set(everything.loc[everything[SIM] < threshold, "key"])
+    assert n == len(low) > 0
+    plan_dir, shards = _plan_and_score(parts, tmp_path, exclusions=[str(excluded)], samples_per_shard=4)
+    dropped = pd.read_parquet(plan_dir / "dropped.parquet")
+    assert (
+        set(dropped["key"]) == low
+        and set(dropped["stage"]) == {"embed"}
+        and set(dropped["reason"]) == {"low_similarity"}
+    )
+    assert all(d.startswith(f"{SIM} ") and f"< min_similarity {threshold}" in d for d in dropped["detail"])
+    sizes = [len(pd.read_parquet(s[1])) for s in shards]
+    assert all(s == 4 for s in sizes[:-1]) and 0 < sizes[-1] <= 4 and sum(sizes) == len(everything) - len(low)
+    stats = embed_stats.summarize(
+        [str(s[1]) for s in shards], [str(s[2]) for s in shards], [p["out_info"] for p in parts.values()], NAME,
+        exclusions=str(excluded), min_similarity=threshold,
+    )  # fmt: skip
+    assert stats["counts"]["excluded_low_similarity"] == len(low) and stats["similarity"]["min"] >= threshold
+    assert stats["counts"]["published"] + len(low) == stats["counts"]["embedded"]
+    assert len(embed_stats.low_similarity_exclusions(part_scores, NAME, None)) == 0
+
+
+def test_summary_and_exclusion_modules_do_not_import_torch():
+    code = "import sys, shardsmith.embed_stats; assert 'torch' not in sys.modules, 'torch imported'"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_schema_keeps_embedding_off_by_default_and_the_demo_config_turns_it_on():
+    import yaml
+    from snakemake.utils import validate
+
+    schema = str(REPO / "config" / "config.schema.yaml")
+    config = {
+        "dataset": "ds",
+        "paths": {"raw": "r", "work": "w", "output": "o"},
+        "sources": [{"name": "m", "type": "manifest", "path": "m"}],
+    }
+    validate(config, schema=schema)
+    assert config["embed"] == {
+        "enabled": False, "model": "ViT-B-32", "pretrained": "laion2b_s34b_b79k", "model_config": None,
+        "batch_size": 256, "precision": "auto", "device": "auto", "workers": 4, "min_similarity": None,
+        "save_embeddings": False,
+    }  # fmt: skip
+    assert set(config["embed"]) - {"enabled", "min_similarity", "save_embeddings"} == set(
+        EmbedSettings.__dataclass_fields__
+    )
+    demo = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    validate(demo, schema=schema)
+    assert demo["embed"]["enabled"] and demo["embed"]["pretrained"] == f"demo/models/{NAME}.pt"
+    assert demo["embed"]["model_config"] == f"demo/models/{NAME}.json"
