@@ -1,6 +1,29 @@
+from snakemake import __version__ as SNAKEMAKE_VERSION
+
+from shardsmith.card import fingerprinted_config
+
+
+rule record_build:
+    input:
+        rules.validate_dataset.output[0],
+    output:
+        f"{OUT}/build.json",
+    log:
+        f"{LOGS}/record_build.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        config=fingerprinted_config(config),
+        snakemake_version=SNAKEMAKE_VERSION,
+    script:
+        "../scripts/record_build.py"
+
+
 rule publish_dataset:
     input:
-        get_publish_files,
+        files=get_publish_files,
+        # the shard list is read again when plan_shards reruns within a run (see validate_dataset)
+        plan_dir=ancient(rules.plan_shards.output[0]),
     output:
         f"{WORK}/published/{config['version']}.json",
     log:
@@ -9,5 +32,7 @@ rule publish_dataset:
         "../envs/publish.yaml"
     params:
         target=get_publish_target(),
+        settings=config["publish"],
+        s3=config["s3"],
     script:
         "../scripts/publish_dataset.py"

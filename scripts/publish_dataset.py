@@ -7,16 +7,24 @@ sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside
 import json
 
 from shardsmith.logs import run_job
-from shardsmith.publish import PublishConflict, publish_local
+from shardsmith.publish import PublishConflict, PublishError, PublishSettings, publish
+from shardsmith.s3 import S3Error, S3Settings
 from shardsmith.tario import atomic_write_text
 
 
 def main() -> None:
-    p = snakemake.params.target
-    receipt = publish_local(list(snakemake.input), p['dest'], p['dataset'], p['version'])
-    receipt["dest"] = p['dest']
+    t = snakemake.params.target
+    receipt = publish(
+        list(snakemake.input.files),
+        t["dest"],
+        t["dataset"],
+        t["version"],
+        settings=PublishSettings.from_config(snakemake.params.settings),
+        s3=S3Settings(**snakemake.params.s3),
+    )
     atomic_write_text(snakemake.output[0], json.dumps(receipt, indent=1, sort_keys=True) + "\n")
-    print(f"published {len(receipt['files'])} files to {p['dest']}/{p['dataset']}/{p['version']}; latest -> {p['version']}")
+    where = f"{t['dest'].rstrip('/')}/{t['dataset']}/{receipt['version']}"
+    print(f"{'unchanged' if receipt['unchanged'] else 'published'}: {where} ({len(receipt['files'])} files)")
 
 
-run_job(snakemake.log[0], main, expected=(PublishConflict,))
+run_job(snakemake.log[0], main, expected=(PublishConflict, PublishError, S3Error))

@@ -1,71 +1,641 @@
-"""Publish a validated dataset to fast storage: `{dest}/{dataset}/{version}/`, then the `latest` pointer.
+"""Publish a validated dataset to fast storage, `{dest}/{dataset}/{version}/`, then the `latest` pointer.
 
-The version folder is assembled under a temporary name, every file is checked against the source
-checksum, a completion marker listing every object's size and sha256 is written, the folder is renamed
-into place, and `latest` is written last. A reader that follows `latest` never sees a partial version;
-a publish killed at any point leaves `latest` on the previous complete version.
+`dest` is a mounted path (NFS, Lustre, local NVMe) or `s3://bucket/prefix` (any S3-compatible store, through
+the AWS CLI). Either way a version is committed by its completion marker `_COMPLETE.json`, which lists every
+file's size and sha256 and is written only after the files were verified on the destination; `latest` is
+written after the marker. A reader that follows `latest` never sees a partial version, and a publish killed
+at any point leaves `latest` on the previous complete version.
+
+- Mounted path: the version is assembled in a temporary folder, read back, then renamed into place.
+- S3 has no rename, so the marker is the commit point: objects are uploaded into the version prefix
+  (`aws s3 sync`), listed and read back (or checked against their ETags), then the marker goes up, then
+  `latest`. Readers and validators must treat a version without a marker as absent: use
+  `complete_versions`, `latest_version` and `read_complete` here rather than listing the prefix.
+
+Publishing the same content under the same version again is a no-op; different content under an existing
+version is refused (PublishConflict). `version: auto` names a new version `{UTC date}-{content fingerprint}`
+and publishes nothing when the content equals what `latest` names. Optional retention keeps the newest N
+complete versions, never the one `latest` names. Credentials come only from the usual AWS environment;
+messages pass through `shardsmith.s3.redact`.
 """
 
+import argparse
+import contextlib
+import datetime as dt
 import hashlib
 import json
+import math
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
 from pathlib import Path
 
+from shardsmith.s3 import S3Error, S3Settings, read_object, redact, run, split_url
 from shardsmith.tario import atomic_write_text
 
 MARKER = "_COMPLETE.json"
+LATEST = "latest"
+AUTO = "auto"
+BUILD_INFO = "build.json"
+VERIFY_MODES = ("readback", "etag")
+_MiB = 1024**2
+_SIZE_SUFFIX = {"kb": 1024, "mb": _MiB, "gb": 1024**3, "tb": 1024**4, "kib": 1024, "mib": _MiB, "gib": 1024**3, "tib": 1024**4}
+_NO_TIMEOUT = None  # uploads of a large dataset take as long as they take; the CLI retries by itself
 
 
 class PublishConflict(RuntimeError):
-    pass
+    """Different content under a version that is already published."""
+
+
+class PublishError(RuntimeError):
+    """The destination does not hold what was sent (verification failed), or is unusable."""
+
+
+@dataclass(frozen=True)
+class PublishSettings:
+    """The `publish` config section, minus `dest` and `dedupe` (see the schema for each key)."""
+
+    keep_versions: int | None = None
+    verify: str = "readback"
+    multipart_threshold: int | str | None = None
+    multipart_chunksize: int | str | None = None
+    max_concurrent_requests: int | None = None
+
+    @classmethod
+    def from_config(cls, section: dict) -> "PublishSettings":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in section.items() if k in names})
+
+    def cli_config(self) -> dict[str, str]:
+        """AWS CLI `s3` settings to set (only those given)."""
+        keys = ("multipart_threshold", "multipart_chunksize", "max_concurrent_requests")
+        return {k: str(getattr(self, k)) for k in keys if getattr(self, k) is not None}
+
+
+def human_bytes(value: int | str) -> int:
+    """Bytes of an AWS CLI size setting: 8388608, '8MB', '64MiB' (MB = MiB, as the CLI reads it)."""
+    if isinstance(value, int):
+        return value
+    text = value.strip().lower()
+    for suffix in sorted(_SIZE_SUFFIX, key=len, reverse=True):
+        if text.endswith(suffix):
+            return int(text[: -len(suffix)]) * _SIZE_SUFFIX[suffix]
+    return int(text)
+
+
+# --- what is published ---------------------------------------------------------------------------
+
+
+def hash_file(path: str | os.PathLike, algorithms: Iterable[str] = ("sha256",)) -> dict[str, str]:
+    hashes = {a: hashlib.new(a) for a in algorithms}
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            for h in hashes.values():
+                h.update(block)
+    return {a: h.hexdigest() for a, h in hashes.items()}
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
+    return hash_file(path)["sha256"]
 
 
 def file_table(paths: list[str]) -> dict[str, dict]:
-    """{basename: {size, sha256}} of the files to publish."""
+    """{basename: {size, sha256}} of the files to publish, sorted by name."""
     names = [Path(p).name for p in paths]
     if len(set(names)) != len(names):
         raise ValueError("two files to publish share a name")
-    return {Path(p).name: {"size": os.path.getsize(p), "sha256": sha256_file(p)} for p in sorted(paths)}
+    if MARKER in names or LATEST in names:
+        raise ValueError(f"{MARKER} and {LATEST} are written by publishing, not published from the inputs")
+    return {Path(p).name: {"size": os.path.getsize(p), "sha256": sha256_file(p)} for p in sorted(paths, key=lambda p: Path(p).name)}
+
+
+def content_fingerprint(table: dict[str, dict]) -> str:
+    """sha256 of the published data (names and sha256s), without build.json: same data, same fingerprint."""
+    data = {name: entry["sha256"] for name, entry in sorted(table.items()) if name != BUILD_INFO}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def same_data(a: dict[str, dict], b: dict[str, dict]) -> bool:
+    return content_fingerprint(a) == content_fingerprint(b)
+
+
+def auto_version(table: dict[str, dict], now: dt.datetime) -> str:
+    """`{UTC date}-{first 8 hex of the content fingerprint}`: sorts by date, differs when the data differs."""
+    return f"{now.astimezone(dt.UTC):%Y-%m-%d}-{content_fingerprint(table)[:8]}"
+
+
+# --- build metadata (reproducible rebuilds) ------------------------------------------------------
+
+_CODE = ("Snakefile", "rules/*.smk", "scripts/*.py", "shardsmith/*.py", "envs/*")
+
+
+def code_fingerprint(repo: str | os.PathLike) -> dict[str, str]:
+    """{relative path: sha256} of the workflow code and pinned envs, for comparing two builds."""
+    repo = Path(repo)
+    files = sorted({p for pattern in _CODE for p in repo.glob(pattern) if p.is_file()})
+    return {str(p.relative_to(repo)): sha256_file(p) for p in files}
+
+
+def build_info(config: dict, snakemake_version: str, repo: str | os.PathLike) -> dict:
+    """What `build.json` records; no time, host or absolute path, so a rebuild writes the same bytes.
+
+    The config fingerprint and package list are the dataset card's (shardsmith.card), so the card and
+    build.json always agree. Packages are read where this job runs (with --sdm conda: the shards env);
+    `code` also fingerprints the pinned envs/*.yaml that the other jobs ran in.
+    """
+    from shardsmith.card import config_fingerprint, fingerprinted_config, package_versions
+
+    code = code_fingerprint(repo)
+    return {
+        "config_fingerprint": config_fingerprint(config),
+        "config": fingerprinted_config(config),
+        "packages": {**package_versions(), "snakemake": snakemake_version},
+        "code_fingerprint": "sha256:" + hashlib.sha256(json.dumps(code, sort_keys=True).encode()).hexdigest(),
+        "code": code,
+    }
+
+
+def write_build_info(path: str, info: dict) -> None:
+    atomic_write_text(path, json.dumps(info, indent=1, sort_keys=True, ensure_ascii=False, default=str) + "\n")
+
+
+# --- destinations --------------------------------------------------------------------------------
+
+
+def is_s3(dest: str) -> bool:
+    return dest.startswith("s3://")
+
+
+class _Store:
+    """One dataset's folder on a destination, `{dest}/{dataset}/`."""
+
+    def __init__(self, dest: str, dataset: str) -> None:
+        self.dest = dest.rstrip("/")
+        self.dataset = dataset
+        self.root = f"{self.dest}/{dataset}"
+
+    def where(self, version: str) -> str:
+        return f"{self.root}/{version}"
+
+    def read(self, rel: str) -> bytes | None:
+        raise NotImplementedError
+
+    def candidates(self) -> list[str]:
+        """Names of version folders or prefixes, complete or not."""
+        raise NotImplementedError
+
+    def write_latest(self, version: str) -> None:
+        raise NotImplementedError
+
+    def delete_version(self, version: str) -> None:
+        raise NotImplementedError
+
+    def marker(self, version: str) -> dict | None:
+        data = self.read(f"{version}/{MARKER}")
+        return json.loads(data) if data is not None else None
+
+    def latest(self) -> str | None:
+        data = self.read(LATEST)
+        if data is None:
+            return None
+        return data.decode("utf-8").strip() or None
+
+    def state(self) -> tuple[str | None, dict[str, dict]]:
+        """(what `latest` names, {version: marker} of the complete versions, oldest first)."""
+        markers = {v: m for v in self.candidates() if (m := self.marker(v)) is not None}
+        return self.latest(), _by_age(markers)
+
+
+def _by_age(markers: dict[str, dict]) -> dict[str, dict]:
+    return dict(sorted(markers.items(), key=lambda item: (item[1].get("published_at", ""), item[0])))
+
+
+class LocalStore(_Store):
+    def read(self, rel: str) -> bytes | None:
+        try:
+            return Path(self.root, rel).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def candidates(self) -> list[str]:
+        root = Path(self.root)
+        return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
+
+    def write_latest(self, version: str) -> None:
+        atomic_write_text(Path(self.root, LATEST), version + "\n")
+
+    def delete_version(self, version: str) -> None:
+        # Rename first: the version disappears for readers at once, and a killed delete leaves only a dot folder.
+        final = Path(self.where(version))
+        doomed = Path(tempfile.mkdtemp(prefix=f".{version}.", suffix=".deleting", dir=self.root))
+        os.rename(final, doomed / version)
+        shutil.rmtree(doomed)
+
+
+class S3Store(_Store):
+    def __init__(self, dest: str, dataset: str, s3: S3Settings) -> None:
+        super().__init__(dest, dataset)
+        self.s3 = s3
+        split_url(self.root)  # refuse a malformed URL early
+
+    def read(self, rel: str) -> bytes | None:
+        try:
+            return read_object(f"{self.root}/{rel}", self.s3)
+        except S3Error as e:
+            if "NoSuchBucket" in e.detail:
+                raise PublishError(f"bucket of {self.dest} does not exist; create it (and its policy) first: {e.detail}") from None
+            if e.reason == "not_found":
+                return None
+            raise
+
+    def listing(self, prefix_url: str, delimiter: bool = False) -> tuple[dict[str, dict], list[str]]:
+        """({key below prefix: {size, etag}}, [sub-prefixes]) of an s3:// prefix ending in '/'."""
+        bucket, prefix = split_url(prefix_url)
+        args = ["s3api", "list-objects-v2", "--bucket", bucket, "--prefix", prefix, "--output", "json"]
+        out = run(self.s3, *args, *(["--delimiter", "/"] if delimiter else []))
+        data = json.loads(out) if out.strip() else {}
+        objects = {
+            o["Key"][len(prefix) :]: {"size": int(o["Size"]), "etag": o.get("ETag", "").strip('"')} for o in data.get("Contents") or []
+        }
+        prefixes = [p["Prefix"][len(prefix) :].rstrip("/") for p in data.get("CommonPrefixes") or []]
+        return objects, prefixes
+
+    def candidates(self) -> list[str]:
+        return sorted(self.listing(self.root + "/", delimiter=True)[1])
+
+    def state(self) -> tuple[str | None, dict[str, dict]]:
+        # One CLI run for `latest` and every marker (starting the CLI costs about a second each time).
+        with tempfile.TemporaryDirectory(prefix="shardsmith-state-") as tmp:
+            try:
+                run(self.s3, "s3", "cp", "--recursive", "--only-show-errors", self.root + "/", tmp,
+                    "--exclude", "*", "--include", LATEST, "--include", f"*/{MARKER}")  # fmt: skip
+            except S3Error as e:
+                if "NoSuchBucket" in e.detail:
+                    raise PublishError(f"bucket of {self.dest} does not exist; create it (and its policy) first: {e.detail}") from None
+                raise
+            pointer = Path(tmp, LATEST)
+            latest = (pointer.read_text().strip() or None) if pointer.is_file() else None
+            markers = {p.parent.name: json.loads(p.read_text()) for p in Path(tmp).glob(f"*/{MARKER}")}
+        return latest, _by_age(markers)
+
+    def upload_bytes(self, rel: str, data: bytes, *options: str) -> None:
+        with tempfile.TemporaryDirectory(prefix="shardsmith-publish-") as tmp:
+            path = Path(tmp, rel.rsplit("/", 1)[-1])
+            path.write_bytes(data)
+            run(self.s3, "s3", "cp", "--only-show-errors", *options, str(path), f"{self.root}/{rel}")
+
+    def write_latest(self, version: str) -> None:
+        # no-cache: a reader behind a caching proxy or CDN must not follow a stale pointer
+        self.upload_bytes(LATEST, (version + "\n").encode(), "--content-type", "text/plain", "--cache-control", "no-cache")
+
+    def delete_version(self, version: str) -> None:
+        # Marker first: from then on readers treat the version as absent, even if the rest of the delete dies.
+        run(self.s3, "s3", "rm", "--only-show-errors", f"{self.where(version)}/{MARKER}")
+        run(self.s3, "s3", "rm", "--only-show-errors", "--recursive", f"{self.where(version)}/", timeout=_NO_TIMEOUT)
+
+
+def open_store(dest: str, dataset: str, s3: S3Settings | None = None) -> _Store:
+    return S3Store(dest, dataset, s3 or S3Settings()) if is_s3(dest) else LocalStore(dest, dataset)
+
+
+# --- readers -------------------------------------------------------------------------------------
+
+
+def complete_versions(dest: str, dataset: str, s3: S3Settings | None = None) -> dict[str, dict]:
+    """{version: marker} of every complete version, oldest first (by publish time, then name)."""
+    return open_store(dest, dataset, s3).state()[1]
+
+
+def latest_version(dest: str, dataset: str, s3: S3Settings | None = None) -> str | None:
+    """The version `latest` names (None before the first publish); refused if it has no completion marker."""
+    store = open_store(dest, dataset, s3)
+    version, markers = store.state()
+    if version is not None and version not in markers:
+        raise PublishError(f"{store.root}/latest names {version}, which has no {MARKER}: not a complete version")
+    return version
+
+
+def read_complete(dest: str, dataset: str, version: str = LATEST, s3: S3Settings | None = None) -> dict:
+    """The marker of a complete version (`latest` by default); PublishError for a partial or missing one."""
+    store = open_store(dest, dataset, s3)
+    latest, markers = store.state()
+    name = latest if version == LATEST else version
+    if name not in markers:
+        raise PublishError(f"{store.root}/{name or version} is not a complete published version (no {MARKER})")
+    return markers[name]
+
+
+# --- verification on S3 --------------------------------------------------------------------------
+
+
+def expected_etag(path: str | os.PathLike, threshold: int = 8 * _MiB, chunksize: int = 8 * _MiB) -> str:
+    """The ETag S3 gives a file uploaded by the AWS CLI: md5, or md5 of the part md5s + '-N' for multipart.
+
+    Mirrors s3transfer: multipart from `threshold` bytes on, parts of `chunksize`, doubled until at most
+    10000 parts, then kept within 5 MiB..5 GiB. Only a hint: a mismatch (SSE-KMS, another part size) is settled by reading the object back.
+    """
+    size = os.path.getsize(path)
+    if size < threshold:
+        return hash_file(path, ("md5",))["md5"]
+    while math.ceil(size / chunksize) > 10_000:
+        chunksize *= 2
+    chunksize = min(max(chunksize, 5 * _MiB), 5 * 1024**3)  # S3's part size limits
+    digests = []
+    with open(path, "rb") as f:
+        while block := f.read(chunksize):
+            digests.append(hashlib.md5(block).digest())
+    return f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(digests)}"
+
+
+READBACK_BATCH_BYTES = 2 * 1024**3  # local scratch used at once while reading back
+
+
+def _batches(names: list[str], table: dict[str, dict], limit: int = READBACK_BATCH_BYTES, most: int = 500) -> Iterator[list[str]]:
+    batch: list[str] = []
+    size = 0
+    for name in names:
+        if batch and (size + table[name]["size"] > limit or len(batch) >= most):
+            yield batch
+            batch, size = [], 0
+        batch.append(name)
+        size += table[name]["size"]
+    if batch:
+        yield batch
+
+
+def read_back(store: "S3Store", version: str, names: list[str], table: dict[str, dict]) -> dict[str, dict]:
+    """{name: {size, sha256}} of objects as the destination returns them (size -1 when absent).
+
+    One `aws s3 cp --recursive` per batch of up to 2 GiB into a private scratch folder (the CLI downloads
+    in parallel; starting it once per object cost about 1 s of CPU each), hashed and deleted batch by batch.
+    """
+    got: dict[str, dict] = {}
+    url = store.where(version) + "/"
+    with tempfile.TemporaryDirectory(prefix="shardsmith-readback-") as tmp:
+        for batch in _batches(names, table):
+            filters = [arg for name in batch for arg in ("--include", name)]
+            run(store.s3, "s3", "cp", "--recursive", "--only-show-errors", url, tmp, "--exclude", "*", *filters, timeout=_NO_TIMEOUT)
+            for name in batch:
+                path = Path(tmp, name)
+                if path.is_file():
+                    got[name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+                    path.unlink()
+                else:
+                    got[name] = {"size": -1, "sha256": ""}
+    return got
+
+
+def verify_s3(
+    store: "S3Store", version: str, table: dict[str, dict], paths: dict[str, str], settings: PublishSettings
+) -> dict[str, str]:
+    """{name: problem} for every file that is not on the destination as sent ({} when all are)."""
+    objects, _ = store.listing(store.where(version) + "/")
+    problems = {n: "missing" for n in table if n not in objects}
+    problems |= {n: f"size {objects[n]['size']} != {e['size']}" for n, e in table.items() if n in objects and objects[n]["size"] != e["size"]}
+    problems |= {n: "not part of this version" for n in objects if n not in table and n != MARKER}
+    todo = [n for n in table if n not in problems]
+    if settings.verify == "etag":
+        threshold = human_bytes(settings.multipart_threshold or 8 * _MiB)
+        chunksize = human_bytes(settings.multipart_chunksize or 8 * _MiB)
+        todo = [n for n in todo if objects[n]["etag"] != expected_etag(paths[n], threshold, chunksize)]
+    got = read_back(store, version, todo, table) if todo else {}
+    problems |= {n: f"read back {g['size']} bytes, sha256 {g['sha256'][:12]}" for n, g in got.items() if g != table[n]}
+    return problems
+
+
+@contextlib.contextmanager
+def cli_config(settings: PublishSettings, s3: S3Settings) -> Iterator[None]:
+    """Multipart settings for the AWS CLI, set with `aws configure set` in a private copy of the user's
+    config file (AWS_CONFIG_FILE for this process only); the user's ~/.aws is never written."""
+    values = settings.cli_config()
+    if not values:
+        yield
+        return
+    tmp = tempfile.mkdtemp(prefix="shardsmith-aws-")  # 0700
+    copy = Path(tmp, "config")
+    source = Path(os.environ.get("AWS_CONFIG_FILE") or Path.home() / ".aws" / "config")
+    if source.is_file():
+        shutil.copyfile(source, copy)
+    else:
+        copy.touch()
+    os.chmod(copy, 0o600)
+    old = os.environ.get("AWS_CONFIG_FILE")
+    os.environ["AWS_CONFIG_FILE"] = str(copy)
+    try:
+        exe = shutil.which(s3.aws_cli) or s3.aws_cli
+        profile = ["--profile", s3.profile] if s3.profile else []
+        for key, value in values.items():
+            proc = subprocess.run([exe, "configure", "set", f"s3.{key}", value, *profile], capture_output=True, text=True)
+            if proc.returncode:
+                raise PublishError(f"aws configure set s3.{key} {value}: {redact(proc.stderr.strip())}")
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("AWS_CONFIG_FILE", None)
+        else:
+            os.environ["AWS_CONFIG_FILE"] = old
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- publishing ----------------------------------------------------------------------------------
+
+
+def _conflict(where: str, version: str) -> PublishConflict:
+    return PublishConflict(
+        f"{where} is already published with different content; choose a new version (config: version, "
+        f"or version: auto) instead of overwriting what readers may be training from. "
+        f"The files of {version} are listed in {where}/{MARKER}."
+    )
+
+
+def _publish_local(paths: list[str], table: dict, store: LocalStore, version: str, marker: dict, old: dict | None) -> dict:
+    final = Path(store.where(version))
+    if final.exists():
+        if old is None or old["files"] != table:
+            raise _conflict(str(final), version)
+        return old
+    Path(store.root).mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", suffix=".partial", dir=store.root))
+    try:
+        for p in paths:
+            shutil.copyfile(p, tmp / Path(p).name)
+        for name, want in table.items():  # read back what landed on the destination
+            got = {"size": os.path.getsize(tmp / name), "sha256": sha256_file(tmp / name)}
+            if got != want:
+                raise PublishError(f"{name}: copy on {store.dest} does not match the source ({got} != {want})")
+        atomic_write_text(tmp / MARKER, json.dumps(marker, indent=1, sort_keys=True) + "\n")
+        os.chmod(tmp, 0o777 & ~_umask())
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return marker
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publish_s3(
+    paths: list[str], table: dict, store: S3Store, version: str, marker: dict, old: dict | None, settings: PublishSettings
+) -> dict:
+    if old is not None:
+        if old["files"] != table:
+            raise _conflict(store.where(version), version)
+        return old
+    by_name = {Path(p).name: os.path.abspath(p) for p in paths}
+    url = store.where(version) + "/"
+    total = sum(e["size"] for e in table.values())
+    with cli_config(settings, store.s3), tempfile.TemporaryDirectory(prefix="shardsmith-publish-") as stage:
+        for name, path in by_name.items():
+            os.symlink(path, Path(stage, name))  # sync follows links: one CLI run, parallel multipart uploads
+        started = time.monotonic()
+        # --delete: objects of an earlier killed attempt that are not part of this content go away
+        run(store.s3, "s3", "sync", "--only-show-errors", "--delete", stage + "/", url, timeout=_NO_TIMEOUT)
+        print(f"uploaded {len(table)} files ({total / 1e6:.1f} MB) to {url} in {time.monotonic() - started:.1f} s")
+        started = time.monotonic()
+        problems = verify_s3(store, version, table, by_name, settings)
+        for _ in range(2):  # what sync skipped or the store mangled is sent again, one file at a time
+            if not problems:
+                break
+            print(f"re-sending {len(problems)} files that did not verify: " + "; ".join(f"{n}: {p}" for n, p in sorted(problems.items())[:5]))
+            for name in problems:
+                if name in by_name:
+                    run(store.s3, "s3", "cp", "--only-show-errors", by_name[name], url + name, timeout=_NO_TIMEOUT)
+                else:
+                    run(store.s3, "s3", "rm", "--only-show-errors", url + name)
+            problems = verify_s3(store, version, table, by_name, settings)
+        if problems:
+            raise PublishError(f"{url} does not hold what was sent: " + "; ".join(f"{n}: {p}" for n, p in sorted(problems.items())[:10]))
+        how = "ETags (reading back mismatches)" if settings.verify == "etag" else f"reading back {total / 1e6:.1f} MB"
+        print(f"verified {len(table)} objects by size and {how} in {time.monotonic() - started:.1f} s")
+    store.upload_bytes(f"{version}/{MARKER}", (json.dumps(marker, indent=1, sort_keys=True) + "\n").encode(), "--content-type", "application/json")
+    return marker
+
+
+def apply_retention(store: _Store, keep: int | None, latest: str, markers: dict[str, dict]) -> list[str]:
+    """Delete complete versions beyond the newest `keep`, never the one `latest` names; returns the deleted."""
+    if not keep:
+        return []
+    versions = list(_by_age(markers))
+    doomed = [v for v in versions[: max(0, len(versions) - keep)] if v != latest]
+    for version in doomed:
+        store.delete_version(version)
+        print(f"retention (keep_versions={keep}): deleted {store.where(version)}")
+    return doomed
+
+
+def publish(
+    paths: list[str],
+    dest: str,
+    dataset: str,
+    version: str,
+    settings: PublishSettings = PublishSettings(),
+    s3: S3Settings | None = None,
+    now: dt.datetime | None = None,
+) -> dict:
+    """Publish files as `{dest}/{dataset}/{version}/` and point `latest` at it; returns the receipt.
+
+    The receipt is the version's marker plus `dest`, `unchanged` (nothing new was published) and `deleted`
+    (versions removed by retention).
+    """
+    if settings.verify not in VERIFY_MODES:
+        raise ValueError(f"publish.verify must be one of {VERIFY_MODES}, not {settings.verify!r}")
+    now = now or dt.datetime.fromtimestamp(time.time(), dt.UTC)
+    table = file_table(paths)
+    store = open_store(dest, dataset, s3)
+    previous, markers = store.state()
+    if version == AUTO:
+        current = markers.get(previous) if previous else None
+        if current is not None and same_data(current["files"], table):
+            print(f"unchanged: the data equals {store.where(previous)}; nothing published, latest stays {previous}")
+            deleted = apply_retention(store, settings.keep_versions, previous, markers)
+            return {**current, "dest": dest, "unchanged": True, "deleted": deleted}
+        version = auto_version(table, now)
+    marker = {
+        "dataset": dataset,
+        "version": version,
+        "files": table,
+        "published_at": now.astimezone(dt.UTC).isoformat(timespec="seconds"),
+        "previous": previous,
+    }
+    if isinstance(store, S3Store):
+        committed = _publish_s3(paths, table, store, version, marker, markers.get(version), settings)
+    else:
+        committed = _publish_local(paths, table, store, version, marker, markers.get(version))
+    unchanged = committed is not marker
+    if unchanged:
+        print(f"{store.where(version)} is already published with this content: nothing to upload")
+    if previous != version:
+        store.write_latest(version)  # last: only now do readers following latest see the new version
+        print(f"latest -> {version} (was {previous})")
+    deleted = apply_retention(store, settings.keep_versions, version, {**markers, version: committed})
+    return {**committed, "dest": dest, "unchanged": unchanged, "deleted": deleted}
 
 
 def publish_local(paths: list[str], dest: str, dataset: str, version: str) -> dict:
-    """Publish files to a mounted path; idempotent for the same content, refused for different content."""
-    table = file_table(paths)
-    root = Path(dest) / dataset
-    final = root / version
-    marker = {"dataset": dataset, "version": version, "files": table}
-    if final.exists():
-        old = json.loads((final / MARKER).read_text()) if (final / MARKER).exists() else None
-        if old is None or old["files"] != table:
-            raise PublishConflict(
-                f"{final} already exists with different content; choose a new version (config: version) "
-                "instead of overwriting what readers may be training from."
+    """Publish to a mounted path with default settings; returns the version's marker."""
+    receipt = publish(paths, dest, dataset, version)
+    return {k: receipt[k] for k in ("dataset", "version", "files", "published_at", "previous")}
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def _s3_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--endpoint-url")
+    p.add_argument("--profile")
+    p.add_argument("--region")
+    p.add_argument("--aws-cli", default="aws")
+
+
+def _s3_settings(a: argparse.Namespace) -> S3Settings:
+    return S3Settings(endpoint_url=a.endpoint_url, profile=a.profile, region=a.region, aws_cli=a.aws_cli)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m shardsmith.publish", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("publish", help="publish files as {dest}/{dataset}/{version}/ and move latest")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--dest", required=True)
+    p.add_argument("--dataset", required=True)
+    p.add_argument("--version", required=True, help="a version name, or 'auto'")
+    p.add_argument("--keep-versions", type=int)
+    p.add_argument("--verify", choices=VERIFY_MODES, default="readback")
+    p.add_argument("--multipart-threshold")
+    p.add_argument("--multipart-chunksize")
+    p.add_argument("--max-concurrent-requests", type=int)
+    _s3_args(p)
+    s = sub.add_parser("show", help="print the complete versions and what latest names")
+    s.add_argument("--dest", required=True)
+    s.add_argument("--dataset", required=True)
+    _s3_args(s)
+    a = parser.parse_args(argv)
+    try:
+        if a.command == "publish":
+            settings = PublishSettings(
+                a.keep_versions, a.verify, a.multipart_threshold, a.multipart_chunksize, a.max_concurrent_requests
             )
-    else:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", suffix=".partial", dir=root))
-        try:
-            for p in paths:
-                shutil.copyfile(p, tmp / Path(p).name)
-            for name, want in table.items():  # read back what landed on the destination
-                got = {"size": os.path.getsize(tmp / name), "sha256": sha256_file(tmp / name)}
-                if got != want:
-                    raise OSError(f"{name}: copy on {dest} does not match the source ({got} != {want})")
-            atomic_write_text(tmp / MARKER, json.dumps(marker, indent=1, sort_keys=True) + "\n")
-            os.chmod(tmp, 0o755)
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    atomic_write_text(root / "latest", version + "\n")
-    return marker
+            receipt = publish(a.files, a.dest, a.dataset, a.version, settings, _s3_settings(a))
+            print(f"published {a.dest.rstrip('/')}/{a.dataset}/{receipt['version']} ({len(receipt['files'])} files)")
+        else:
+            versions = complete_versions(a.dest, a.dataset, _s3_settings(a))
+            latest = latest_version(a.dest, a.dataset, _s3_settings(a))
+            for v, m in versions.items():
+                print(f"{v}\t{m.get('published_at', '?')}\t{len(m['files'])} files" + ("\t<- latest" if v == latest else ""))
+    except (PublishConflict, PublishError, S3Error) as e:
+        print(f"shardsmith: {redact(str(e))}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,13 +1,37 @@
-"""Publishing: complete versions appear atomically, `latest` moves last, published versions never change."""
+"""Publishing to a mounted path, and the pure logic shared with S3: versions appear whole, `latest` moves
+last, published versions never change, retention, auto versions, ETags, build metadata."""
 
+import datetime as dt
 import hashlib
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
-from shardsmith.publish import MARKER, PublishConflict, publish_local
+from shardsmith.publish import (
+    BUILD_INFO,
+    MARKER,
+    PublishConflict,
+    PublishError,
+    PublishSettings,
+    _batches,
+    auto_version,
+    build_info,
+    complete_versions,
+    content_fingerprint,
+    expected_etag,
+    file_table,
+    human_bytes,
+    latest_version,
+    publish,
+    publish_local,
+    read_complete,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+T0 = dt.datetime(2026, 11, 22, 3, 17, tzinfo=dt.UTC)
 
 
 def make_files(folder, tag: str = "") -> list[str]:
@@ -32,11 +56,8 @@ def test_publish_copies_files_with_a_complete_marker_and_writes_latest(tmp_path)
         name = os.path.basename(f)
         assert (final / name).read_bytes() == data
         assert marker["files"][name] == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    assert (
-        json.loads((final / MARKER).read_text())
-        == marker
-        == {"dataset": "ds", "version": "v1", "files": marker["files"]}
-    )
+    assert json.loads((final / MARKER).read_text()) == marker
+    assert marker["dataset"] == "ds" and marker["version"] == "v1" and marker["previous"] is None
     assert (tmp_path / "fast" / "ds" / "latest").read_text() == "v1\n"
     assert sorted(os.listdir(tmp_path / "fast" / "ds")) == ["latest", "v1"]  # no temporary folder left
 
@@ -45,7 +66,9 @@ def test_publishing_the_same_content_again_is_a_no_op_success(tmp_path):
     files = make_files(tmp_path / "results")
     first = publish_local(files, str(tmp_path / "fast"), "ds", "v1")
     before = snapshot(tmp_path / "fast")
-    assert publish_local(files, str(tmp_path / "fast"), "ds", "v1") == first
+    receipt = publish(files, str(tmp_path / "fast"), "ds", "v1")
+    assert receipt["unchanged"] is True and receipt["files"] == first["files"]
+    assert receipt["published_at"] == first["published_at"]  # the original marker, not a new one
     assert snapshot(tmp_path / "fast") == before
 
 
@@ -53,7 +76,7 @@ def test_different_content_under_a_published_version_is_refused(tmp_path):
     dest = tmp_path / "fast"
     publish_local(make_files(tmp_path / "results"), str(dest), "ds", "v1")
     before = snapshot(dest)
-    with pytest.raises(PublishConflict, match="already exists with different content"):
+    with pytest.raises(PublishConflict, match="already published with different content; choose a new version"):
         publish_local(make_files(tmp_path / "changed", tag="!"), str(dest), "ds", "v1")
     assert snapshot(dest) == before
 
@@ -75,6 +98,7 @@ def test_a_failure_mid_copy_leaves_latest_on_the_previous_complete_version(tmp_p
         publish_local(make_files(tmp_path / "v2", tag="2"), str(dest), "ds", "v2")
     assert sorted(os.listdir(dest / "ds")) == ["latest", "v1"]  # no v2, no partial temp folder
     assert snapshot(dest) == before
+    assert latest_version(str(dest), "ds") == "v1"
 
 
 def test_a_corrupted_copy_is_detected_and_nothing_is_published(tmp_path, monkeypatch):
@@ -86,7 +110,7 @@ def test_a_corrupted_copy_is_detected_and_nothing_is_published(tmp_path, monkeyp
             f.write(b"garbage")
 
     monkeypatch.setattr(shutil, "copyfile", corrupting_copy)
-    with pytest.raises(OSError, match="does not match the source"):
+    with pytest.raises(PublishError, match="does not match the source"):
         publish_local(make_files(tmp_path / "results"), str(tmp_path / "fast"), "ds", "v1")
     assert os.listdir(tmp_path / "fast" / "ds") == []
 
@@ -100,3 +124,127 @@ def test_published_marker_and_latest_are_readable_by_other_users(tmp_path):
     root = tmp_path / "fast" / "ds"
     for p in [root / "latest", root / "v1", *(root / "v1").iterdir()]:
         assert p.stat().st_mode & 0o044 == 0o044, p.name
+
+
+def test_readers_see_only_complete_versions(tmp_path):
+    dest = str(tmp_path / "fast")
+    publish(make_files(tmp_path / "a"), dest, "ds", "v1", now=T0)
+    (tmp_path / "fast" / "ds" / ".v2.x.partial").mkdir()  # a publish in progress
+    (tmp_path / "fast" / "ds" / "v3").mkdir()  # a folder without a marker: not a version
+    assert list(complete_versions(dest, "ds")) == ["v1"]
+    assert read_complete(dest, "ds")["version"] == "v1"
+    with pytest.raises(PublishError, match="not a complete published version"):
+        read_complete(dest, "ds", "v3")
+    (tmp_path / "fast" / "ds" / "latest").write_text("v3\n")  # a pointer at a partial version is refused
+    with pytest.raises(PublishError, match="no _COMPLETE.json"):
+        latest_version(dest, "ds")
+
+
+def test_auto_version_is_date_and_content_and_unchanged_data_publishes_nothing(tmp_path):
+    dest = str(tmp_path / "fast")
+    files = make_files(tmp_path / "a")
+    first = publish(files, dest, "ds", "auto", now=T0)
+    assert first["version"] == f"2026-11-22-{content_fingerprint(file_table(files))[:8]}"
+    again = publish(files, dest, "ds", "auto", now=T0 + dt.timedelta(days=1))  # next day, same data
+    assert again["unchanged"] is True and again["version"] == first["version"]
+    assert list(complete_versions(dest, "ds")) == [first["version"]]
+    grown = publish(make_files(tmp_path / "b", tag="new"), dest, "ds", "auto", now=T0 + dt.timedelta(days=1))
+    assert grown["version"].startswith("2026-11-23-") and grown["previous"] == first["version"]
+    assert latest_version(dest, "ds") == grown["version"]
+
+
+def test_build_json_alone_does_not_make_new_data():
+    table = {"a.tar": {"size": 1, "sha256": "aa"}, BUILD_INFO: {"size": 5, "sha256": "bb"}}
+    other_build = {**table, BUILD_INFO: {"size": 6, "sha256": "cc"}}
+    assert content_fingerprint(table) == content_fingerprint(other_build)
+    assert content_fingerprint(table) != content_fingerprint({**table, "a.tar": {"size": 1, "sha256": "ab"}})
+    assert auto_version(table, dt.datetime(2026, 1, 2, 23, 30, tzinfo=dt.timezone(dt.timedelta(hours=-5)))).startswith("2026-01-03-")
+
+
+def test_retention_keeps_the_newest_versions_and_never_the_one_latest_names(tmp_path):
+    dest = str(tmp_path / "fast")
+    for i in range(1, 4):
+        publish(make_files(tmp_path / f"v{i}", tag=str(i)), dest, "ds", f"v{i}", now=T0 + dt.timedelta(hours=i))
+    assert list(complete_versions(dest, "ds")) == ["v1", "v2", "v3"]
+    # Re-publishing v1 points latest back at it; keeping 1 version then keeps v3 (newest) and v1 (latest).
+    receipt = publish(make_files(tmp_path / "v1", tag="1"), dest, "ds", "v1", PublishSettings(keep_versions=1))
+    assert receipt["deleted"] == ["v2"] and receipt["unchanged"] is True
+    assert list(complete_versions(dest, "ds")) == ["v1", "v3"] and latest_version(dest, "ds") == "v1"
+    assert sorted(os.listdir(tmp_path / "fast" / "ds")) == ["latest", "v1", "v3"]  # no leftovers
+
+
+def test_two_files_with_one_name_or_a_reserved_name_are_refused(tmp_path):
+    a, b = make_files(tmp_path / "a"), make_files(tmp_path / "b")
+    with pytest.raises(ValueError, match="share a name"):
+        file_table([a[0], b[0]])
+    (tmp_path / "latest").write_text("x")
+    with pytest.raises(ValueError, match="written by publishing"):
+        file_table([str(tmp_path / "latest")])
+
+
+def test_human_sizes_read_like_the_aws_cli():
+    assert human_bytes(123) == 123 and human_bytes("5MB") == 5 * 1024**2 == human_bytes("5MiB")
+    assert human_bytes("1GB") == 1024**3 and human_bytes("4096") == 4096
+
+
+def test_expected_etag_is_md5_or_multipart_md5(tmp_path):
+    data = os.urandom(12 * 1024**2 + 5)
+    path = tmp_path / "x.bin"
+    path.write_bytes(data)
+    assert expected_etag(path, threshold=len(data) + 1) == hashlib.md5(data).hexdigest()
+    chunk = 5 * 1024**2
+    parts = [data[i : i + chunk] for i in range(0, len(data), chunk)]
+    want = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest() + "-3"
+    assert expected_etag(path, threshold=chunk, chunksize=chunk) == want
+    # parts below S3's 5 MiB minimum are raised to it, as the CLI does
+    assert expected_etag(path, threshold=1, chunksize=1024) == want
+
+
+def test_read_back_batches_bound_scratch_space():
+    table = {f"s{i}": {"size": 10, "sha256": ""} for i in range(7)}
+    assert [len(b) for b in _batches(list(table), table, limit=25)] == [2, 2, 2, 1]
+    assert [len(b) for b in _batches(list(table), table, limit=10**9, most=3)] == [3, 3, 1]
+    assert list(_batches(["big"], {"big": {"size": 100}}, limit=1)) == [["big"]]
+
+
+def test_build_info_fingerprints_the_content_config_only(tmp_path):
+    from workflow_helpers import REPO
+
+    config = {
+        "dataset": "ds",
+        "version": "v1",
+        "paths": {"raw": "/a", "work": "/b", "output": "/c"},
+        "publish": {"dest": "/d"},
+        "s3": {"endpoint_url": None},
+        "resize": {"max_side": 512},
+    }
+    info = build_info(config, "9.27.1", REPO)
+    moved = {**config, "version": "v2", "paths": {"raw": "/x", "work": "/y", "output": "/z"}, "publish": {"dest": "s3://b/p"}}
+    assert build_info(moved, "9.27.1", REPO) == info  # where files live is not what is built
+    resized = {**config, "resize": {"max_side": 256}}
+    assert build_info(resized, "9.27.1", REPO)["config_fingerprint"] != info["config_fingerprint"]
+    assert info["config_fingerprint"].startswith("sha256:") and "paths" not in info["config"]
+    assert {"python", "snakemake", "pandas", "pyarrow", "webdataset"} <= set(info["packages"])
+    assert info["packages"]["snakemake"] == "9.27.1"
+    assert "shardsmith/publish.py" in info["code"]
+
+
+def test_the_schema_takes_the_publish_keys_and_refuses_bad_values():
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    schema = str(REPO_ROOT / "config" / "config.schema.yaml")
+
+    def config(**publish):
+        return {
+            "dataset": "ds", "version": "auto", "paths": {"raw": "r", "work": "w", "output": "o"},
+            "sources": [{"name": "m", "type": "manifest", "path": "m.tsv"}],
+            "publish": {"dest": "s3://bucket/prefix", **publish},
+        }  # fmt: skip
+
+    good = config(keep_versions=3, verify="etag", multipart_chunksize="64MB", multipart_threshold=8388608, max_concurrent_requests=16)
+    validate(good, schema=schema)
+    assert PublishSettings.from_config(good["publish"]) == PublishSettings(3, "etag", 8388608, "64MB", 16)
+    for bad in ({"verify": "md5"}, {"keep_versions": 0}, {"multipart_chunksize": "64 megabytes"}, {"dedupe": "yes"}):
+        with pytest.raises(WorkflowError):
+            validate(config(**bad), schema=schema)

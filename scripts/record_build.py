@@ -1,0 +1,17 @@
+"""Rule glue for record_build: logic in shardsmith.publish (build metadata published as build.json)."""
+
+import sys
+
+sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
+
+from shardsmith.logs import run_job
+from shardsmith.publish import build_info, write_build_info
+
+
+def main() -> None:
+    info = build_info(snakemake.params.config, snakemake.params.snakemake_version, f"{snakemake.scriptdir}/..")
+    write_build_info(snakemake.output[0], info)
+    print(f"config fingerprint {info['config_fingerprint']}, code fingerprint {info['code_fingerprint']}")
+
+
+run_job(snakemake.log[0], main)

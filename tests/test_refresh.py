@@ -1,0 +1,175 @@
+"""Scheduled refreshes without running the workflow: dedupe against published versions, the refresh
+command, reading which jobs ran, the lock of tools/schedule/refresh.sh and the schedule examples."""
+
+import fcntl
+import re
+import shutil
+import subprocess
+import time
+
+import pandas as pd
+import pytest
+
+from shardsmith.dedupe import PublishedManifestError, already_published, published_records, write_exclusions
+from shardsmith.publish import publish
+from shardsmith.refresh import RERUN_TRIGGERS, jobs_run, refresh_commands, summarize
+from workflow_helpers import REPO
+
+SCHEDULE = REPO / "tools" / "schedule"
+
+
+def frame(rows, columns=("key", "source_id", "url", "sha256")):
+    return pd.DataFrame(rows, columns=list(columns))
+
+
+def test_old_records_stay_and_new_ones_repeating_a_published_url_or_image_are_excluded():
+    published = frame(
+        [("v1", "a", "m.tsv:1", "http://x/1.jpg", "s1"), ("v1", "b", "m.tsv:2", "http://x/2.jpg", "s2"),
+         ("v2", "a", "m.tsv:1", "http://x/1.jpg", "s1"), ("v2", "c", "m.tsv:3", "", "s3")],
+        ["version", "key", "source_id", "url", "sha256"],
+    )  # fmt: skip
+    samples = frame(
+        [("a", "m.tsv:1", "http://x/1.jpg", "s1"),  # published before: kept although its url and sha match
+         ("d", "m.tsv:4", "http://x/1.jpg", "s9"),  # new, same url as a
+         ("e", "m.tsv:5", "http://y/5.jpg", "s3"),  # new, same image as c (published without a url)
+         ("f", "m.tsv:6", "", "s6"),  # new and new: kept; an empty url matches nothing
+         ("g", "m.tsv:7", "http://y/7.jpg", "s7")]
+    )  # fmt: skip
+    out = already_published(samples, published)
+    assert list(out.columns) == ["key", "stage", "reason", "detail"]
+    assert list(out["key"]) == ["d", "e"]
+    assert set(out["stage"]) == {"dedupe"} and set(out["reason"]) == {"already_published"}
+    assert out["detail"].tolist() == [
+        "url already published as a in version v1",
+        "image sha256 already published as c in version v2",
+    ]
+
+
+def test_members_of_one_source_shard_are_not_duplicates_of_each_other():
+    published = frame([("v1", "a", "s/x.tar#0001", "s/x.tar", "s1")], ["version", "key", "source_id", "url", "sha256"])
+    samples = frame([("b", "s/x.tar#0002", "s/x.tar", "s2"), ("c", "s/y.tar#0001", "s/y.tar", "s1")])
+    out = already_published(samples, published)
+    assert out["key"].tolist() == ["c"] and out["detail"].tolist() == ["image sha256 already published as a in version v1"]
+
+
+def test_nothing_is_excluded_before_the_first_publish(tmp_path):
+    assert published_records(str(tmp_path / "fast"), "ds").empty
+    samples = frame([("a", "m:1", "u", "s")])
+    assert already_published(samples, published_records(str(tmp_path / "fast"), "ds")).empty
+
+
+def _manifest(path, rows):
+    frame(rows).assign(shard="ds-000000.tar").to_parquet(path, index=False)
+    return str(path)
+
+
+def test_published_manifests_are_read_from_every_complete_version_and_checked(tmp_path):
+    dest = str(tmp_path / "fast")
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v2").mkdir()
+    publish([_manifest(tmp_path / "v1" / "manifest.parquet", [("a", "m:1", "u1", "s1")])], dest, "ds", "v1")
+    publish([_manifest(tmp_path / "v2" / "manifest.parquet", [("a", "m:1", "u1", "s1"), ("b", "m:2", "u2", "s2")])], dest, "ds", "v2")
+    (tmp_path / "fast" / "ds" / "v3").mkdir()  # no marker: not read
+    got = published_records(dest, "ds")
+    assert got[["version", "key"]].values.tolist() == [["v1", "a"], ["v2", "a"], ["v2", "b"]]
+
+    samples = tmp_path / "part.samples.parquet"
+    frame([("a", "m:1", "u1", "s1"), ("c", "m:3", "u2", "s9"), ("d", "m:4", "u4", "s4")]).to_parquet(samples)
+    counts = write_exclusions([str(samples)], dest, "ds", tmp_path / "out.parquet")
+    assert counts == {"versions": 2, "published_samples": 3, "samples": 3, "kept_from_earlier_versions": 1, "excluded": 1}
+    assert pd.read_parquet(tmp_path / "out.parquet")["key"].tolist() == ["c"]
+
+    (tmp_path / "fast" / "ds" / "v1" / "manifest.parquet").write_bytes(b"replaced")
+    with pytest.raises(PublishedManifestError, match="v1/manifest.parquet is missing or differs from its v1 marker"):
+        published_records(dest, "ds")
+
+
+def test_refresh_replans_the_sources_then_builds_without_the_code_trigger():
+    plan, build = refresh_commands("cfg.yaml", 4, snakemake="snakemake", extra=["--config", "version=2026-11-22"])
+    for cmd in (plan, build):
+        triggers = cmd[cmd.index("--rerun-triggers") + 1 : cmd.index("--max-checksum-file-size")]
+        assert triggers == list(RERUN_TRIGGERS) and "code" not in triggers and "mtime" in triggers
+        assert cmd[cmd.index("--max-checksum-file-size") + 1] == "64MB"
+        assert cmd[-2:] == ["--config", "version=2026-11-22"]
+        assert cmd[cmd.index("--snakefile") + 1] == str(REPO / "Snakefile")
+    assert plan[plan.index("--forcerun") + 1] == "plan_parts" and plan[plan.index("--until") + 1] == "plan_parts"
+    assert "--forcerun" not in build and "--until" not in build and "--rerun-incomplete" in build
+
+
+SNAKEMAKE_LOG = """\
+Building DAG of jobs...
+[Sun Nov 22 09:36:56 2026]
+localcheckpoint plan_parts:
+    output: /r/work/demo/plan/parts
+    jobid: 0
+    reason: Forced execution
+    resources: tmpdir=/tmp
+DAG of jobs will be updated after completion.
+[Sun Nov 22 09:36:57 2026]
+localrule download_part:
+    input: /r/work/demo/plan/parts/cc3m_style-000001.parquet
+    jobid: 12
+    reason: Updated input files: /r/work/demo/plan/parts/cc3m_style-000001.parquet
+    wildcards: part=cc3m_style-000001
+    resources: tmpdir=/tmp
+rule write_shard:
+    wildcards: shard=000003
+Finished jobid: 12 (Rule: download_part)
+localrule all:
+    jobid: 1
+"""
+
+
+def test_jobs_run_are_read_from_the_snakemake_log():
+    jobs = jobs_run(SNAKEMAKE_LOG)
+    assert jobs == [
+        ("plan_parts", {}),
+        ("download_part", {"part": "cc3m_style-000001"}),
+        ("write_shard", {"shard": "000003"}),
+        ("all", {}),
+    ]
+    text = summarize(jobs)
+    assert "4 jobs ran" in text and "download_part x1: cc3m_style-000001" in text
+    assert summarize([]) == "refresh: nothing changed, no job ran"
+
+
+def test_refresh_sh_skips_while_another_refresh_holds_the_lock(tmp_path):
+    lock = tmp_path / ".shardsmith-refresh.lock"
+    (tmp_path / "config.yaml").write_text("dataset: x\n")
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        started = time.monotonic()
+        proc = subprocess.run([str(SCHEDULE / "refresh.sh"), "config.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert time.monotonic() - started < 10
+    assert proc.returncode == 0 and "another refresh holds" in proc.stdout and "skipping" in proc.stdout
+    assert not (tmp_path / ".snakemake").exists()  # snakemake never started
+
+
+def test_refresh_sh_needs_a_config():
+    proc = subprocess.run([str(SCHEDULE / "refresh.sh")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage:" in proc.stderr
+
+
+def test_schedule_examples_call_refresh_sh():
+    cron = [line for line in (SCHEDULE / "crontab").read_text().splitlines() if line and not line.startswith("#") and "=" not in line.split()[0]]
+    assert len(cron) == 1 and len(cron[0].split()[:5]) == 5 and "tools/schedule/refresh.sh" in cron[0]
+    scron = (SCHEDULE / "scrontab").read_text()
+    assert re.search(r"^#SCRON --time=", scron, re.M) and re.search(r"^[\d*]+ [\d*]+ \* \* \* .*refresh\.sh", scron, re.M)
+    assert "refresh.sh" in (SCHEDULE / "shardsmith-refresh.service").read_text()
+    assert "OnCalendar=" in (SCHEDULE / "shardsmith-refresh.timer").read_text()
+    for text in (cron[0], scron):
+        assert "AWS_SECRET" not in text and "AWS_ACCESS_KEY" not in text
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="needs systemd-analyze")
+def test_systemd_units_are_valid(tmp_path):
+    service = (SCHEDULE / "shardsmith-refresh.service").read_text()
+    service = service.replace("/opt/shardsmith/tools/schedule/refresh.sh", str(SCHEDULE / "refresh.sh"))
+    service = service.replace("User=datasets", "User=root").replace("/data/mydataset", str(tmp_path))
+    (tmp_path / "shardsmith-refresh.service").write_text(service)
+    shutil.copy(SCHEDULE / "shardsmith-refresh.timer", tmp_path)
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", "shardsmith-refresh.service", "shardsmith-refresh.timer"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "shardsmith-refresh" not in proc.stderr, proc.stderr
