@@ -1,0 +1,107 @@
+# What operators look at: plots and tables for `snakemake --report report.html` (captions in report/),
+# and the dataset card published with each version. Small jobs, one per kind of output.
+
+
+rule plot_dataset:
+    input:
+        stats=f"{OUT}/stats.json",
+        manifest=f"{OUT}/manifest.parquet",
+        rejected=f"{OUT}/rejected.parquet",
+    output:
+        funnel=report(
+            f"{WORK}/report/funnel.png",
+            caption="../report/funnel.rst",
+            category="1. Funnel",
+            labels={"figure": "funnel: input records to published samples"},
+        ),
+        images=report(
+            f"{WORK}/report/images.png",
+            caption="../report/images.rst",
+            category="3. Images and captions",
+            labels={"figure": "image sizes, aspect ratios, bytes"},
+        ),
+        captions=report(
+            f"{WORK}/report/captions.png",
+            caption="../report/captions.rst",
+            category="3. Images and captions",
+            labels={"figure": "caption lengths"},
+        ),
+    log:
+        f"{LOGS}/plot_dataset.log",
+    conda:
+        "../envs/report.yaml"
+    params:
+        max_side=config["resize"]["max_side"],
+        max_chars=config["captions"]["max_chars"],
+    script:
+        "../scripts/report_plots.py"
+
+
+rule tabulate_dataset:
+    input:
+        stats=f"{OUT}/stats.json",
+        rejected=f"{OUT}/rejected.parquet",
+        infos=get_shard_infos,
+        plan_dir=ancient(rules.plan_shards.output[0]),  # see write_shard
+    output:
+        rejections=report(
+            f"{WORK}/report/rejections.html",
+            caption="../report/rejections.rst",
+            category="2. Rejections",
+            labels={"table": "rejection reasons with examples"},
+        ),
+        shards=report(
+            f"{WORK}/report/shards.html",
+            caption="../report/shards.rst",
+            category="4. Shards",
+            labels={"table": "per-shard count, bytes, sha256"},
+        ),
+    log:
+        f"{LOGS}/tabulate_dataset.log",
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../scripts/report_tables.py"
+
+
+rule plot_embeddings:
+    input:
+        stats=f"{OUT}/embedding_stats.json",
+        scores=get_all_part_scores,
+    output:
+        report(
+            f"{WORK}/report/clip_scores.png",
+            caption="../report/clip_scores.rst",
+            category="5. CLIP scores",
+            labels={"figure": "CLIP similarity and embedding norms"},
+        ),
+    log:
+        f"{LOGS}/plot_embeddings.log",
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../scripts/report_embeddings.py"
+
+
+rule write_card:
+    input:
+        stats=f"{OUT}/stats.json",
+        sizes=f"{OUT}/sizes.json",
+        rejected=f"{OUT}/rejected.parquet",
+        validation=rules.validate_dataset.output[0],
+        embedding_stats=get_card_embedding_stats,
+    output:
+        report(
+            f"{OUT}/README.md",
+            caption="../report/card.rst",
+            category="6. Dataset card",
+            labels={"file": "README.md published with the shards"},
+        ),
+    log:
+        f"{LOGS}/write_card.log",
+    conda:
+        "../envs/validate.yaml"
+    params:
+        config=get_card_config(),
+    script:
+        "../scripts/write_card.py"

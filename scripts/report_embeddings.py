@@ -1,0 +1,31 @@
+"""Rule glue for plot_embeddings: logic in shardsmith.report."""
+
+import sys
+
+sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from shardsmith import report
+from shardsmith.errors import ConfigError
+from shardsmith.logs import run_job
+
+
+def main() -> None:
+    stats = json.loads(Path(snakemake.input.stats).read_text())
+    tables = list(snakemake.input.scores)
+    if not tables:
+        raise ConfigError("plot_embeddings: no score tables; the embed stage (embed.enabled) scores each part first")
+    names = pq.ParquetFile(tables[0]).schema_arrow.names
+    named = stats.get("columns") or {}
+    sim = named.get("similarity") if named.get("similarity") in names else report.similarity_column(names)
+    norms = [c for c in (named.get("image_norm"), named.get("text_norm")) if c in names] or report.norm_columns(names)
+    scores, total = report.read_columns(tables, [sim, *norms])
+    report.plot_embeddings(scores, stats, snakemake.output[0], total=total)
+    print(f"plotted CLIP scores of {total} samples from {len(tables)} tables")
+
+
+run_job(snakemake.log[0], main)

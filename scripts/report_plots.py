@@ -1,0 +1,25 @@
+"""Rule glue for plot_dataset: logic in shardsmith.report."""
+
+import sys
+
+sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
+
+import json
+from pathlib import Path
+
+from shardsmith import report
+from shardsmith.logs import run_job
+
+MANIFEST_COLUMNS = ["source", "width_before", "height_before", "width", "height", "bytes", "caption_length"]
+
+
+def main() -> None:
+    stats = json.loads(Path(snakemake.input.stats).read_text())
+    report.plot_funnel(stats, report.rejection_summary(snakemake.input.rejected), snakemake.output.funnel)
+    manifest, total = report.read_columns(snakemake.input.manifest, MANIFEST_COLUMNS)
+    report.plot_images(manifest, snakemake.output.images, max_side=snakemake.params.max_side, total=total)
+    report.plot_captions(manifest, snakemake.output.captions, max_chars=snakemake.params.max_chars, total=total)
+    print(f"plotted {total} samples{f' (even sample of {len(manifest)})' if total > len(manifest) else ''}")
+
+
+run_job(snakemake.log[0], main)

@@ -1,0 +1,29 @@
+"""Rule glue for tabulate_dataset: logic in shardsmith.report."""
+
+import sys
+
+sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
+
+import json
+from pathlib import Path
+
+from shardsmith import report
+from shardsmith.logs import run_job
+
+
+def main() -> None:
+    stats = json.loads(Path(snakemake.input.stats).read_text())
+    reasons = report.rejection_table(report.rejection_summary(snakemake.input.rejected), stats["input_records"])
+    intro = (
+        f"{stats['rejected']:,} of {stats['input_records']:,} input records rejected, by stage (in pipeline order) and "
+        f"reason, with the first {report.EXAMPLES_PER_REASON} examples of each; every row is in rejected.parquet."
+    )
+    report.write_html(snakemake.output.rejections, report.html_table(reasons, "Rejections", intro))
+    infos = [json.loads(Path(p).read_text()) for p in snakemake.input.infos]
+    shards = report.shard_table(infos)
+    intro = "Every published shard: samples, bytes and checksums of the tar file (also in wids-index.json)."
+    report.write_html(snakemake.output.shards, report.html_table(shards, "Shards", intro))
+    print(f"{len(reasons)} rejection reasons, {len(infos)} shards")
+
+
+run_job(snakemake.log[0], main)

@@ -1,0 +1,244 @@
+"""The dataset card: the `README.md` each published version carries, and the config fingerprint.
+
+The card holds no absolute path of the build (output, work or publish folders): the same inputs and
+config built in another folder give a byte-identical card, like every other published file. So the
+training command names the shards relative to the folder the card sits in.
+"""
+
+import copy
+import hashlib
+import json
+import platform
+from importlib import metadata
+
+from shardsmith.summary import brace_pattern, openclip_command
+
+# Config keys that cannot change a byte of the shards: where files go, which version name they get, how S3
+# is reached. Everything else (sources, sizes, captions, optional stages) is in the fingerprint.
+FINGERPRINT_EXCLUDES = ("paths", "publish", "s3", "version")
+CARD_QUANTILES = ("0.05", "0.25", "0.5", "0.75", "0.95")
+PACKAGES = (
+    "snakemake", "webdataset", "pillow-simd", "pillow", "ftfy", "pandas", "pyarrow", "numpy",
+    "braceexpand", "open-clip-torch", "torch", "matplotlib",
+)  # fmt: skip
+
+
+def fingerprinted_config(config: dict) -> dict:
+    """The config without the keys that only say where things go (FINGERPRINT_EXCLUDES)."""
+    return {k: copy.deepcopy(v) for k, v in config.items() if k not in FINGERPRINT_EXCLUDES}
+
+
+def config_fingerprint(config: dict) -> str:
+    """sha256 of the canonical JSON (sorted keys, no whitespace) of the validated config minus paths.
+
+    Pass the config after schema validation, so omitted keys and their explicit defaults agree.
+    """
+    canonical = json.dumps(fingerprinted_config(config), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def package_versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    """Versions of the packages that shape the bytes (Pillow and libjpeg-turbo: pixels; ftfy: captions; ...)."""
+    import shardsmith
+
+    versions = {"python": platform.python_version(), "shardsmith": shardsmith.__version__}
+    for name in packages:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        from PIL import features
+
+        versions["libjpeg-turbo"] = features.version("jpg") or "unknown"
+    except ImportError:  # pragma: no cover - Pillow is a dependency
+        pass
+    return versions
+
+
+def _table(header: list[str], rows: list[list[object]]) -> list[str]:
+    """A Markdown table; columns of numbers are right-aligned."""
+
+    def cell(v: object) -> str:
+        return (f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)).replace("|", "\\|")
+
+    def numeric(i: int) -> bool:
+        values = [r[i] for r in rows if r[i] != ""]
+        return bool(values) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+    align = "|" + "|".join("---:" if numeric(i) else "---" for i in range(len(header))) + "|"
+    return ["| " + " | ".join(header) + " |", align] + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+
+
+def _yaml(data: dict) -> str:
+    """Block-style YAML with short lists inline and no anchors: the config as a user would write it."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: object) -> bool:
+            return True
+
+    def seq(dumper: yaml.SafeDumper, value: list) -> yaml.Node:
+        flat = all(not isinstance(v, (dict, list)) for v in value)
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flat)
+
+    Dumper.add_representer(list, seq)
+    return yaml.dump(data, Dumper=Dumper, sort_keys=True, default_flow_style=False, width=110, allow_unicode=True).rstrip()
+
+
+def _human(n: int) -> str:
+    from shardsmith.report import human_bytes  # imported here: card's top level stays light for the Snakefile
+
+    return human_bytes(n)
+
+
+def _clip_section(emb: dict) -> list[str]:
+    """CLIP score statistics from embedding_stats.json, with the weights stated plainly."""
+    from shardsmith.report import model_name, random_weights
+
+    prov = emb.get("provenance", {}) or {}
+    lines = ["## CLIP scores", ""]
+    if random_weights(emb):
+        lines += [
+            "**These CLIP scores were computed with RANDOM (untrained) weights.** They show that the embedding",
+            "stage ran on every sample; they say nothing about how well images and captions match. Rebuild with",
+            "real weights (config `embed`) before filtering or analysing by score.",
+            "",
+        ]
+    statement = prov.get("weights_statement") if not random_weights(emb) else None  # random: said above
+    lines += [f"Model: `{model_name(emb)}`." + (f" {statement}" if statement else ""), ""]
+    rows: list[list[object]] = []
+    for name, value in sorted((emb.get("counts") or {}).items()):
+        if isinstance(value, int):
+            rows.append([name.replace("_", " "), value])
+    if emb.get("min_similarity") is not None:
+        rows.append(["min_similarity", emb["min_similarity"]])
+    for field in ("similarity", "image_norm", "text_norm"):
+        d = emb.get(field) or {}
+        for key in ("mean", "std", "min", "max"):
+            if isinstance(d.get(key), (int, float)):
+                rows.append([f"{field.replace('_', ' ')} {key}", f"{d[key]:.4f}"])
+        q = d.get("quantiles") if field == "similarity" else None
+        if isinstance(q, dict):  # a few quantiles; all of them are in embedding_stats.json
+            rows += [[f"similarity quantile {k}", f"{v:.4f}"] for k, v in q.items() if k in CARD_QUANTILES and isinstance(v, (int, float))]
+    for name in ("precision", "device"):
+        if prov.get(name) is not None:
+            value = prov[name].get("used", prov[name]) if isinstance(prov[name], dict) else prov[name]
+            rows.append([name, f"`{value}`"])
+    lines += _table(["", "value"], rows) if rows else ["(no statistics in embedding_stats.json)"]
+    lines += ["", "Statistics, histogram and full provenance (model, weights, preprocessing, versions): `embedding_stats.json`."]
+    return lines + [""]
+
+
+def card_text(
+    config: dict,
+    stats: dict,
+    sizes: dict[str, int],
+    validation: dict,
+    rejected_by_source: dict[str, int],
+    emb_stats: dict | None = None,
+    versions: dict[str, str] | None = None,
+) -> str:
+    """The dataset card (Markdown) of one built version."""
+    from shardsmith.report import funnel, ordered_stages
+
+    dataset, version = stats["dataset"], config.get("version", "v1")
+    versions = package_versions() if versions is None else versions
+    resize, captions = config.get("resize", {}), config.get("captions", {})
+    shards = sorted(sizes)
+    n = sum(sizes.values())
+    max_side = resize.get("max_side")
+    side = f"long side at most {max_side} px, " if max_side else ""
+    title = f"# {dataset} {version}" if version != "auto" else f"# {dataset}"
+    out = [
+        title,
+        "",
+        "Image-caption pairs as [WebDataset](https://github.com/webdataset/webdataset) shards for OpenCLIP-style",
+        f"training: **{n:,} samples in {len(shards)} shards** ({_human(stats.get('bytes', 0))}) from "
+        f"{stats['input_records']:,} input records, built by shardsmith {versions.get('shardsmith', '')}.",
+        "",
+        "Each sample is three files with the same key: `{key}.jpg` (RGB JPEG, "
+        f"{side}at most {resize.get('max_pixels', 0):,} pixels),",
+        f"`{{key}}.txt` (the normalized UTF-8 caption, at most {captions.get('max_chars', '?')} characters) and "
+        "`{key}.json` (source, source id, URL,",
+        "sizes before and after resize, and the original source fields). Every shard was read back with",
+        f"`{validation.get('loader', '?')}` before publishing.",
+        "",
+    ]
+    if version == "auto":
+        out += ["The version is named when published (`{UTC date}-{content fingerprint}`); see `_COMPLETE.json`.", ""]
+    if shards:
+        workers = max(1, min(2, len(shards)))
+        out += [
+            "## Train on it",
+            "",
+            "From the folder this card is in:",
+            "",
+            "```sh",
+            openclip_command(".", sizes, workers=workers),
+            "```",
+            "",
+            f"From elsewhere, put this folder's path in front of `{brace_pattern(shards)}`; from S3, use",
+            f"`--train-data 'pipe:aws s3 cp s3://BUCKET/PREFIX/{brace_pattern(shards)} -'`. OpenCLIP needs at least",
+            f"workers x GPUs shards; this version has {len(shards)}. `sizes.json` gives the sample count per shard.",
+            "",
+        ]
+    out += ["## Counts", ""]
+    out += _table(["step", "records left", "rejected here"], [[s, left, d or ""] for s, left, d in funnel(stats)])
+    out += ["", "By source:", ""]
+    by_source = stats.get("published_by_source", {})
+    src_rows = []
+    for src in config.get("sources", []):
+        published, rejected = by_source.get(src["name"], 0), rejected_by_source.get(src["name"], 0)
+        src_rows.append([src["name"], src["type"], f"`{src['path']}`", published + rejected, published, rejected])
+    out += _table(["source", "type", "path", "input", "published", "rejected"], src_rows)
+    out += ["", "## Rejections", ""]
+    reasons = stats.get("rejected_by_reason", {})
+    if reasons:
+        rank = {s: i for i, s in enumerate(ordered_stages(r.split("/", 1)[0] for r in reasons))}
+        order = sorted(reasons, key=lambda r: (rank[r.split("/", 1)[0]], -reasons[r], r))
+        total = max(stats["input_records"], 1)
+        out += _table(["stage/reason", "records", "share of input"], [[r, reasons[r], f"{100 * reasons[r] / total:.2f} %"] for r in order])
+        out += ["", "Every rejected record is listed in `rejected.parquet` (source, source id, URL, key, stage, reason, detail)."]
+    else:
+        out += ["No input record was rejected."]
+    out += [""]
+    if emb_stats is not None:
+        out += _clip_section(emb_stats)
+    out += [
+        "## Build",
+        "",
+        f"- Config fingerprint: `{config_fingerprint(config)}` (sha256 of the canonical JSON of the validated",
+        f"  config without {', '.join(f'`{k}`' for k in FINGERPRINT_EXCLUDES)}: the settings that cannot change the shards).",
+        f"- Sample keys are unique; shards hold {config.get('samples_per_shard', '?'):,} samples each, the last one fewer.",
+        "",
+        "Package versions:",
+        "",
+    ]
+    out += _table(["package", "version"], [[k, f"`{v}`"] for k, v in versions.items()])
+    out += [
+        "",
+        "<details><summary>Config (the fingerprinted part, defaults filled in)</summary>",
+        "",
+        "```yaml",
+        _yaml(fingerprinted_config(config)),
+        "```",
+        "",
+        "</details>",
+        "",
+        "## Files",
+        "",
+    ]
+    files = [
+        [f"`{brace_pattern(shards)}`" if shards else "(no shards)", "the shards"],
+        ["`sizes.json`", "samples per shard (OpenCLIP reads it for epoch accounting)"],
+        ["`wids-index.json`", "wids shard index: url, nsamples, md5sum, filesize per shard"],
+        ["`manifest.parquet`", "one row per sample: key, shard, source, URL, sizes, bytes, sha256, caption length"],
+        ["`rejected.parquet`", "one row per rejected record, with stage, reason and detail"],
+        ["`stats.json`", "the counts above"],
+        ["`validation.json`", "what validation checked, and with which loader"],
+    ]
+    if emb_stats is not None:
+        files.append(["`embedding_stats.json`", "CLIP score statistics and their provenance"])
+    out += _table(["file", "content"], files)
+    return "\n".join(out) + "\n"
