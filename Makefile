@@ -4,8 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SNAKEMAKE := $(VENV)/bin/snakemake
 CORES ?= 2
+CONFIG ?= config/config.yaml
 
-.PHONY: setup demo demo-data test lint clean-demo
+.PHONY: setup demo demo-data demo-model test lint clean-demo retry-failed bench
 
 setup:
 	bash tools/setup.sh
@@ -13,12 +14,27 @@ setup:
 demo-data: setup
 	@[ -f demo/data/manifest.tsv ] || $(PY) -m shardsmith.demo demo/data
 
-demo: demo-data
+demo-model: setup
+	@[ -f demo/models/tiny-clip.pt ] || $(PY) -m shardsmith.tinyclip demo/models
+
+demo: demo-data demo-model
 	$(SNAKEMAKE) --workflow-profile none --cores $(CORES)
+	@$(SNAKEMAKE) --workflow-profile none --cores 1 --quiet all --report demo/report.html && echo "report: demo/report.html"
 	@$(PY) -m shardsmith.summary demo/fast-storage/demo/$$(cat demo/fast-storage/demo/latest)
 
 test: setup
 	$(PY) -m pytest
+
+# Fetch again only the records whose download failed for a transient reason (README: Retrying failed downloads).
+retry-failed: setup
+	$(PY) -m shardsmith.download retry-failed $(CONFIG)
+	$(SNAKEMAKE) --workflow-profile none --cores $(CORES) --configfile $(CONFIG)
+
+# Speed against img2dataset (its own venv, created by bench/setup_img2dataset.sh) and the resize ceiling (README: Performance).
+bench: setup
+	$(PY) bench/resize_bench.py
+	$(PY) bench/e2e_bench.py --count 300 --large-share 0.6
+	$(PY) bench/e2e_bench.py --count 300 --large-share 0
 
 lint: setup
 	$(SNAKEMAKE) --lint --workflow-profile none

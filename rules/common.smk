@@ -1,14 +1,24 @@
+import os
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 sys.path.insert(0, workflow.basedir)  # the shardsmith package beside this Snakefile
 
-from shardsmith.config import check_config
+from shardsmith.config import check_config, schema_error_message
 from shardsmith.errors import ConfigError
+from shardsmith.summary import print_failure, print_success
 
-validate(config, schema="../config/config.schema.yaml")
+try:  # Snakemake prints a schema error with the whole sub-schema; the user needs the key and the rule
+    validate(config, schema="../config/config.schema.yaml")
+except WorkflowError as e:
+    if os.environ.get("SHARDSMITH_DEBUG"):
+        raise
+    files = ", ".join(map(str, workflow.configfiles)) or "the config"
+    hint = f"Fix it in {files}; config/config.schema.yaml describes every key."
+    sys.exit(f"shardsmith: config error: {schema_error_message(e)}\n  {hint}")
 try:
     check_config(config)
 except ConfigError as e:
@@ -34,20 +44,51 @@ wildcard_constraints:
     shard=r"\d{6}",
 
 
+# Input functions run once per job or more, and a LAION-size DAG has ~30k jobs: the checkpoint folders,
+# their listings and the shards' .parts files are looked up once per process (bench/dryrun_scale.py).
+_CACHE = {}
+
+
+def checkpoint_dir(checkpoint):
+    """The output folder of a finished checkpoint; raises (via .get()) while it is unfinished.
+
+    Only a successful lookup is cached: Snakemake only ever adds to its set of finished checkpoints.
+    """
+    key = ("checkpoint", checkpoint.rule.name)
+    if key not in _CACHE:
+        _CACHE[key] = checkpoint.get().output[0]
+    return _CACHE[key]
+
+
+def list_dir(folder, suffix):
+    """Names in folder ending in suffix (as a glob: no dot files), without it; cached per folder mtime."""
+    key = ("list", folder, suffix, os.stat(folder).st_mtime_ns)
+    if key not in _CACHE:
+        names = [n for n in os.listdir(folder) if n.endswith(suffix) and not n.startswith(".")]
+        _CACHE[key] = [n.removesuffix(suffix) for n in names]
+    return _CACHE[key]
+
+
 def get_part_ids():
     """Part ids fixed by the plan_parts checkpoint; sorted by source order, then number."""
-    folder = Path(checkpoints.plan_parts.get().output[0])
     order = {name: i for i, name in enumerate(SOURCES)}
-    ids = [p.name.removesuffix(".parquet") for p in folder.glob("*.parquet")]
+    ids = list_dir(checkpoint_dir(checkpoints.plan_parts), ".parquet")
     return sorted(ids, key=lambda p: (order[p.rsplit("-", 1)[0]], p))
 
 
 def get_part_records(wildcards):
-    return f"{checkpoints.plan_parts.get().output[0]}/{wildcards.part}.parquet"
+    return f"{checkpoint_dir(checkpoints.plan_parts)}/{wildcards.part}.parquet"
 
 
 def get_part_source(wildcards):
     return SOURCES[wildcards.part.rsplit("-", 1)[0]]
+
+
+def get_retry_marker(wildcards):
+    """The part's retry marker, once `python -m shardsmith.download retry-failed` has touched it: newer than
+    the part's outputs, it makes Snakemake download the part again (only its failed records)."""
+    marker = f"{RAW}/.keep/{wildcards.part}.retry"
+    return [marker] if os.path.exists(marker) else []
 
 
 def get_all_part_samples(wildcards):
@@ -56,7 +97,69 @@ def get_all_part_samples(wildcards):
 
 def get_exclusions(wildcards):
     """Tables of samples to leave out of the shards (key, stage, reason, detail), from optional stages."""
-    return []
+    tables = []
+    if config["embed"]["enabled"] and config["embed"]["min_similarity"] is not None:
+        tables.append(rules.exclude_low_similarity.output[0])
+    if config["publish"]["dest"] and config["publish"]["dedupe"]:  # new records already published
+        tables.append(rules.dedupe_published.output[0])
+    return tables
+
+
+def get_embed_settings():
+    """The embed keys that decide the scores; min_similarity is not one: changing it re-embeds nothing."""
+    keys = ("model", "pretrained", "model_config", "batch_size", "precision", "device", "workers")
+    return {k: config["embed"][k] for k in keys}
+
+
+def get_embed_model_files(wildcards):
+    """Local model files (checkpoint, model config) are inputs: replacing one recomputes the scores."""
+    e = config["embed"]
+    suffixes = (".pt", ".pth", ".bin", ".safetensors", ".ckpt", ".npz")
+    local = [e["model_config"]] if e["model_config"] else []
+    if len(Path(e["pretrained"]).parts) > 1 or e["pretrained"].endswith(suffixes):  # not a tag
+        local.append(e["pretrained"])
+    return local
+
+
+def get_all_part_scores(wildcards):
+    return expand(rules.embed_part.output.scores, part=get_part_ids())
+
+
+def get_shard_embed_inputs(wildcards):
+    """The shard's plan and the scores and embeddings of only the parts it draws from."""
+    plan = get_shard_plan(wildcards)
+    parts = get_shard_parts(wildcards.shard)
+    return {
+        "plan": plan,
+        "plan_dir": ancient(rules.plan_shards.output[0]),  # see write_shard
+        "scores": expand(rules.embed_part.output.scores, part=parts),
+        "embeddings": expand(rules.embed_part.output.embeddings, part=parts),
+    }
+
+
+def get_embed_summary_inputs(wildcards):
+    shards = get_shard_ids()
+    save = config["embed"]["save_embeddings"]
+    return {
+        "plan_dir": ancient(rules.plan_shards.output[0]),  # see write_shard
+        "scores": expand(rules.write_shard_scores.output.scores, shard=shards),
+        "sums": expand(rules.write_shard_scores.output.sums, shard=shards),
+        "infos": expand(rules.embed_part.output.info, part=get_part_ids()),
+        "exclusions": (
+            [rules.exclude_low_similarity.output[0]]
+            if config["embed"]["min_similarity"] is not None
+            else []
+        ),
+        "embeddings": expand(rules.write_shard_embeddings.output[0], shard=shards) if save else [],
+    }
+
+
+def get_embed_outputs(wildcards):
+    """Published beside the shards when embedding is on: embedding_stats.json, per-shard scores (and embeddings)."""
+    if not config["embed"]["enabled"]:
+        return []
+    inputs = get_embed_summary_inputs(wildcards)
+    return [rules.summarize_embeddings.output[0], *inputs["scores"], *inputs["embeddings"]]
 
 
 def get_ledger_inputs(wildcards):
@@ -66,18 +169,27 @@ def get_ledger_inputs(wildcards):
         "status": expand(rules.download_part.output.status, part=parts),
         "rejected": [
             *expand(rules.process_part.output.rejected, part=parts),
-            f"{checkpoints.plan_shards.get().output[0]}/dropped.parquet",
+            f"{checkpoint_dir(checkpoints.plan_shards)}/dropped.parquet",
         ],
     }
 
 
 def get_shard_ids():
-    folder = Path(checkpoints.plan_shards.get().output[0])
-    return sorted(p.name.split(".")[0].rsplit("-", 1)[1] for p in folder.glob("*.samples.parquet"))
+    names = list_dir(checkpoint_dir(checkpoints.plan_shards), ".samples.parquet")
+    return sorted(name.rsplit("-", 1)[1] for name in names)
 
 
 def shard_plan_path(shard):
-    return f"{checkpoints.plan_shards.get().output[0]}/{DATASET}-{shard}.samples.parquet"
+    return f"{checkpoint_dir(checkpoints.plan_shards)}/{DATASET}-{shard}.samples.parquet"
+
+
+def get_shard_parts(shard):
+    """The parts a shard draws from (its .parts file); read once, not once per rule and call."""
+    path = f"{checkpoint_dir(checkpoints.plan_shards)}/{DATASET}-{shard}.parts"
+    key = ("parts", path, os.stat(path).st_mtime_ns)
+    if key not in _CACHE:
+        _CACHE[key] = Path(path).read_text().split()
+    return _CACHE[key]
 
 
 def get_shard_plan(wildcards):
@@ -87,7 +199,7 @@ def get_shard_plan(wildcards):
 def get_shard_inputs(wildcards):
     """The shard's plan and only the processed parts it draws from (listed in its .parts file)."""
     plan = get_shard_plan(wildcards)
-    parts = Path(plan.removesuffix(".samples.parquet") + ".parts").read_text().split()
+    parts = get_shard_parts(wildcards.shard)
     return {"plan": plan, "parts": expand(rules.process_part.output.tar, part=parts)}
 
 
@@ -112,6 +224,9 @@ def get_publish_files(wildcards):
         *get_shards(wildcards),
         *rules.index_shards.output,
         rules.validate_dataset.output[0],
+        *get_embed_outputs(wildcards),
+        rules.write_card.output[0],
+        rules.record_build.output[0],
     ]
 
 
@@ -132,4 +247,37 @@ def get_publish_target():
 def get_final_outputs():
     if config["publish"]["dest"]:
         return [rules.publish_dataset.output[0]]
-    return [rules.validate_dataset.output[0]]
+    embed = [rules.summarize_embeddings.output[0]] if config["embed"]["enabled"] else []
+    return [rules.validate_dataset.output[0], *embed]
+
+
+def get_card_config():
+    """What the dataset card states about the build: the fingerprinted config and the version name."""
+    from shardsmith.card import fingerprinted_config
+
+    return {**fingerprinted_config(config), "version": config["version"]}
+
+
+def get_card_embedding_stats(wildcards):
+    return [rules.summarize_embeddings.output[0]] if config["embed"]["enabled"] else []
+
+
+def get_report_outputs():
+    """Plots and tables for `snakemake --report`, and the dataset card; built by every run."""
+    outputs = [
+        *rules.plot_dataset.output,
+        *rules.tabulate_dataset.output,
+        rules.write_card.output[0],
+    ]
+    if config["embed"]["enabled"]:
+        outputs += rules.plot_embeddings.output
+    return outputs
+
+
+def get_published_dir():
+    """The published version folder on a mounted path, for the end-of-run summary (None for S3 or no publish)."""
+    dest = config["publish"]["dest"]
+    if not dest or "://" in dest:
+        return None
+    version = config["version"]
+    return f"{dest}/{DATASET}/latest" if version == "auto" else f"{dest}/{DATASET}/{version}"

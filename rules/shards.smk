@@ -17,6 +17,9 @@ checkpoint plan_shards:
 rule write_shard:
     input:
         unpack(get_shard_inputs),
+        # keeps the checkpoint in the DAG (rerun when its inputs change); ancient: a rerun of the
+        # checkpoint alone rewrites no shard, only a changed plan or part does (scheduled refreshes)
+        plan_dir=ancient(rules.plan_shards.output[0]),
     output:
         tar=f"{OUT}/{DATASET}-{{shard}}.tar",
         info=f"{WORK}/shards/{DATASET}-{{shard}}.json",
@@ -33,6 +36,7 @@ rule index_shards:
         unpack(get_ledger_inputs),
         infos=get_shard_infos,
         plans=get_shard_plans,
+        plan_dir=rules.plan_shards.output[0],
     output:
         [f"{OUT}/{name}" for name in INDEX_FILES],
     log:

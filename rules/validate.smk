@@ -19,6 +19,9 @@ rule validate_dataset:
         reports=get_validation_reports,
         sizes=f"{OUT}/sizes.json",
         manifest=f"{OUT}/manifest.parquet",
+        # a direct dependency on the checkpoint, so the shard list is read again when plan_shards
+        # reruns within a run; ancient: that alone triggers nothing
+        plan_dir=ancient(rules.plan_shards.output[0]),
     output:
         f"{OUT}/validation.json",
     log:

@@ -7,15 +7,18 @@ Pillow releases the GIL while decoding, resizing and encoding.
 
 import hashlib
 import json
+import os
 import tarfile
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from itertools import islice
+from functools import partial
 
 import pandas as pd
 
 from shardsmith.captions import CaptionSettings, pick_caption
 from shardsmith.errors import Rejection
+from shardsmith.logs import ProgressLog
 from shardsmith.resize import ImageResult, ResizeSettings, process_image
 from shardsmith.tario import ShardWriter, atomic_open
 
@@ -67,9 +70,19 @@ def sample_json(status: dict, result: ImageResult, caption_field: str, fields: d
     return json.dumps(meta, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def _chunks(it: Iterator, n: int) -> Iterator[list]:
-    while batch := list(islice(it, n)):
-        yield batch
+def _in_order(pool: ThreadPoolExecutor, fn: Callable, items: Iterator, window: int) -> Iterator:
+    """fn over items in the pool, results in input order, at most `window` items in flight.
+
+    A sliding window rather than pool.map over batches: no barrier at each batch's slowest image, and memory
+    is bounded by `window` raw images (large PNGs are tens of MB each), whatever the part size.
+    """
+    pending: deque = deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 def process_part(
@@ -92,30 +105,34 @@ def process_part(
     ]
     samples = []
     seen: dict[str, str] = {}
+    failed_downloads = len(rejected)
+    progress = ProgressLog(f"process {os.path.basename(out_tar).split('.')[0]}", total=len(status) - failed_downloads)
     with atomic_open(out_tar) as f, ShardWriter(f) as tar, ThreadPoolExecutor(max(1, threads)) as pool:
-        for batch in _chunks(_iter_raw(raw_tar), 16 * max(1, threads)):
-            for rid, result, caption, field, fields in pool.map(lambda x: _transform(x, resize, captions), batch):
-                row = by_rid[rid]
-                if not isinstance(result, Rejection) and row["key"] in seen:
-                    result = Rejection("process", "duplicate_key", f"same key as {seen[row['key']]}")
-                if isinstance(result, Rejection):
-                    rejected.append(
-                        {**{c: row[c] for c in ("source", "source_id", "url", "key")}, "stage": result.stage, "reason": result.reason, "detail": result.detail}
-                    )
-                    continue
-                seen[row["key"]] = row["source_id"]
-                txt = caption.encode("utf-8")
-                where = tar.write(row["key"], {"jpg": result.data, "txt": txt, "json": sample_json(row, result, field, fields)})
-                samples.append(
-                    {
-                        "key": row["key"], "source": row["source"], "source_id": row["source_id"], "url": row["url"],
-                        "width_before": result.orig_width, "height_before": result.orig_height,
-                        "width": result.width, "height": result.height, "bytes": len(result.data),
-                        "sha256": hashlib.sha256(result.data).hexdigest(), "caption_length": len(caption),
-                        "caption_field": field, "passthrough": result.passthrough,
-                        **{f"{ext}_{n}": v for ext, (off, size) in where.items() for n, v in (("offset", off), ("size", size))},
-                    }
-                )  # fmt: skip
+        transform = partial(_transform, resize=resize, captions=captions)
+        for rid, result, caption, field, fields in _in_order(pool, transform, _iter_raw(raw_tar), 4 * max(1, threads)):
+            progress.update(1, samples=len(samples), rejected=len(rejected) - failed_downloads)
+            row = by_rid[rid]
+            if not isinstance(result, Rejection) and row["key"] in seen:
+                result = Rejection("process", "duplicate_key", f"same key as {seen[row['key']]}")
+            if isinstance(result, Rejection):
+                rejected.append(
+                    {**{c: row[c] for c in ("source", "source_id", "url", "key")}, "stage": result.stage, "reason": result.reason, "detail": result.detail}
+                )
+                continue
+            seen[row["key"]] = row["source_id"]
+            txt = caption.encode("utf-8")
+            where = tar.write(row["key"], {"jpg": result.data, "txt": txt, "json": sample_json(row, result, field, fields)})
+            samples.append(
+                {
+                    "key": row["key"], "source": row["source"], "source_id": row["source_id"], "url": row["url"],
+                    "width_before": result.orig_width, "height_before": result.orig_height,
+                    "width": result.width, "height": result.height, "bytes": len(result.data),
+                    "sha256": hashlib.sha256(result.data).hexdigest(), "caption_length": len(caption),
+                    "caption_field": field, "passthrough": result.passthrough,
+                    **{f"{ext}_{n}": v for ext, (off, size) in where.items() for n, v in (("offset", off), ("size", size))},
+                }
+            )  # fmt: skip
+    progress.finish(samples=len(samples), rejected=len(rejected) - failed_downloads)
     with atomic_open(out_samples) as f:
         pd.DataFrame(samples, columns=SAMPLE_COLUMNS).to_parquet(f, index=False)
     with atomic_open(out_rejected) as f:

@@ -34,7 +34,11 @@ def test_schema_fills_defaults():
         "max_decode_pixels": 178_956_970,
     }
     assert config["captions"]["fields"] == ["txt", "caption", "json.caption", "json.description", "alt"]
-    assert config["validate"] == {"min_shards": 1} and config["publish"] == {"dest": None}
+    assert config["validate"] == {"min_shards": 1}
+    assert config["publish"] == {
+        "dest": None, "keep_versions": None, "verify": "readback", "multipart_threshold": None,
+        "multipart_chunksize": None, "max_concurrent_requests": None, "dedupe": True,
+    }  # fmt: skip
     assert config["sources"][0]["url_column"] == "url" and config["sources"][0]["format"] == "auto"
 
 

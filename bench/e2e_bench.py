@@ -1,0 +1,579 @@
+"""End-to-end benchmark: img2dataset against this workflow, same images, same cores, same output size.
+
+    python bench/e2e_bench.py [--count 300] [--large-share 0.6] [--rounds 2] [--img2dataset PATH]
+
+Generates an image set (bench/imageset.py) and a parquet manifest (url, caption), serves the images from a
+ThreadingHTTPServer on 127.0.0.1 in a separate process (the same server for every run), then alternates
+(a) img2dataset (its own venv, see bench/setup_img2dataset.sh) and (b) this workflow from manifest to
+published, validated, indexed shards (embedding off), `--rounds` times each. Reports records/s (records in /
+wall s), the ratio b/a (best and median round), CPU s per record (rusage of the whole process tree), peak
+RSS per process (psutil samples), the workflow overhead (wall time with no job running, plus job start-up),
+and checks output quality on a sample: EXIF orientation, colour, no upscaling, and for this workflow the
+byte-identical pass-through of small RGB JPEGs and a ledger that adds up. Raw figures go to
+bench/results/e2e-<mix>.json. A failed quality check is reported as a failure, never as a win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import hashlib
+import io
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from collections import Counter
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+from PIL import Image, ImageOps
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bench.imageset import make_imageset  # noqa: E402
+
+BENCH = REPO / "bench"
+VENV_BIN = Path(sys.executable).parent
+DEFAULT_I2D_VENV = BENCH / ".venv-img2dataset"
+MAX_SIDE = 512
+QUALITY = 90
+
+
+# ---------------------------------------------------------------- inputs and server
+
+
+def prepare(count: int, large_share: float, seed: int) -> Path:
+    """The image set and manifest for one mix, generated once and reused (bench/data/ is git-ignored)."""
+    data = BENCH / "data" / f"e2e-{count}-{large_share:g}-{seed}"
+    if not (data / "imageset.json").exists():
+        make_imageset(data / "images", count, large_share, seed)
+        shutil.move(str(data / "images" / "imageset.json"), data / "imageset.json")
+    return data
+
+
+def write_manifest(data: Path, base_url: str) -> Path:
+    rows = json.loads((data / "imageset.json").read_text())
+    df = pd.DataFrame({"url": [f"{base_url}/{r['name']}" for r in rows], "caption": [f"a {r['kind']} photo number {i}" for i, r in enumerate(rows)]})
+    out = data / "manifest.parquet"
+    df.to_parquet(out, index=False)
+    return out
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # a log line per request would cost the server CPU
+        pass
+
+
+class _CountingServer(ThreadingHTTPServer):
+    """Counts requests that ended in an error (e.g. the client closed the connection mid-response) instead of printing them."""
+
+    errors = None  # multiprocessing.Value, set before serving
+    request_queue_size = 256  # the default backlog of 5 drops connections when 64 requests arrive at once
+
+    def handle_error(self, request, client_address) -> None:
+        with self.errors.get_lock():
+            self.errors.value += 1
+
+
+def _serve(root: str, conn, errors) -> None:
+    _CountingServer.errors = errors
+    server = _CountingServer(("127.0.0.1", 0), partial(_QuietHandler, directory=root))
+    server.daemon_threads = True
+    conn.send(server.server_address[1])
+    server.serve_forever()
+
+
+def start_server(root: Path) -> tuple[mp.Process, int, object]:
+    """The server process, its port, and its count of failed requests."""
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+    errors = ctx.Value("i", 0)
+    proc = ctx.Process(target=_serve, args=(str(root), child, errors), daemon=True)
+    proc.start()
+    return proc, parent.recv(), errors
+
+
+# ---------------------------------------------------------------- measuring a run
+
+
+class TreeSampler(threading.Thread):
+    """Samples RSS and lifetimes of every process under `pid` (psutil), for peak memory and job intervals."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.interval = pid, interval
+        self.procs: dict[int, dict] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        while not self.stop.is_set():
+            now = time.time()
+            try:
+                tree = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                break
+            for p in tree:
+                try:
+                    rss = p.memory_info().rss
+                    info = self.procs.get(p.pid)
+                    if info is None:
+                        cmd = " ".join(p.cmdline())[:300]
+                        ppid = p.ppid()
+                        info = self.procs[p.pid] = {"cmd": cmd, "ppid": ppid, "start": p.create_time(), "end": now, "rss": 0}
+                    info["rss"] = max(info["rss"], rss)
+                    info["end"] = now
+                except psutil.Error:
+                    pass
+            time.sleep(self.interval)
+
+
+def measured(cmd: list[str], log: Path, cwd: Path | None = None, env: dict | None = None) -> dict:
+    """Run `cmd`; wall time, rusage of the whole tree (children are reaped by their parents), sampled RSS."""
+    t0 = time.time()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+        sampler = TreeSampler(proc.pid)
+        sampler.start()
+        _, status, ru = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.time() - t0
+    sampler.stop.set()
+    sampler.join()
+    return {
+        "returncode": proc.returncode,
+        "t0": t0,
+        "wall_s": wall,
+        "cpu_s": ru.ru_utime + ru.ru_stime,
+        "ru_maxrss_mib": ru.ru_maxrss / 1024,
+        "procs": sampler.procs,
+        "root_pid": proc.pid,
+    }
+
+
+def _peaks(run: dict, label) -> dict:
+    """Peak RSS (MiB) per process kind, and the largest single process."""
+    by_kind: dict[str, float] = {}
+    for pid, p in run["procs"].items():
+        kind = label(pid, p)
+        if kind:
+            by_kind[kind] = max(by_kind.get(kind, 0.0), p["rss"] / 2**20)
+    return {k: round(v, 1) for k, v in sorted(by_kind.items())}
+
+
+# ---------------------------------------------------------------- the two tools
+
+
+def img2dataset_bin(arg: str | None) -> Path:
+    """img2dataset from --img2dataset, $IMG2DATASET, $IMG2DATASET_VENV, or bench/.venv-img2dataset (created if missing)."""
+    if arg or os.environ.get("IMG2DATASET"):
+        return Path(arg or os.environ["IMG2DATASET"])
+    venv = Path(os.environ.get("IMG2DATASET_VENV", DEFAULT_I2D_VENV))
+    exe = venv / "bin" / "img2dataset"
+    if not exe.exists():
+        subprocess.run(["bash", str(BENCH / "setup_img2dataset.sh"), str(venv)], check=True)
+    return exe
+
+
+def run_img2dataset(exe: Path, manifest: Path, out: Path, count: int, per_shard: int) -> dict:
+    cmd = [
+        str(exe), "--url_list", str(manifest), "--input_format", "parquet", "--url_col", "url", "--caption_col", "caption",
+        "--output_folder", str(out), "--output_format", "webdataset", "--resize_mode", "keep_ratio_largest",
+        "--image_size", str(MAX_SIDE), "--resize_only_if_bigger", "True", "--encode_format", "jpg",
+        "--encode_quality", str(QUALITY), "--processes_count", "2", "--thread_count", "32",
+        "--number_sample_per_shard", str(per_shard), "--timeout", "60", "--retries", "0",
+        "--distributor", "multiprocessing", "--enable_wandb", "False",
+    ]  # fmt: skip
+    run = measured(cmd, out.parent / "img2dataset.log")
+    main = run["root_pid"]
+    run["peak_rss_mib"] = _peaks(run, lambda pid, p: "main" if pid == main else "worker")
+    return run
+
+
+def workflow_config(root: Path, manifest: Path, count: int, per_shard: int) -> dict:
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    parts = 4
+    config.update(
+        {
+            "dataset": "bench",
+            "version": "v1",
+            "paths": {k: str(root / k) for k in ("raw", "work", "output", "logs")},
+            "sources": [{"name": "web", "type": "manifest", "path": str(manifest)}],
+            "part_size": math.ceil(count / parts),
+            "samples_per_shard": per_shard,
+            "resize": {"max_side": MAX_SIDE, "quality": QUALITY},
+            "validate": {"min_shards": 1},
+            "embed": {"enabled": False},
+            # img2dataset has no per-host limit and 32 threads: the same 32 requests in flight here
+            "download": {"concurrency": 32, "per_host_concurrency": 32, "retries": 0},
+            "publish": {"dest": str(root / "fast-storage")},
+        }
+    )
+    return config
+
+
+def run_workflow(manifest: Path, root: Path, count: int, per_shard: int) -> dict:
+    root.mkdir(parents=True, exist_ok=True)
+    cfg = root / "config.yaml"
+    cfg.write_text(yaml.safe_dump(workflow_config(root, manifest, count, per_shard), sort_keys=False))
+    cmd = [
+        str(VENV_BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile", str(cfg),
+        "--workflow-profile", "none", "--cores", "2",
+    ]  # fmt: skip
+    run = measured(cmd, root / "snakemake.log")
+    main = run["root_pid"]
+
+    def label(pid, p):
+        if pid == main:
+            return "snakemake"
+        return _job_name(p["cmd"]) if p["ppid"] == main or _job_name(p["cmd"]) else None
+
+    run["peak_rss_mib"] = _peaks(run, label)
+    run["overhead"] = overhead(run)
+    run["in_job_work_s"] = in_job_work(root)
+    return run
+
+
+def in_job_work(root: Path) -> dict:
+    """Seconds the download and process jobs report for their own work (rule logs), summed over parts."""
+    import re
+
+    sums = {}
+    for rule, pattern in (("download_part", r" in ([0-9.]+) s$"), ("process_part", r"done in ([0-9.]+) s$")):
+        total = 0.0
+        for log in glob.glob(str(root / "logs" / "*" / rule / "*.log")):
+            for line in Path(log).read_text().splitlines():
+                if m := re.search(pattern, line):
+                    total += float(m.group(1))
+        sums[rule] = round(total, 2)
+    return sums
+
+
+def _job_name(cmd: str) -> str | None:
+    """The rule of a job process, from the script Snakemake runs (.snakemake/scripts/tmpXXXX.<script>.py)."""
+    for word in cmd.split():
+        if "/.snakemake/scripts/" in word:
+            return word.rsplit("/", 1)[-1].split(".", 1)[-1].removesuffix(".py")
+    return None
+
+
+def overhead(run: dict) -> dict:
+    """Share of the wall time that is no job's work: Snakemake bookkeeping (no job process alive) + job start-up.
+
+    Start-up per job is the measured time of an interpreter importing what a job script imports, counted once per
+    job and divided by the 2 cores the jobs share.
+    """
+    jobs = [p for p in run["procs"].values() if _job_name(p["cmd"])]
+    intervals = sorted((p["start"], p["end"]) for p in jobs)
+    covered, cur_s, cur_e = 0.0, None, None
+    for s, e in intervals:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                covered += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        covered += cur_e - cur_s
+    by_rule: dict[str, list[float]] = {}
+    for p in jobs:
+        by_rule.setdefault(_job_name(p["cmd"]), []).append(p["end"] - p["start"])
+    wall = run["wall_s"]
+    startup = _job_startup_s()
+    idle = max(0.0, wall - covered)
+    return {
+        "jobs": len(jobs),
+        "no_job_running_s": round(idle, 2),
+        "job_startup_s_each": round(startup, 3),
+        "job_startup_s_total": round(startup * len(jobs), 2),
+        "wall_s": round(wall, 2),
+        "share": round((idle + startup * len(jobs) / 2) / wall, 3),
+        "job_s_by_rule": {k: {"jobs": len(v), "sum_s": round(sum(v), 1), "max_s": round(max(v), 1)} for k, v in sorted(by_rule.items())},
+    }
+
+
+def slurm_probe_s() -> float:
+    """Seconds `scontrol show config` takes: snakemake's SLURM executor plugin runs it when snakemake starts,
+    and where the SLURM client is installed but no controller answers it stalls until its own timeout (~9 s).
+    Measured so the figures can be given with and without that environment artefact."""
+    if not shutil.which("scontrol"):
+        return 0.0
+    t0 = time.perf_counter()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run(["scontrol", "show", "config"], capture_output=True, timeout=15)
+    took = time.perf_counter() - t0
+    return round(took, 2) if took > 1.0 else 0.0
+
+
+_STARTUP: list[float] = []
+
+
+def _job_startup_s() -> float:
+    """Best of 3: a fresh interpreter importing what the heaviest job scripts import (pandas, pyarrow, PIL)."""
+    if not _STARTUP:
+        code = "import sys; sys.path.insert(0, %r); import shardsmith.process, shardsmith.download, shardsmith.index, pyarrow.parquet" % str(REPO)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True)
+            best = min(best, time.perf_counter() - t0)
+        _STARTUP.append(best)
+    return _STARTUP[0]
+
+
+# ---------------------------------------------------------------- output quality
+
+
+def _thumb(im: Image.Image) -> np.ndarray:
+    return np.asarray(im.convert("RGB").resize((32, 32), Image.Resampling.BILINEAR), dtype=np.float32)
+
+
+def reference(path: Path) -> Image.Image:
+    """The image as a viewer displays it (EXIF applied, RGB), decoded small: what a correct output looks like."""
+    im = Image.open(path)
+    if im.format == "JPEG":
+        im.draft(im.mode, (im.width // 8, im.height // 8))
+    im = ImageOps.exif_transpose(im)
+    if im.mode in ("RGBA", "LA", "P"):
+        rgba = im.convert("RGBA")
+        flat = Image.new("RGB", im.size, (255, 255, 255))
+        flat.paste(rgba, mask=rgba)
+        return flat
+    return im.convert("RGB")
+
+
+def read_samples(tars: list[Path]) -> dict[str, dict]:
+    """url -> {jpg bytes, json}, from WebDataset tars (both tools write <key>.jpg and <key>.json)."""
+    by_key: dict[str, dict] = {}
+    for t in tars:
+        with tarfile.open(t) as tar:
+            for m in tar:
+                if not m.isfile():
+                    continue
+                key, ext = m.name.rsplit("/", 1)[-1].split(".", 1)
+                by_key.setdefault(f"{t.name}/{key}", {})[ext] = tar.extractfile(m).read()
+    out = {}
+    for s in by_key.values():
+        if "jpg" in s and "json" in s:
+            meta = json.loads(s["json"])
+            out[meta["url"]] = {"jpg": s["jpg"], "json": meta}
+    return out
+
+
+def check_quality(images: Path, rows: list[dict], base_url: str, samples: dict[str, dict], ours: bool, sample_size: int = 80) -> dict:
+    """Check a sample of outputs; every failure is listed. EXIF-rotated and CMYK images are always in the sample.
+
+    - size: long side is min(original displayed long side, 512) (+-1 px), aspect kept, never upscaled;
+    - orientation and colour: a 32x32 thumbnail matches the displayed original (mean abs diff < 24 of 255),
+      which catches a missing EXIF rotation (also for square images) and inverted or wrong CMYK colours;
+    - ours only: small RGB JPEGs (no EXIF rotation, within 512) are the input bytes unchanged.
+    """
+    rng = np.random.default_rng(0)
+    special = [r for r in rows if r["kind"] in ("exif_rotated", "cmyk")]
+    others = [r for r in rows if r["kind"] not in ("exif_rotated", "cmyk", "broken")]
+    pick = special + [others[i] for i in sorted(rng.choice(len(others), min(len(others), sample_size), replace=False))]
+    failures, checked, passthrough_ok, passthrough_total, missing = [], 0, 0, 0, 0
+    diffs = []
+    for r in pick:
+        s = samples.get(f"{base_url}/{r['name']}")
+        if s is None:
+            missing += 1
+            failures.append(f"{r['name']} ({r['kind']}): not in the output")
+            continue
+        checked += 1
+        out = Image.open(io.BytesIO(s["jpg"]))
+        w, h = r["width"], r["height"]  # displayed size (the generator stores EXIF images sideways)
+        scale = min(1.0, MAX_SIDE / max(w, h))
+        want = (w * scale, h * scale)
+        if abs(out.width - want[0]) > 1.01 or abs(out.height - want[1]) > 1.01:
+            failures.append(f"{r['name']} ({r['kind']}): size {out.size}, expected about {tuple(round(x) for x in want)}")
+        ref = reference(images / r["name"])
+        ta, tb = _thumb(out), _thumb(ref)
+        if r["kind"] == "png_alpha":  # the transparent top third may be flattened onto any colour
+            ta, tb = ta[12:], tb[12:]
+        d = float(np.abs(ta - tb).mean())
+        diffs.append(d)
+        if d >= 24:
+            failures.append(f"{r['name']} ({r['kind']}): looks unlike the displayed original (mean abs diff {d:.1f})")
+        if r["kind"] == "jpeg" and max(w, h) <= MAX_SIDE:
+            passthrough_total += 1
+            same = hashlib.sha256(s["jpg"]).digest() == hashlib.sha256((images / r["name"]).read_bytes()).digest()
+            passthrough_ok += same
+            if ours and not same:
+                failures.append(f"{r['name']}: small RGB JPEG re-encoded (second lossy generation)")
+    return {
+        "checked": checked,
+        "missing": missing,
+        "passthrough_identical": f"{passthrough_ok}/{passthrough_total}",
+        "max_thumb_diff": round(max(diffs), 1) if diffs else None,
+        "failure_kinds": dict(Counter(f.split(" (", 1)[1].split(")", 1)[0] if " (" in f else "passthrough" for f in failures)),
+        "failures": failures[:30],
+        "failure_count": len(failures),
+        "ok": not failures,
+    }
+
+
+def ledger_adds_up(root: Path, count: int) -> dict:
+    """Ours: published samples + ledger rows == records in."""
+    version = (root / "fast-storage" / "bench" / "latest").read_text().strip()
+    pub = root / "fast-storage" / "bench" / version
+    sizes = json.loads((pub / "sizes.json").read_text())
+    published = sum(v for v in sizes.values() if isinstance(v, int))
+    ledger = [p for p in pub.glob("*reject*.parquet")] + [p for p in pub.glob("*ledger*.parquet")]
+    rejected = sum(len(pd.read_parquet(p)) for p in ledger)
+    return {"published": published, "rejected": rejected, "ok": published + rejected == count, "version_dir": str(pub)}
+
+
+# ---------------------------------------------------------------- main
+
+
+def summarize(runs: list[dict], count: int) -> dict:
+    walls = [r["wall_s"] for r in runs]
+    best = min(runs, key=lambda r: r["wall_s"])
+    return {
+        "wall_s": [round(w, 2) for w in walls],
+        "best_img_per_s": round(count / min(walls), 2),
+        "median_img_per_s": round(count / statistics.median(walls), 2),
+        "cpu_s_per_image": round(statistics.median(r["cpu_s"] for r in runs) / count, 4),
+        "peak_rss_mib": best["peak_rss_mib"],
+        "ru_maxrss_mib": round(max(r["ru_maxrss_mib"] for r in runs), 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--count", type=int, default=300)
+    ap.add_argument("--large-share", type=float, default=0.6)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=2, help="(a, b) pairs; the order alternates every round")
+    ap.add_argument("--img2dataset", help="img2dataset executable (default: $IMG2DATASET, $IMG2DATASET_VENV/bin or bench/.venv-img2dataset)")
+    ap.add_argument("--out", type=Path, help="results file (default bench/results/e2e-<mix>.json)")
+    ap.add_argument("--samples-per-shard", type=int, help="both tools (default count/8: img2dataset keeps both processes busy)")
+    ap.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
+    ap.add_argument("--only-ours", action="store_true", help="profiling aid: run only this workflow, keep its folder, write no results")
+    a = ap.parse_args()
+
+    per_shard = a.samples_per_shard or max(1, a.count // 8)
+    stall = slurm_probe_s()
+    exe = None if a.only_ours else img2dataset_bin(a.img2dataset)
+    data = prepare(a.count, a.large_share, a.seed)
+    rows = json.loads((data / "imageset.json").read_text())
+    server, port, server_errors = start_server(data / "images")
+    base = f"http://127.0.0.1:{port}"
+    manifest = write_manifest(data, base)
+    tmp = Path(tempfile.mkdtemp(prefix="e2e-bench-"))
+    import psutil
+
+    srv = psutil.Process(server.pid)
+    runs: dict[str, list[dict]] = {"img2dataset": [], "shardsmith": []}
+    server_cpu: dict[str, float] = {"img2dataset": 0.0, "shardsmith": 0.0}
+    try:
+        for i in range(a.rounds):
+            order = ["img2dataset", "shardsmith"] if i % 2 == 0 else ["shardsmith", "img2dataset"]
+            for tool in order:
+                if a.only_ours and tool == "img2dataset":
+                    continue
+                folder = tmp / f"{tool}-{i}"
+                folder.mkdir()
+                c0, e0 = sum(srv.cpu_times()[:2]), server_errors.value
+                if tool == "img2dataset":
+                    run = run_img2dataset(exe, manifest, folder / "out", a.count, per_shard)
+                else:
+                    run = run_workflow(manifest, folder, a.count, per_shard)
+                server_cpu[tool] += sum(srv.cpu_times()[:2]) - c0
+                run["folder"] = str(folder)
+                run["http_aborted_requests"] = server_errors.value - e0
+                print(f"round {i} {tool}: {run['wall_s']:.1f} s, rc {run['returncode']}", flush=True)
+                if run["returncode"] != 0:
+                    log = folder / ("img2dataset.log" if tool == "img2dataset" else "snakemake.log")
+                    sys.exit(f"{tool} failed, see {log}:\n" + log.read_text()[-3000:])
+                runs[tool].append(run)
+        if a.only_ours:
+            print(json.dumps(runs["shardsmith"][-1]["overhead"], indent=1), f"\nrun folder: {tmp}")
+            a.keep = True
+            return
+        a_last, b_last = runs["img2dataset"][-1], runs["shardsmith"][-1]
+        i2d_samples = read_samples(sorted(Path(a_last["folder"]).glob("out/*.tar")))
+        ledger = ledger_adds_up(Path(b_last["folder"]), a.count)
+        ours_samples = read_samples(sorted(Path(ledger["version_dir"]).glob("*.tar")))
+        quality = {
+            "img2dataset": check_quality(data / "images", rows, base, i2d_samples, ours=False),
+            "shardsmith": {**check_quality(data / "images", rows, base, ours_samples, ours=True), "ledger": ledger},
+        }
+        quality["shardsmith"]["ok"] = quality["shardsmith"]["ok"] and ledger["ok"]
+    finally:
+        server.terminate()
+        if not a.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    s_a, s_b = summarize(runs["img2dataset"], a.count), summarize(runs["shardsmith"], a.count)
+    s_a["samples_out"], s_b["samples_out"] = len(i2d_samples), len(ours_samples)
+    s_b["overhead"] = [r["overhead"] for r in runs["shardsmith"]]
+    s_b["in_job_work_s"] = [r["in_job_work_s"] for r in runs["shardsmith"]]
+    for tool, s in (("img2dataset", s_a), ("shardsmith", s_b)):
+        s["http_aborted_requests"] = [r["http_aborted_requests"] for r in runs[tool]]
+    for tool, s in (("img2dataset", s_a), ("shardsmith", s_b)):
+        s["http_server_cpu_s_per_run"] = round(server_cpu[tool] / a.rounds, 2)
+    ratio_best = round(s_b["best_img_per_s"] / s_a["best_img_per_s"], 2)
+    ratio_median = round(s_b["median_img_per_s"] / s_a["median_img_per_s"], 2)
+    median_b_wall = statistics.median(r["wall_s"] for r in runs["shardsmith"])
+    s_b["slurm_probe_stall_s"] = stall
+    s_b["median_img_per_s_without_stall"] = round(a.count / (median_b_wall - stall), 2)
+    ratio_no_stall = round(s_b["median_img_per_s_without_stall"] / s_a["median_img_per_s"], 2)
+    for o in s_b["overhead"]:
+        o["share_without_stall"] = round(max(0.0, o["share"] * o["wall_s"] - stall) / (o["wall_s"] - stall), 3)
+    large = a.large_share > 0
+    target = 2.5 if large else 1.0
+    peak_job = max((v for k, v in s_b["peak_rss_mib"].items() if k != "snakemake"), default=0.0)
+    overhead_share = statistics.median(o["share"] for o in s_b["overhead"])
+    result = {
+        "mix": {"count": a.count, "large_share": a.large_share, "seed": a.seed, "kinds": {k: sum(r["kind"] == k for r in rows) for k in sorted({r["kind"] for r in rows})},
+                "large_images": sum(max(r["width"], r["height"]) >= 2000 for r in rows), "mb": round(sum(r["bytes"] for r in rows) / 1e6, 1)},
+        "rounds": a.rounds,
+        "samples_per_shard": per_shard,
+        "parts": 4,
+        "img2dataset": s_a,
+        "shardsmith": s_b,
+        "ratio_b_over_a": {"best": ratio_best, "median": ratio_median, "median_without_slurm_probe_stall": ratio_no_stall},
+        "quality": quality,
+        "targets": {
+            "speed": {"target": f">= {target}x img2dataset", "measured": ratio_median, "without_slurm_probe_stall": ratio_no_stall, "met": ratio_median >= target and quality["shardsmith"]["ok"]},
+            "peak_memory_per_job_mib": {"target": "< 1024", "measured": peak_job, "met": peak_job < 1024},
+            "workflow_overhead_share": {"target": "< 0.10", "measured": overhead_share, "without_slurm_probe_stall": statistics.median(o["share_without_stall"] for o in s_b["overhead"]), "met": overhead_share < 0.10},
+            "quality": {"met": quality["shardsmith"]["ok"]},
+        },
+        "machine": {"cpus": os.cpu_count(), "load_avg_at_end": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version()},
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+    out = a.out or BENCH / "results" / f"e2e-{'large' if large else 'small'}{'' if a.samples_per_shard is None else f'-shard{per_shard}'}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("ratio_b_over_a", "targets")}, indent=1))
+    print(f"img2dataset {s_a['median_img_per_s']} img/s, shardsmith {s_b['median_img_per_s']} img/s; results: {out}")
+    if a.keep:
+        print(f"run folders: {tmp}")
+
+
+if __name__ == "__main__":
+    main()

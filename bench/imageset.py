@@ -1,0 +1,61 @@
+"""A realistic benchmark image set: photographic content, many large photos, the rest small, mixed formats.
+
+    python bench/imageset.py OUT_DIR [--count N] [--large-share 0.6] [--seed S]
+
+Large photos are 2000-6000 px on the long side (phone and camera originals); small ones 200-900 px
+(thumbnails, web images). Formats follow a web crawl: mostly JPEG, some PNG with alpha, WebP, CMYK JPEG,
+EXIF-rotated JPEG, and a few broken files. Content comes from shardsmith.demo (the photograph and terrain
+sample that matplotlib ships, cropped, scaled and with grain).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from shardsmith.demo import alpha_png, encoded, exif_rotated, jpeg, photo  # noqa: E402
+
+
+def make_imageset(out: Path, count: int, large_share: float, seed: int = 7) -> list[dict]:
+    """Write `count` images under out/; returns one row per file (name, kind, width, height, bytes)."""
+    rng = np.random.default_rng(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in range(count):
+        large = rng.random() < large_share
+        long_side = int(rng.integers(2000, 6001)) if large else int(rng.integers(200, 901))
+        aspect = float(rng.choice([4 / 3, 3 / 2, 16 / 9, 1.0, 3 / 4, 2 / 3]))
+        w, h = (long_side, max(1, int(long_side / aspect))) if aspect >= 1 else (max(1, int(long_side * aspect)), long_side)
+        img = photo(rng, w, h)
+        roll = rng.random()
+        if roll < 0.70:
+            kind, name, data = "jpeg", f"{i:06d}.jpg", jpeg(img, quality=int(rng.integers(80, 96)))
+        elif roll < 0.78:
+            kind, name, data = "png_alpha", f"{i:06d}.png", alpha_png(img)
+        elif roll < 0.86:
+            kind, name, data = "webp", f"{i:06d}.webp", encoded(img, "WEBP", quality=85)
+        elif roll < 0.91:
+            kind, name, data = "cmyk", f"{i:06d}.jpg", jpeg(img.convert("CMYK"))
+        elif roll < 0.97:
+            kind, name, data = "exif_rotated", f"{i:06d}.jpg", exif_rotated(img)
+        else:
+            good = jpeg(img)
+            kind, name, data = "broken", f"{i:06d}.jpg", good[: len(good) // 3]
+        (out / name).write_bytes(data)
+        rows.append({"name": name, "kind": kind, "width": w, "height": h, "bytes": len(data)})
+    (out / "imageset.json").write_text(json.dumps(rows, indent=0))
+    return rows
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--count", type=int, default=200)
+    ap.add_argument("--large-share", type=float, default=0.6)
+    ap.add_argument("--seed", type=int, default=7)
+    a = ap.parse_args()
+    rows = make_imageset(a.out, a.count, a.large_share, a.seed)
+    print(f"{len(rows)} images, {sum(r['bytes'] for r in rows) / 1e6:.1f} MB in {a.out}")

@@ -1,0 +1,88 @@
+"""Resize-stage microbenchmark: shardsmith's process_image against the plain ceiling on the same files.
+
+    python bench/resize_bench.py [--count 120] [--max-side 512] [--repeat 3]
+
+The ceiling is the least work that gives the same output: open, JPEG draft mode, decode, convert to RGB,
+resize (same filter), encode JPEG at the same quality; no checks, no EXIF, no pass-through logic.
+Both run single-threaded on the same files in the same process, interleaved, best of `repeat` runs,
+so the ratio is robust to a noisy machine. Results go to bench/results/resize.json.
+"""
+
+import argparse
+import io
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.imageset import make_imageset  # noqa: E402
+from shardsmith.errors import Rejection  # noqa: E402
+from shardsmith.resize import ResizeSettings, fit_within, process_image  # noqa: E402
+
+
+def ceiling(data: bytes, s: ResizeSettings) -> bytes:
+    im = Image.open(io.BytesIO(data))
+    target = fit_within(*im.size, s)
+    if im.format == "JPEG":
+        im.draft("RGB", target)
+    im = im.convert("RGB")
+    if im.size != target:
+        im = im.resize(fit_within(*im.size, s), Image.Resampling.LANCZOS)
+    buf = io.BytesIO()
+    im.save(buf, "JPEG", quality=s.quality)
+    return buf.getvalue()
+
+
+def ours(data: bytes, s: ResizeSettings) -> bytes:
+    return process_image(data, s).data
+
+
+def timed(fn, blobs: list[bytes], s: ResizeSettings) -> float:
+    t0 = time.perf_counter()
+    for b in blobs:
+        try:
+            fn(b, s)
+        except (Rejection, OSError, ValueError):
+            pass
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--count", type=int, default=120)
+    ap.add_argument("--max-side", type=int, default=512)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--data", type=Path, default=Path(__file__).parent / "data" / "resize")
+    a = ap.parse_args()
+    if not (a.data / "imageset.json").exists():
+        make_imageset(a.data, a.count, large_share=0.6)
+    rows = json.loads((a.data / "imageset.json").read_text())
+    blobs = [(a.data / r["name"]).read_bytes() for r in rows if r["kind"] != "broken"]
+    s = ResizeSettings(max_side=a.max_side, quality=90)
+    best = {"ceiling": float("inf"), "shardsmith": float("inf")}
+    for _ in range(a.repeat):
+        best["ceiling"] = min(best["ceiling"], timed(ceiling, blobs, s))
+        best["shardsmith"] = min(best["shardsmith"], timed(ours, blobs, s))
+    result = {
+        "images": len(blobs),
+        "max_side": a.max_side,
+        "ceiling_img_per_s": round(len(blobs) / best["ceiling"], 1),
+        "shardsmith_img_per_s": round(len(blobs) / best["shardsmith"], 1),
+        "ratio_of_ceiling": round(best["ceiling"] / best["shardsmith"], 3),
+        "pil": Image.__version__,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    out = Path(__file__).parent / "results" / "resize.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

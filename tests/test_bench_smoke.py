@@ -1,0 +1,69 @@
+"""The e2e benchmark's quality check on a tiny generated set: it passes shardsmith's output and catches wrong output.
+
+No timing here (speed is measured in bench/), and no img2dataset needed.
+"""
+
+import io
+import json
+
+import pytest
+from PIL import Image
+
+from bench.e2e_bench import MAX_SIDE, QUALITY, check_quality
+from bench.imageset import make_imageset
+from shardsmith.errors import Rejection
+from shardsmith.resize import ResizeSettings, process_image
+
+BASE = "http://127.0.0.1:1"
+
+
+@pytest.fixture(scope="module")
+def imageset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("imageset")
+    rows = make_imageset(out, 40, large_share=0.0, seed=1)
+    kinds = {r["kind"] for r in rows}
+    assert {"jpeg", "exif_rotated", "cmyk"} <= kinds, kinds  # the seed gives every kind the checks look at
+    return out, rows
+
+
+def _ours(images, rows) -> dict:
+    samples = {}
+    for r in rows:
+        try:
+            result = process_image((images / r["name"]).read_bytes(), ResizeSettings(max_side=MAX_SIDE, quality=QUALITY))
+        except Rejection:
+            continue
+        samples[f"{BASE}/{r['name']}"] = {"jpg": result.data, "json": {}}
+    return samples
+
+
+def test_quality_check_passes_shardsmith_output(imageset):
+    images, rows = imageset
+    report = check_quality(images, rows, BASE, _ours(images, rows), ours=True)
+    assert report["ok"], report["failures"]
+    assert report["checked"] == sum(r["kind"] != "broken" for r in rows)
+    done, total = map(int, report["passthrough_identical"].split("/"))
+    assert total > 0 and done == total
+
+
+def test_quality_check_catches_ignored_exif_and_reencoding(imageset):
+    images, rows = imageset
+    samples = _ours(images, rows)
+    for r in rows:
+        url = f"{BASE}/{r['name']}"
+        if r["kind"] in ("exif_rotated", "jpeg") and url in samples:
+            im = Image.open(images / r["name"]).convert("RGB")  # stored pixels, EXIF orientation ignored
+            im.thumbnail((MAX_SIDE, MAX_SIDE))
+            buf = io.BytesIO()
+            im.save(buf, "JPEG", quality=QUALITY)
+            samples[url] = {"jpg": buf.getvalue(), "json": {}}
+    report = check_quality(images, rows, BASE, samples, ours=True)
+    assert not report["ok"]
+    text = json.dumps(report["failures"])
+    assert "exif_rotated" in text and "second lossy generation" in text
+
+
+def test_quality_check_reports_missing_samples(imageset):
+    images, rows = imageset
+    report = check_quality(images, rows, BASE, {}, ours=False)
+    assert not report["ok"] and report["missing"] == report["failure_count"] > 0
