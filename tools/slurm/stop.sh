@@ -13,3 +13,9 @@ for f in "${files[@]}"; do
     echo "stopped $(basename "$f" .pid) (pid $pid)"
   fi
 done
+# Remove the config start.sh wrote (and only that one): with a slurm.conf but no controller, every
+# `scontrol` call waits ~9 s, and Snakemake's SLURM plugin calls it at each start-up, even for local runs.
+if [ "${1:-}" != --slurm-only ] && grep -q '^ClusterName=shardsmith-test$' /etc/slurm/slurm.conf 2>/dev/null; then
+  rm -f /etc/slurm/slurm.conf /etc/slurm/gres.conf
+  echo "removed /etc/slurm/slurm.conf and gres.conf written by start.sh"
+fi
