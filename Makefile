@@ -33,8 +33,9 @@ retry-failed: setup
 # Speed against img2dataset (its own venv, created by bench/setup_img2dataset.sh) and the resize ceiling (README: Performance).
 bench: setup
 	$(PY) bench/resize_bench.py
-	$(PY) bench/e2e_bench.py --count 300 --large-share 0.6
-	$(PY) bench/e2e_bench.py --count 300 --large-share 0
+	$(PY) bench/e2e_bench.py --count 2000 --large-share 0.6
+	$(PY) bench/e2e_bench.py --count 4000 --large-share 0
+	$(PY) bench/demo_overhead.py
 
 lint: setup
 	$(SNAKEMAKE) --lint --workflow-profile none

@@ -1,17 +1,25 @@
-rule validate_shard:
+# One job per batch of validate.shards_per_job shards: the loader's import (torch) costs more than a small shard.
+rule validate_shards:
     input:
-        tar=rules.write_shard.output.tar,
-        plan=get_shard_plan,
+        unpack(get_validation_batch),
+        # the batch's shard list is read again when plan_shards reruns within a run (see validate_dataset)
+        plan_dir=ancient(rules.plan_shards.output[0]),
     output:
-        f"{WORK}/validate/{DATASET}-{{shard}}.json",
+        f"{WORK}/validate/{DATASET}-batch-{{batch}}.json",
     log:
-        f"{LOGS}/validate_shard/{{shard}}.log",
+        f"{LOGS}/validate_shards/{{batch}}.log",
     conda:
         "../envs/validate.yaml"
+    threads: 2
+    resources:
+        mem_mb=lambda wc, threads, attempt: (1000 + 500 * threads) * attempt,
     params:
         resize=config["resize"],
+        decode_per_shard=config["validate"]["decode_per_shard"],
+        # reports of shards whose bytes and plan are unchanged are reused (scheduled refreshes)
+        cache=f"{WORK}/validate/cache",
     script:
-        "../scripts/validate_shard.py"
+        "../scripts/validate_shards.py"
 
 
 rule validate_dataset:

@@ -20,7 +20,6 @@ import os
 import shutil
 import sys
 import tarfile
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -236,15 +235,18 @@ def download_records(
     tar: ShardWriter,
     keep: Keep | None,
     kept: pd.DataFrame | None,
-    spool_dir: str,
     label: str = "",
     refetch: set[str] | None = None,
 ) -> list[dict]:
-    """Fetch what is not in the keep, then write every ok record to `tar` in record order; returns status rows.
+    """Fetch what is not in the keep, writing every ok record to `tar` as it arrives; returns status rows.
 
-    Kept failures whose reason is in `refetch` (default: the retry reasons) are fetched again.
+    The raw tar is in arrival order (kept records first): writing bodies as they come avoids a spool and a
+    second copy of every multi-MB original. Its members are named by record id, and process_part reads them
+    in record order, so the shards do not depend on it. Kept failures whose reason is in `refetch`
+    (default: the retry reasons) are fetched again.
     """
     recs = records.to_dict("records")
+    by_rid = {r["rid"]: r for r in recs}
     retry = set(fetcher.s.retry_reasons) if refetch is None else refetch
     hash_type = source.get("hash_type", "md5")
     expected = {r["rid"]: (r.get("hash") or None) for r in recs}
@@ -256,61 +258,53 @@ def download_records(
             fetcher.log(f"download {label}: the raw cache's tar is unreadable ({e}); fetching the whole part")
             kept = None
     prev_rows = {} if kept is None else {int(r["rid"]): r for r in kept.to_dict("records")}
+
+    def write(rid: int, data: bytes) -> None:
+        fields = json.loads(by_rid[rid]["fields"])
+        if source["type"] == "folder":
+            fields.update(read_sidecars(local_path(by_rid[rid]["url"]) or by_rid[rid]["url"]))
+        meta = json.dumps(fields, sort_keys=True, ensure_ascii=False).encode("utf-8")
+        tar.write(f"r{rid:07d}", {"img": data, "meta": meta})
+
     reused: dict[int, dict] = {}
     jobs = []
     for rec in recs:
         prev = prev_rows.get(rec["rid"])
         if _reusable(prev, rec, retry) and (prev["status"] != "ok" or rec["rid"] in kept_members):
-            if prev["status"] == "ok" and expected[rec["rid"]]:
-                try:  # the manifest's hash may have changed since the bytes were kept
-                    check_hash(keep.read(kept_members[rec["rid"]]["img"]), expected[rec["rid"]], hash_type)
-                except AttemptError:
-                    jobs.append((rec["rid"], rec["url"], expected[rec["rid"]]))
-                    continue
+            if prev["status"] == "ok":
+                data = keep.read(kept_members[rec["rid"]]["img"])
+                if expected[rec["rid"]]:
+                    try:  # the manifest's hash may have changed since the bytes were kept
+                        check_hash(data, expected[rec["rid"]], hash_type)
+                    except AttemptError:
+                        jobs.append((rec["rid"], rec["url"], expected[rec["rid"]]))
+                        continue
+                write(rec["rid"], data)
             reused[rec["rid"]] = prev
         else:
             jobs.append((rec["rid"], rec["url"], expected[rec["rid"]]))
+    if keep is not None:
+        keep.close()
     if reused:
         fetcher.log(f"download {label}: {len(reused)} records kept from the raw cache, {len(jobs)} to fetch")
 
     outcomes: dict[int, Outcome] = {}
-    spooled: dict[int, tuple[int, int]] = {}
-    with tempfile.TemporaryFile(dir=spool_dir, prefix=".spool-") as spool:
 
-        def on_result(rid: int, outcome: Outcome) -> None:
-            if outcome.ok:  # bodies arrive out of order; spool them so the tar is written in record order
-                spooled[rid] = (spool.tell(), len(outcome.data))
-                spool.write(outcome.data)
-                outcome.data = None
-            outcomes[rid] = outcome
+    def on_result(rid: int, outcome: Outcome) -> None:
+        if outcome.ok:
+            write(rid, outcome.data)
+            outcome.data = None
+        outcomes[rid] = outcome
 
-        fetcher.fetch_all(jobs, on_result, hash_type=hash_type, label=label)
-        rows = []
-        for rec in recs:
-            rid = rec["rid"]
-            if rid in reused:
-                prev = reused[rid]
-                row = {
-                    **{c: prev[c] for c in STATUS_COLUMNS},
-                    **{c: rec[c] for c in ("rid", "source", "source_id", "url", "key")},
-                }
-                data = keep.read(kept_members[rid]["img"]) if prev["status"] == "ok" else None
-            else:
-                outcome = outcomes[rid]
-                row = _row(rec, outcome)
-                data = None
-                if outcome.ok:
-                    spool.seek(spooled[rid][0])
-                    data = spool.read(spooled[rid][1])
-            rows.append(row)
-            if data is not None:
-                fields = json.loads(rec["fields"])
-                if source["type"] == "folder":
-                    fields.update(read_sidecars(local_path(rec["url"]) or rec["url"]))
-                meta = json.dumps(fields, sort_keys=True, ensure_ascii=False).encode("utf-8")
-                tar.write(f"r{rid:07d}", {"img": data, "meta": meta})
-    if keep is not None:
-        keep.close()
+    fetcher.fetch_all(jobs, on_result, hash_type=hash_type, label=label)
+    rows = []
+    for rec in recs:
+        rid = rec["rid"]
+        if rid in reused:
+            prev = reused[rid]
+            rows.append({**{c: prev[c] for c in STATUS_COLUMNS}, **{c: rec[c] for c in ("rid", "source", "source_id", "url", "key")}})
+        else:
+            rows.append(_row(rec, outcomes[rid]))
     return rows
 
 
@@ -447,7 +441,7 @@ def download_part(
             status = pd.DataFrame(rows, columns=STATUS_COLUMNS)
     else:
         with atomic_open(out_tar) as f, ShardWriter(f) as tar:
-            rows = download_records(records, source, fetcher, tar, keep, kept, str(Path(out_tar).parent), label, retry)
+            rows = download_records(records, source, fetcher, tar, keep, kept, label, retry)
         status = pd.DataFrame(rows, columns=STATUS_COLUMNS)
 
     status = status.astype(_INT_COLUMNS)

@@ -31,15 +31,26 @@ REJECT_COLUMNS = ["source", "source_id", "url", "key", "stage", "reason", "detai
 
 
 def _iter_raw(raw_tar: str) -> Iterator[tuple[int, bytes, dict]]:
-    """(rid, image bytes, source fields) for every fetched record of a raw part tar, in order."""
+    """(rid, image bytes, source fields) for every fetched record of a raw part tar, in record order.
+
+    Downloads write members as they arrive; the headers are read first (tarfile seeks over the data), then
+    each record's members in rid order, so the output never depends on arrival order.
+    """
+    where: dict[int, dict[str, tuple[int, int]]] = {}
     with tarfile.open(raw_tar, mode="r:") as tar:
-        pending: dict[str, bytes] = {}
         for info in tar:
             key, ext = info.name.split(".", 1)
-            pending[ext] = tar.extractfile(info).read()
-            if "img" in pending and "meta" in pending:
-                yield int(key[1:]), pending["img"], json.loads(pending["meta"])
-                pending = {}
+            where.setdefault(int(key[1:]), {})[ext] = (info.offset_data, info.size)
+    with open(raw_tar, "rb") as f:
+        for rid in sorted(where):
+            members = where[rid]
+            if "img" not in members or "meta" not in members:
+                continue
+            data = {}
+            for ext in ("img", "meta"):
+                f.seek(members[ext][0])
+                data[ext] = f.read(members[ext][1])
+            yield rid, data["img"], json.loads(data["meta"])
 
 
 def _transform(
@@ -105,13 +116,17 @@ def process_part(
     ]
     samples = []
     seen: dict[str, str] = {}
+    read: set[int] = set()
     failed_downloads = len(rejected)
     progress = ProgressLog(f"process {os.path.basename(out_tar).split('.')[0]}", total=len(status) - failed_downloads)
-    with atomic_open(out_tar) as f, ShardWriter(f) as tar, ThreadPoolExecutor(max(1, threads)) as pool:
+    # one thread more than the job's cores: the GIL-bound steps (parsing headers, writing the tar) of one
+    # image then overlap the codec work of the others (measured: 5% faster on 2 cores)
+    with atomic_open(out_tar) as f, ShardWriter(f) as tar, ThreadPoolExecutor(max(1, threads) + 1) as pool:
         transform = partial(_transform, resize=resize, captions=captions)
         for rid, result, caption, field, fields in _in_order(pool, transform, _iter_raw(raw_tar), 4 * max(1, threads)):
             progress.update(1, samples=len(samples), rejected=len(rejected) - failed_downloads)
             row = by_rid[rid]
+            read.add(rid)
             if not isinstance(result, Rejection) and row["key"] in seen:
                 result = Rejection("process", "duplicate_key", f"same key as {seen[row['key']]}")
             if isinstance(result, Rejection):
@@ -132,6 +147,10 @@ def process_part(
                     **{f"{ext}_{n}": v for ext, (off, size) in where.items() for n, v in (("offset", off), ("size", size))},
                 }
             )  # fmt: skip
+    for rid, row in by_rid.items():  # "ok" in the status but not in the raw tar: a damaged raw cache
+        if row["status"] == "ok" and rid not in read:
+            detail = "downloaded, but its bytes are missing from the raw tar; rerun download_part for this part"
+            rejected.append({**{c: row[c] for c in ("source", "source_id", "url", "key")}, "stage": "process", "reason": "missing_raw", "detail": detail})
     progress.finish(samples=len(samples), rejected=len(rejected) - failed_downloads)
     with atomic_open(out_samples) as f:
         pd.DataFrame(samples, columns=SAMPLE_COLUMNS).to_parquet(f, index=False)

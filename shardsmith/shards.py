@@ -5,6 +5,7 @@ same shards. A key seen before anywhere in the dataset is rejected as a duplicat
 Every shard holds `samples_per_shard` samples except the last.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -13,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from shardsmith.process import REJECT_COLUMNS, SAMPLE_COLUMNS
-from shardsmith.tario import ShardWriter, atomic_open, atomic_write_text, read_member
+from shardsmith.tario import ShardWriter, atomic_open, atomic_write_text, read_at
 
 STAGE = "shard"
 
@@ -79,10 +80,13 @@ def plan_shards(
 def write_shard(plan_path: str, part_tars: dict[str, str], out_tar: str, out_info: str) -> dict:
     """Copy the planned samples' members from the processed part tars into one deterministic shard."""
     plan = pd.read_parquet(plan_path)
-    with atomic_open(out_tar) as f, ShardWriter(f) as tar:
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(atomic_open(out_tar))
+        tar = stack.enter_context(ShardWriter(out))
+        sources = {part: stack.enter_context(open(path, "rb")) for part, path in part_tars.items() if part in set(plan["part"])}
         for row in plan.to_dict("records"):
-            src = part_tars[row["part"]]
-            members = {ext: read_member(src, row[f"{ext}_offset"], row[f"{ext}_size"]) for ext in ("jpg", "txt", "json")}
+            src = sources[row["part"]]
+            members = {ext: read_at(src, row[f"{ext}_offset"], row[f"{ext}_size"]) for ext in ("jpg", "txt", "json")}
             tar.write(row["key"], members)
     md5, sha = hashlib.md5(), hashlib.sha256()
     with open(out_tar, "rb") as f:

@@ -3,12 +3,20 @@
 "Passes validation" must mean "trains": each shard is read with OpenCLIP's own pipeline
 (`tarfile_to_samples_nothrow`, `filter_no_caption_or_no_image`, `decode("pilrgb")`, `rename(...)`), and
 every sample must survive it. A shard that silently loses samples there hangs training at epoch 0.
+
+Importing that pipeline costs 3-4 s (open_clip_train imports torch), more than reading a small shard, so
+one job validates a batch of shards (validate.shards_per_job) in a thread pool, and a shard whose bytes,
+plan and limits match an earlier report is not read again (scheduled refreshes leave most shards as they are).
+Every image's bytes are checked against the sha256 of the image process_part decoded and verified, so
+decoding them all a second time proves nothing new; validate.decode_per_shard of them are, as a spot check.
 """
 
+import hashlib
 import json
 import re
 import tarfile
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -37,58 +45,154 @@ def _openclip_stages() -> tuple[object, object, object, str]:
         return wds.tarfile_to_samples(handler=wds.warn_and_continue), has_pair, wds.warn_and_continue, "webdataset"
 
 
-def read_like_openclip(url: str) -> tuple[int, list[dict], str]:
-    """(sample groups in the tar, samples that survive OpenCLIP's pipeline, loader name)."""
+IMAGE_EXTS = ("jpg", "png", "jpeg", "webp")  # the order of OpenCLIP's rename(image="jpg;png;jpeg;webp")
+
+
+def read_like_openclip(url: str, decode: set[int] | None = None) -> tuple[list[dict], str]:
+    """Every sample group of the tar as OpenCLIP's pipeline meets it, in one pass; and the loader's name.
+
+    Per group: key, whether OpenCLIP's filter keeps it, the sha256 of its image member, its text; and for
+    the groups whose index is in `decode` (None: all), the image as webdataset's decode("pilrgb") gives it
+    (size and mode, or the error). Images are not held: a 10,000-sample shard held decoded is ~8 GB.
+    """
     import webdataset as wds
 
-    to_samples, keep, handler, loader = _openclip_stages()
-    groups = sum(1 for _ in wds.DataPipeline(wds.SimpleShardList(url), to_samples))
-    pipeline = wds.DataPipeline(
-        wds.SimpleShardList(url),
-        to_samples,
-        wds.select(keep),
-        wds.decode("pilrgb", handler=handler),
-        wds.rename(image="jpg;png;jpeg;webp", text="txt"),
-    )
-    # keep what the checks need, not the decoded images: a 10,000-sample shard held decoded is ~8 GB
-    ok = [{"__key__": s["__key__"], "size": s["image"].size, "mode": s["image"].mode, "text": s["text"]} for s in pipeline]
-    return groups, ok, loader
+    to_samples, keep, _, loader = _openclip_stages()
+    decoder = wds.autodecode.Decoder([wds.autodecode.imagehandler("pilrgb")])
+    out = []
+    for i, sample in enumerate(wds.DataPipeline(wds.SimpleShardList(url), to_samples)):
+        ext = next((e for e in IMAGE_EXTS if e in sample), None)
+        row = {"__key__": sample["__key__"], "kept": bool(keep(sample)), "sha256": None, "text": None}
+        if ext is not None:
+            row["sha256"] = hashlib.sha256(sample[ext]).hexdigest()
+        if "txt" in sample:
+            row["text"] = sample["txt"].decode("utf-8", errors="replace")
+        if row["kept"] and (decode is None or i in decode):
+            try:
+                image = decoder({"__key__": sample["__key__"], ext: sample[ext]})[ext]
+                row["size"], row["mode"] = image.size, image.mode
+            except Exception as e:  # what OpenCLIP's log_and_continue would skip, losing the sample
+                row["decode_error"] = f"{type(e).__name__}: {e}"
+        out.append(row)
+    return out, loader
 
 
-def validate_shard(shard: str, plan_path: str, max_side: int | None, max_pixels: int) -> dict:
-    """Problems found in one shard (an empty list when it is good)."""
+def spread(n: int, k: int | None) -> set[int] | None:
+    """k indices spread evenly over range(n), first and last included; None (all) when k is None or >= n."""
+    if k is None or k >= n:
+        return None
+    if k <= 1:
+        return {0} if k == 1 and n else set()
+    return {round(j * (n - 1) / (k - 1)) for j in range(k)}
+
+
+def validate_shard(shard: str, plan_path: str, max_side: int | None, max_pixels: int, decode_per_shard: int | None = None) -> dict:
+    """Problems found in one shard (an empty list when it is good).
+
+    Every sample group is read with OpenCLIP's tarfile_to_samples_nothrow and filter_no_caption_or_no_image,
+    and its image bytes must be the ones process_part decoded and checked (sha256 from the plan), so every
+    image is known to decode to an RGB image of the planned size. `decode_per_shard` images (None: all) are
+    decoded again with webdataset's decode("pilrgb"), as OpenCLIP does, as a second line of defence.
+    """
     problems: list[str] = []
     name = Path(shard).name
-    plan_keys = list(pd.read_parquet(plan_path, columns=["key"])["key"])
-    with tarfile.open(shard, "r:") as tar:
-        for info in tar.getmembers():
-            if not info.isreg():
-                problems.append(f"{name}: member {info.name} is not a regular file")
-            elif not MEMBER_NAME.match(info.name) or len(info.name.encode()) > 100:
-                problems.append(f"{name}: member name {info.name!r} is not key.(jpg|txt|json) within 100 bytes")
-    groups, samples, loader = read_like_openclip(shard)
+    plan = pd.read_parquet(plan_path, columns=["key", "sha256", "width", "height"])
+    plan_keys = list(plan["key"])
+    try:
+        with tarfile.open(shard, "r:") as tar:
+            members = tar.getmembers()
+    except (tarfile.TarError, OSError) as e:  # cut short or overwritten since write_shard
+        problems.append(f"{name}: not a readable tar ({e}); run write_shard for it again")
+        return {"shard": name, "loader": None, "groups": 0, "passed": 0, "decoded": 0, "problems": problems}
+    for info in members:
+        if not info.isreg():
+            problems.append(f"{name}: member {info.name} is not a regular file")
+        elif not MEMBER_NAME.match(info.name) or len(info.name.encode()) > 100:
+            problems.append(f"{name}: member name {info.name!r} is not key.(jpg|txt|json) within 100 bytes")
+    rows, loader = read_like_openclip(shard, spread(len(plan_keys), decode_per_shard))
+    samples = [r for r in rows if r["kept"] and "decode_error" not in r]
     keys = [s["__key__"] for s in samples]
-    if groups != len(plan_keys):
-        problems.append(f"{name}: the loader found {groups} samples, the plan has {len(plan_keys)}")
-    if len(samples) != groups:
-        problems.append(f"{name}: {groups - len(samples)} of {groups} samples dropped by OpenCLIP's filter/decoder")
+    if len(rows) != len(plan_keys):
+        problems.append(f"{name}: the loader found {len(rows)} samples, the plan has {len(plan_keys)}")
+    if len(samples) != len(rows):
+        problems.append(f"{name}: {len(rows) - len(samples)} of {len(rows)} samples dropped by OpenCLIP's filter/decoder")
+    for r in rows:
+        if "decode_error" in r:
+            problems.append(f"{name}/{r['__key__']}: does not decode: {r['decode_error']}")
     if keys != plan_keys[: len(keys)] or len(keys) != len(plan_keys):
         missing = sorted(set(plan_keys) - set(keys))[:5]
         problems.append(f"{name}: keys read differ from the plan (missing e.g. {missing})")
+    planned = {r["key"]: r for r in plan.to_dict("records")}
+    decoded = 0
     for s in samples:
-        w, h = s["size"]
-        if s["mode"] != "RGB":
-            problems.append(f"{name}/{s['__key__']}: image mode {s['mode']}")
+        want = planned.get(s["__key__"])
+        if want is None:
+            continue
+        if s["sha256"] != want["sha256"]:
+            problems.append(f"{name}/{s['__key__']}: image bytes differ from the processed image")
+        w, h = want["width"], want["height"]
+        if "size" in s:
+            decoded += 1
+            if s["mode"] != "RGB" or tuple(s["size"]) != (w, h):
+                problems.append(f"{name}/{s['__key__']}: decodes as {s['mode']} {s['size']}, planned RGB {(w, h)}")
         if (max_side and max(w, h) > max_side) or w * h > max_pixels:
             problems.append(f"{name}/{s['__key__']}: image {w}x{h} over the limits")
-        if not isinstance(s["text"], str) or not s["text"].strip():
+        if not s["text"] or not s["text"].strip():
             problems.append(f"{name}/{s['__key__']}: empty caption")
-    return {"shard": name, "loader": loader, "groups": groups, "passed": len(samples), "problems": problems}
+    return {"shard": name, "loader": loader, "groups": len(rows), "passed": len(samples), "decoded": decoded, "problems": problems}
+
+
+def _cache_key(tar: str, info_path: str, plan_path: str, limits: list) -> str:
+    """What a shard's report depends on: the shard's bytes (sha256 from write_shard, and the size on disk now,
+    so a tar cut short since is read again), its plan, the limits."""
+    h = hashlib.sha256()
+    info = json.loads(Path(info_path).read_text())
+    h.update(json.dumps([info["sha256"], info["filesize"], Path(tar).stat().st_size]).encode())
+    h.update(Path(plan_path).read_bytes())
+    h.update(json.dumps([*limits, _CACHE_VERSION]).encode())
+    return h.hexdigest()
+
+
+_CACHE_VERSION = 2  # bump when validate_shard checks something new: older reports are then not reused
+
+
+def validate_batch(
+    shards: list[tuple[str, str, str]],
+    max_side: int | None,
+    max_pixels: int,
+    cache_dir: str | None = None,
+    threads: int = 1,
+    decode_per_shard: int | None = None,
+) -> dict:
+    """Reports for (tar, plan, info) triples, validated in a thread pool (PIL decodes without the GIL).
+
+    With `cache_dir`, a report whose shard bytes, plan and limits are unchanged is reused (marked
+    `"reused": true`) instead of reading the shard again; fresh reports are stored there.
+    """
+    cache = Path(cache_dir) if cache_dir else None
+
+    def one(triple: tuple[str, str, str]) -> dict:
+        tar, plan, info = triple
+        key = _cache_key(tar, info, plan, [max_side, max_pixels, decode_per_shard]) if cache else None
+        hit = cache / f"{key}.json" if cache else None
+        if hit is not None and hit.exists():
+            report = json.loads(hit.read_text())
+            if report.get("shard") == Path(tar).name:
+                return {**report, "reused": True}
+        report = validate_shard(tar, plan, max_side, max_pixels, decode_per_shard)
+        if hit is not None and not report["problems"]:  # only a pass is remembered: a failure is re-checked
+            hit.parent.mkdir(parents=True, exist_ok=True)
+            write_json(str(hit), report)
+        return {**report, "reused": False}
+
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        reports = list(pool.map(one, shards))
+    return {"shards": reports}
 
 
 def check_dataset(reports: list[str], sizes_path: str, manifest_path: str, min_shards: int) -> dict:
-    """Combine the per-shard reports with dataset-wide checks; raise ValidationFailed with a readable report."""
-    shard_reports = [json.loads(Path(p).read_text()) for p in reports]
+    """Combine the batch reports with dataset-wide checks; raise ValidationFailed with a readable report."""
+    shard_reports = [r for p in reports for r in json.loads(Path(p).read_text())["shards"]]
     sizes = json.loads(Path(sizes_path).read_text())
     problems = [p for r in shard_reports for p in r["problems"]]
     for r in shard_reports:

@@ -67,3 +67,17 @@ def test_quality_check_reports_missing_samples(imageset):
     images, rows = imageset
     report = check_quality(images, rows, BASE, {}, ours=False)
     assert not report["ok"] and report["missing"] == report["failure_count"] > 0
+
+
+def test_a_large_set_repeats_the_generated_images_under_new_names(tmp_path, monkeypatch):
+    import bench.e2e_bench as e2e
+
+    monkeypatch.setattr(e2e, "BENCH", tmp_path)
+    monkeypatch.setattr(e2e, "UNIQUE", 6)
+    data = e2e.prepare(14, large_share=0.0, seed=1)
+    rows = json.loads((data / "imageset.json").read_text())
+    base = json.loads((tmp_path / "data" / "e2e-camera-6-0-1" / "imageset.json").read_text())
+    assert [r["name"] for r in rows] == [f"{i:06d}.{base[i % 6]['name'].rsplit('.', 1)[1]}" for i in range(14)]
+    assert [r["kind"] for r in rows] == [base[i % 6]["kind"] for i in range(14)]
+    for i, r in enumerate(rows):  # every URL is its own file with the pool image's bytes
+        assert (data / "images" / r["name"]).read_bytes() == (data.parent / "e2e-camera-6-0-1" / "images" / base[i % 6]["name"]).read_bytes()

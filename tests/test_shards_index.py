@@ -257,3 +257,25 @@ def test_exclusions_go_to_the_ledger_with_their_reason_and_shards_stay_uniform(t
     dropped = pd.read_parquet(tmp_path / "plan" / "dropped.parquet")
     assert list(dropped["key"]) == ["k1", "k4"] and set(dropped["reason"]) == {"low_similarity"}
     assert set(dropped["stage"]) == {"embed"} and list(dropped["source_id"]) == ["id1", "id4"]
+
+
+def test_process_follows_record_order_whatever_order_the_raw_tar_holds(tmp_path):
+    """Downloads write bodies as they arrive; the processed part (and so every shard) is in record order,
+    and a record whose bytes are missing from the raw tar ends in the ledger, not nowhere."""
+    raw, rows = tmp_path / "raw.tar", []
+    with atomic_open(raw) as f, ShardWriter(f) as w:
+        for rid in (3, 0, 2):  # arrival order; rid 1 is "ok" in the status but its bytes are missing
+            w.write(f"r{rid:07d}", {"img": jpeg_bytes((40 + rid, 40)), "meta": json.dumps({"txt": f"c{rid}"}).encode()})
+    for rid in range(4):
+        rows.append({"rid": rid, "source": "web", "source_id": f"id{rid}", "url": f"u{rid}", "key": f"web-{rid}", "status": "ok", "reason": "", "detail": ""})
+    pd.DataFrame(rows).to_parquet(tmp_path / "status.parquet")
+    out = {k: str(tmp_path / f"p.{k}") for k in ("tar", "samples.parquet", "rejected.parquet")}
+    kept, rejected = process_part(
+        str(raw), str(tmp_path / "status.parquet"), out["tar"], out["samples.parquet"], out["rejected.parquet"],
+        ResizeSettings(min_side=8), CaptionSettings(),
+    )  # fmt: skip
+    assert (kept, rejected) == (3, 1)
+    assert [n for n, _ in tar_members(out["tar"])][::3] == ["web-0.jpg", "web-2.jpg", "web-3.jpg"]
+    assert list(pd.read_parquet(out["samples.parquet"])["key"]) == ["web-0", "web-2", "web-3"]
+    [miss] = pd.read_parquet(out["rejected.parquet"]).to_dict("records")
+    assert (miss["key"], miss["stage"], miss["reason"]) == ("web-1", "process", "missing_raw")

@@ -1,0 +1,190 @@
+"""Shard validation with OpenCLIP's own loader code: what passes, what is caught, and when a report is reused."""
+
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from shardsmith.demo import jpeg, photo
+from shardsmith.tario import ShardWriter
+from shardsmith.validate import ValidationFailed, check_dataset, spread, validate_batch, validate_shard, write_json
+
+RNG = np.random.default_rng(3)
+IMAGE = jpeg(photo(RNG, 96, 64))
+
+
+def make_shard(
+    folder: Path, name: str, samples: list[tuple[str, dict[str, bytes]]], planned: dict[str, bytes] | None = None
+) -> tuple[str, str, str]:
+    """(tar, plan, info) as write_shard and plan_shards leave them; `planned`: the image process_part made
+    for a key, when the shard holds other bytes."""
+    tar = folder / f"{name}.tar"
+    if all("." not in key for key, _ in samples):
+        with open(tar, "wb") as f, ShardWriter(f) as w:
+            for key, members in samples:
+                w.write(key, members)
+    else:  # ShardWriter refuses such keys: written as another tool would
+        with tarfile.open(tar, "w") as t:
+            for key, members in samples:
+                for ext, data in members.items():
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    t.addfile(info, io.BytesIO(data))
+    plan = folder / f"{name}.samples.parquet"
+    planned = planned or {}
+    rows = [
+        {"key": k, "sha256": hashlib.sha256(planned.get(k, m.get("jpg", b""))).hexdigest(), "width": 96, "height": 64}
+        for k, m in samples
+    ]
+    pd.DataFrame(rows, columns=["key", "sha256", "width", "height"]).to_parquet(plan, index=False)
+    data = tar.read_bytes()
+    info = folder / f"{name}.json"
+    info.write_text(json.dumps({"shard": tar.name, "sha256": hashlib.sha256(data).hexdigest(), "filesize": len(data)}))
+    return str(tar), str(plan), str(info)
+
+
+def good(n: int, prefix: str = "s") -> list[tuple[str, dict[str, bytes]]]:
+    return [(f"{prefix}{i:04d}", {"jpg": IMAGE, "txt": f"caption {i}".encode(), "json": b"{}"}) for i in range(n)]
+
+
+def test_a_good_shard_passes_with_openclips_loader(tmp_path):
+    tar, plan, _ = make_shard(tmp_path, "ds-000000", good(5))
+    report = validate_shard(tar, plan, max_side=512, max_pixels=25_000_000)
+    assert report == {"shard": "ds-000000.tar", "loader": "open_clip_train.data", "groups": 5, "passed": 5, "decoded": 5, "problems": []}
+
+
+def test_every_image_is_checked_against_the_processed_bytes_and_a_spread_is_decoded(tmp_path):
+    samples = good(10)
+    other = jpeg(photo(RNG, 96, 64))  # decodes fine, but is not the image process_part made for s0003
+    samples[3] = ("s0003", {**samples[3][1], "jpg": other})
+    tar, plan, _ = make_shard(tmp_path, "ds-000000", samples, planned={"s0003": IMAGE})
+    report = validate_shard(tar, plan, max_side=512, max_pixels=25_000_000, decode_per_shard=4)
+    assert report["decoded"] == 4 and report["passed"] == 10
+    assert report["problems"] == ["ds-000000.tar/s0003: image bytes differ from the processed image"]
+
+
+def test_an_image_that_does_not_decode_is_caught_by_the_spot_check(tmp_path):
+    broken = IMAGE[: len(IMAGE) // 2]
+    samples = good(3)
+    samples[0] = ("s0000", {**samples[0][1], "jpg": broken})
+    tar, plan, _ = make_shard(tmp_path, "ds-000000", samples)
+    report = validate_shard(tar, plan, max_side=512, max_pixels=25_000_000, decode_per_shard=2)  # decodes 0 and 2
+    assert report["passed"] == 2
+    assert any(p.startswith("ds-000000.tar/s0000: does not decode: ") for p in report["problems"])
+    assert any("1 of 3 samples dropped by OpenCLIP's filter/decoder" in p for p in report["problems"])
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "want"),
+    [(10, None, None), (10, 10, None), (10, 4, {0, 3, 6, 9}), (10, 1, {0}), (10, 0, set()), (0, 3, None), (1, 2, None)],
+)
+def test_spread_picks_evenly_with_both_ends(n, k, want):
+    assert spread(n, k) == want
+
+
+def test_samples_openclip_would_drop_are_problems(tmp_path):
+    samples = good(3)
+    samples[1] = ("s0001", {"jpg": IMAGE, "json": b'{"description": "caption only in json"}'})  # no txt member
+    tar, plan, _ = make_shard(tmp_path, "ds-000000", samples)
+    report = validate_shard(tar, plan, max_side=512, max_pixels=25_000_000)
+    assert report["passed"] == 2
+    assert any("1 of 3 samples dropped by OpenCLIP's filter" in p for p in report["problems"])
+
+
+def test_a_dotted_key_that_splits_a_sample_is_caught(tmp_path):
+    # "a.b.jpg" and "a.b.txt" are read as key "a" with members "b.jpg", "b.txt": the sample is lost
+    tar, plan, _ = make_shard(tmp_path, "ds-000000", [("a.b", {"jpg": IMAGE, "txt": b"cap"}), *good(2)])
+    report = validate_shard(tar, plan, max_side=512, max_pixels=25_000_000)
+    assert any("member name 'a.b.jpg'" in p for p in report["problems"])
+    assert any("dropped by OpenCLIP's filter" in p for p in report["problems"])
+
+
+def test_an_oversize_image_is_a_problem(tmp_path):
+    tar, plan, _ = make_shard(tmp_path, "ds-000000", good(2))  # planned (and decoded) 96x64
+    report = validate_shard(tar, plan, max_side=64, max_pixels=25_000_000)
+    assert [p for p in report["problems"] if "over the limits" in p] == [
+        "ds-000000.tar/s0000: image 96x64 over the limits",
+        "ds-000000.tar/s0001: image 96x64 over the limits",
+    ]
+
+
+def test_a_batch_reuses_reports_only_for_unchanged_shards(tmp_path):
+    cache = tmp_path / "cache"
+    a = make_shard(tmp_path, "ds-000000", good(4, "a"))
+    b = make_shard(tmp_path, "ds-000001", good(3, "b"))
+    first = validate_batch([a, b], 512, 25_000_000, str(cache), threads=2)
+    assert [(r["shard"], r["passed"], r["reused"]) for r in first["shards"]] == [
+        ("ds-000000.tar", 4, False),
+        ("ds-000001.tar", 3, False),
+    ]
+    b = make_shard(tmp_path, "ds-000001", good(2, "b"))  # rewritten with other samples
+    second = validate_batch([a, b], 512, 25_000_000, str(cache), threads=2)
+    assert [(r["shard"], r["passed"], r["reused"]) for r in second["shards"]] == [
+        ("ds-000000.tar", 4, True),
+        ("ds-000001.tar", 2, False),
+    ]
+    # other limits are another validation: nothing is reused
+    third = validate_batch([a, b], 64, 25_000_000, str(cache), threads=1)
+    assert not any(r["reused"] for r in third["shards"]) and all(r["problems"] for r in third["shards"])
+
+
+def test_a_tar_cut_short_after_its_report_is_read_again(tmp_path):
+    cache = tmp_path / "cache"
+    shard = make_shard(tmp_path, "ds-000000", good(4))
+    validate_batch([shard], 512, 25_000_000, str(cache))
+    data = Path(shard[0]).read_bytes()
+    Path(shard[0]).write_bytes(data[: len(data) // 2])
+    report = validate_batch([shard], 512, 25_000_000, str(cache))["shards"][0]
+    assert not report["reused"]
+    assert report["problems"] == [f"ds-000000.tar: not a readable tar (unexpected end of data); run write_shard for it again"]
+
+
+def test_a_failing_shard_is_never_remembered(tmp_path):
+    cache = tmp_path / "cache"
+    samples = good(2)
+    samples[0] = ("s0000", {"jpg": IMAGE})
+    shard = make_shard(tmp_path, "ds-000000", samples)
+    for _ in range(2):
+        report = validate_batch([shard], 512, 25_000_000, str(cache))["shards"][0]
+        assert report["problems"] and not report["reused"]
+    assert not list(cache.glob("*.json"))
+
+
+def dataset_files(tmp_path, shard_sizes: dict[str, int], batches: list[list[dict]]) -> tuple[list[str], str, str]:
+    reports = []
+    for i, batch in enumerate(batches):
+        path = tmp_path / f"batch-{i}.json"
+        write_json(str(path), {"shards": batch})
+        reports.append(str(path))
+    sizes = tmp_path / "sizes.json"
+    sizes.write_text(json.dumps(shard_sizes))
+    manifest = tmp_path / "manifest.parquet"
+    pd.DataFrame({"key": [f"k{i}" for i in range(sum(shard_sizes.values()))]}).to_parquet(manifest)
+    return reports, str(sizes), str(manifest)
+
+
+def report(shard: str, passed: int) -> dict:
+    return {"shard": shard, "loader": "open_clip_train.data", "groups": passed, "passed": passed, "problems": []}
+
+
+def test_the_dataset_check_combines_batches(tmp_path):
+    files = dataset_files(tmp_path, {"a.tar": 3, "b.tar": 2, "c.tar": 1}, [[report("a.tar", 3), report("b.tar", 2)], [report("c.tar", 1)]])
+    summary = check_dataset(*files, min_shards=3)
+    assert (summary["ok"], summary["shards"], summary["samples"]) == (True, 3, 6)
+
+
+def test_sizes_json_must_match_what_the_loader_read(tmp_path):
+    files = dataset_files(tmp_path, {"a.tar": 3, "b.tar": 2}, [[report("a.tar", 3), report("b.tar", 1)]])
+    with pytest.raises(ValidationFailed, match="b.tar: sizes.json says 2, the loader read 1"):
+        check_dataset(*files, min_shards=1)
+
+
+def test_too_few_shards_for_openclip_fails(tmp_path):
+    files = dataset_files(tmp_path, {"a.tar": 3}, [[report("a.tar", 3)]])
+    with pytest.raises(ValidationFailed, match="fewer than validate.min_shards=2"):
+        check_dataset(*files, min_shards=2)
