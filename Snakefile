@@ -16,7 +16,6 @@ include: "rules/shards.smk"
 include: "rules/embed.smk"
 include: "rules/validate.smk"
 include: "rules/publish.smk"
-include: "rules/refresh.smk"
 include: "rules/report.smk"
 
 

@@ -1,11 +1,14 @@
 """End-to-end benchmark: img2dataset against this workflow, same images, same cores, same output size.
 
-    python bench/e2e_bench.py [--count 300] [--large-share 0.6] [--rounds 2] [--img2dataset PATH]
+    python bench/e2e_bench.py [--count 2000] [--large-share 0.6] [--large-formats camera|web] [--rounds 2]
+                              [--parts 2] [--samples-per-shard N] [--our-samples-per-shard N] [--img2dataset PATH]
 
-Generates an image set (bench/imageset.py) and a parquet manifest (url, caption), serves the images from a
-ThreadingHTTPServer on 127.0.0.1 in a separate process (the same server for every run), then alternates
-(a) img2dataset (its own venv, see bench/setup_img2dataset.sh) and (b) this workflow from manifest to
-published, validated, indexed shards (embedding off), `--rounds` times each. Reports records/s (records in /
+Generates an image set (bench/imageset.py; sets over 300 images repeat the first 300 under new names) and a
+parquet manifest (url, caption), serves the images from a ThreadingHTTPServer on 127.0.0.1 in a separate
+process (the same server for every run), then alternates (a) img2dataset (its own venv, see
+bench/setup_img2dataset.sh; 2 processes x 32 threads, count/8 samples per shard so both processes stay busy)
+and (b) this workflow from manifest to published, validated, indexed shards (embedding off; `--parts` parts,
+one per core by default; the same shard size unless `--our-samples-per-shard`), `--rounds` times each. Reports records/s (records in /
 wall s), the ratio b/a (best and median round), CPU s per record (rusage of the whole process tree), peak
 RSS per process (psutil samples), the workflow overhead (wall time with no job running, plus job start-up),
 and checks output quality on a sample: EXIF orientation, colour, no upscaling, and for this workflow the
@@ -230,9 +233,8 @@ def run_img2dataset(exe: Path, manifest: Path, out: Path, count: int, per_shard:
     return run
 
 
-def workflow_config(root: Path, manifest: Path, count: int, per_shard: int) -> dict:
+def workflow_config(root: Path, manifest: Path, count: int, per_shard: int, parts: int = 2) -> dict:
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    parts = 4
     config.update(
         {
             "dataset": "bench",
@@ -252,10 +254,10 @@ def workflow_config(root: Path, manifest: Path, count: int, per_shard: int) -> d
     return config
 
 
-def run_workflow(manifest: Path, root: Path, count: int, per_shard: int) -> dict:
+def run_workflow(manifest: Path, root: Path, count: int, per_shard: int, parts: int = 2) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     cfg = root / "config.yaml"
-    cfg.write_text(yaml.safe_dump(workflow_config(root, manifest, count, per_shard), sort_keys=False))
+    cfg.write_text(yaml.safe_dump(workflow_config(root, manifest, count, per_shard, parts), sort_keys=False))
     cmd = [
         str(VENV_BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile", str(cfg),
         "--workflow-profile", "none", "--cores", "2",
@@ -490,11 +492,14 @@ def main() -> None:
     ap.add_argument("--img2dataset", help="img2dataset executable (default: $IMG2DATASET, $IMG2DATASET_VENV/bin or bench/.venv-img2dataset)")
     ap.add_argument("--out", type=Path, help="results file (default bench/results/e2e-<mix>.json)")
     ap.add_argument("--samples-per-shard", type=int, help="both tools (default count/8: img2dataset keeps both processes busy)")
+    ap.add_argument("--parts", type=int, default=2, help="this workflow's parts (part_size = count / parts): one per core")
+    ap.add_argument("--our-samples-per-shard", type=int, help="this workflow's shard size (default: the same as img2dataset's)")
     ap.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
     ap.add_argument("--only-ours", action="store_true", help="profiling aid: run only this workflow, keep its folder, write no results")
     a = ap.parse_args()
 
     per_shard = a.samples_per_shard or max(1, a.count // 8)
+    our_per_shard = a.our_samples_per_shard or per_shard
     stall = slurm_probe_s()
     exe = None if a.only_ours else img2dataset_bin(a.img2dataset)
     data = prepare(a.count, a.large_share, a.seed, a.large_formats)
@@ -520,7 +525,7 @@ def main() -> None:
                 if tool == "img2dataset":
                     run = run_img2dataset(exe, manifest, folder / "out", a.count, per_shard)
                 else:
-                    run = run_workflow(manifest, folder, a.count, per_shard)
+                    run = run_workflow(manifest, folder, a.count, our_per_shard, a.parts)
                 server_cpu[tool] += sum(srv.cpu_times()[:2]) - c0
                 run["folder"] = str(folder)
                 run["http_aborted_requests"] = server_errors.value - e0
@@ -574,8 +579,8 @@ def main() -> None:
         "mix": {"count": a.count, "large_share": a.large_share, "large_formats": a.large_formats, "unique_images": min(a.count, UNIQUE), "seed": a.seed, "kinds": {k: sum(r["kind"] == k for r in rows) for k in sorted({r["kind"] for r in rows})},
                 "large_images": sum(max(r["width"], r["height"]) >= 2000 for r in rows), "mb": round(sum(r["bytes"] for r in rows) / 1e6, 1)},
         "rounds": a.rounds,
-        "samples_per_shard": per_shard,
-        "parts": 4,
+        "samples_per_shard": {"img2dataset": per_shard, "shardsmith": our_per_shard},
+        "parts": a.parts,
         "img2dataset": s_a,
         "shardsmith": s_b,
         "ratio_b_over_a": {"best": ratio_best, "median": ratio_median, "median_without_slurm_probe_stall": ratio_no_stall},

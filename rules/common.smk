@@ -101,9 +101,14 @@ def get_exclusions(wildcards):
     tables = []
     if config["embed"]["enabled"] and config["embed"]["min_similarity"] is not None:
         tables.append(rules.exclude_low_similarity.output[0])
-    if config["publish"]["dest"] and config["publish"]["dedupe"]:  # new records already published
-        tables.append(rules.dedupe_published.output[0])
     return tables
+
+
+def get_dedupe_settings():
+    """Where plan_shards looks for records already published (scheduled refreshes), or None when it does not."""
+    if not (config["publish"]["dest"] and config["publish"]["dedupe"]):
+        return None
+    return {"dest": config["publish"]["dest"], "dataset": DATASET, "s3": config["s3"]}
 
 
 def get_embed_settings():

@@ -10,7 +10,9 @@ rule process_part:
         f"{LOGS}/process_part/{{part}}.log",
     conda:
         "../envs/shards.yaml"
-    threads: 2
+    # one core a job when run locally: parts then run side by side, each with a GIL of its own (one job with
+    # 2 threads kept 84% of 2 cores busy); the job's pool has threads + 1. Cluster profiles set more.
+    threads: 1
     resources:
         mem_mb=lambda wc, attempt: 1500 * attempt,
     params:

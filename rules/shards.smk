@@ -10,6 +10,9 @@ checkpoint plan_shards:
         "../envs/shards.yaml"
     params:
         layout=get_shard_layout(),
+        # scheduled refreshes: new records whose image is already published are left out (stage dedupe);
+        # done here rather than in a job of its own, which cost a job start-up on every run's critical path
+        dedupe=get_dedupe_settings(),
     script:
         "../scripts/plan_shards.py"
 
