@@ -59,6 +59,7 @@ class FetchSettings:
     backoff_max_s: float = 60.0
     retry_after_max_s: float = 120.0  # cap on a server's Retry-After
     max_bytes: int = 50_000_000
+    max_buffered_mb: int = 256  # bodies held in memory at once across a job's requests (see _ByteBudget)
     max_redirects: int = 5
     user_agent: str = DEFAULT_USER_AGENT
     respect_optout: bool = True
@@ -94,6 +95,7 @@ class Outcome:
     http_status: int = 0
     attempts: int = 0
     nbytes: int = 0
+    held: int = 0  # bytes of the memory budget this body holds until the caller has written it out
 
     @property
     def ok(self) -> bool:
@@ -284,6 +286,34 @@ def open_source(url: str) -> IO[bytes]:
 # --- single attempts ------------------------------------------------------------------------------
 
 
+class _ByteBudget:
+    """Bytes of bodies held in memory at once by one job: a fetch thread waits for room before it reads a
+    body (its Content-Length, or UNKNOWN_SIZE), and the room is given back once the body is written out.
+    Without it, 32 requests for 20-50 MB originals could hold over a GiB. A body larger than the whole
+    budget waits for all of it, so it is read alone rather than never."""
+
+    UNKNOWN_SIZE = 4 << 20
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used, self.peak = max(1, limit), 0, 0
+        self._cv = threading.Condition()
+
+    def take(self, n: int | None, timeout: float) -> int:
+        n = min(self.limit, self.UNKNOWN_SIZE if n is None else max(0, n))
+        with self._cv:
+            if not self._cv.wait_for(lambda: self.used + n <= self.limit, timeout=max(0.0, timeout)):
+                raise AttemptError("deadline", "waited for memory to read the body until the part deadline")
+            self.used += n
+            self.peak = max(self.peak, self.used)
+        return n
+
+    def give(self, n: int) -> None:
+        if n:
+            with self._cv:
+                self.used -= n
+                self._cv.notify_all()
+
+
 class Fetcher:
     """Fetches URLs under one FetchSettings, S3 settings and part deadline (a time.monotonic() value)."""
 
@@ -296,6 +326,8 @@ class Fetcher:
     ) -> None:
         self.s = settings
         self.s3 = s3 or S3Settings()
+        self.budget = _ByteBudget(settings.max_buffered_mb << 20)
+        self._tls = threading.local()  # the budget a thread's current body holds (see attempt)
         if deadline is None and settings.part_deadline_s is not None:
             deadline = time.monotonic() + settings.part_deadline_s
         self.deadline = deadline if deadline is not None else float("inf")
@@ -320,8 +352,28 @@ class Fetcher:
             return self._proxy_pools[proxy]
         return self._direct
 
-    def attempt(self, url: str, expected_hash: str | None = None, hash_type: str = "md5") -> tuple[bytes, int]:
-        """One attempt at one URL: (bytes, HTTP status). Raises AttemptError."""
+    def attempt(self, url: str, expected_hash: str | None = None, hash_type: str = "md5", hold: bool = False) -> tuple[bytes, int]:
+        """One attempt at one URL: (bytes, HTTP status). Raises AttemptError.
+
+        With `hold`, the memory budget the body took stays taken (`self.held()` says how much) until the
+        caller gives it back with `self.budget.give`; fetch_all does that once the body is written out.
+        """
+        self._tls.held = 0
+        try:
+            data, status = self._attempt(url, expected_hash, hash_type)
+        except BaseException:
+            self.budget.give(self.held())
+            raise
+        if not hold:
+            self.budget.give(self.held())
+        return data, status
+
+    def held(self) -> int:
+        """Budget bytes the calling thread's last body holds; taking them leaves 0 behind."""
+        n, self._tls.held = getattr(self._tls, "held", 0), 0
+        return n
+
+    def _attempt(self, url: str, expected_hash: str | None, hash_type: str) -> tuple[bytes, int]:
         if not url:
             raise AttemptError("no_url", "the record has no URL")
         if self.left() <= 0:
@@ -405,7 +457,7 @@ class Fetcher:
                     raise AttemptError("opted_out", f"X-Robots-Tag: {said}", status)
             return resp, url
 
-    def _http(self, url: str) -> tuple[bytes, int, str]:
+    def _http(self, url: str) -> tuple[bytearray, int, str]:
         started = time.monotonic()
         resp, _ = self.open_http(url)
         status = resp.status
@@ -417,6 +469,7 @@ class Fetcher:
                     "too_large", f"Content-Length {declared} is over max_bytes={self.s.max_bytes}", status
                 )
             stop_at = min(started + self.s.request_timeout_s, self.deadline)
+            self._tls.held = self.budget.take(declared, stop_at - time.monotonic())
             buf = bytearray()
             while True:
                 now = time.monotonic()
@@ -443,16 +496,18 @@ class Fetcher:
             if declared is not None and len(buf) < declared and "Content-Encoding" not in resp.headers:
                 raise AttemptError("truncated_download", f"got {len(buf)} of {declared} bytes", status, nbytes=len(buf))
             clean = True
-            return bytes(buf), status, resp.headers.get("Content-Type", "")
+            # the bytearray itself, not bytes(buf): a copy doubled the memory of 32 multi-MB bodies in flight
+            return buf, status, resp.headers.get("Content-Type", "")
         finally:
             if clean and _reusable(resp):
                 resp.release_conn()
             else:
                 _discard(resp)
 
-    def _s3(self, url: str) -> bytes:
+    def _s3(self, url: str) -> bytearray:
         try:
             with open_stream(url, self.s3, timeout=max(0.1, min(self.s.request_timeout_s, self.left()))) as f:
+                self._tls.held = self.budget.take(None, min(self.s.request_timeout_s, self.left()))
                 buf = bytearray()
                 while chunk := f.read1(1 << 16):
                     buf += chunk
@@ -465,7 +520,7 @@ class Fetcher:
         except S3Error as e:
             reason = "deadline" if e.reason == "timeout" and self.left() <= 0 else e.reason
             raise AttemptError(reason, e.detail) from None
-        return bytes(buf)
+        return buf  # not copied into bytes, as in _http
 
     # --- many URLs --------------------------------------------------------------------------------
 
@@ -485,8 +540,8 @@ class Fetcher:
         while (job := work.get()) is not None:
             jid, url, expected = job
             try:
-                data, status = self.attempt(url, expected, hash_type)
-                done.put((jid, Outcome(data=data, http_status=status, nbytes=len(data))))
+                data, status = self.attempt(url, expected, hash_type, hold=True)
+                done.put((jid, Outcome(data=data, http_status=status, nbytes=len(data), held=self.held())))
             except AttemptError as e:
                 done.put((jid, e))
             except Exception as e:  # a bug must not lose the record: report it on its status row
@@ -592,7 +647,10 @@ class _Dispatch:
         self.done += 1
         self.ok += outcome.ok
         self.nbytes += outcome.nbytes if outcome.ok else 0
-        self.on_result(jid, outcome)
+        try:
+            self.on_result(jid, outcome)
+        finally:
+            self.f.budget.give(outcome.held)  # written out (or dropped): its memory is free again
         now = time.monotonic()
         if self.done % max(1, self.s.progress_every) == 0 or now - self.last_log >= 60 or self.done == len(self.jobs):
             self._progress(now)

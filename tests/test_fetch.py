@@ -127,6 +127,27 @@ def test_per_host_concurrency_is_never_exceeded_but_is_used(http_server):
     assert http_server.max_in_flight == 3
 
 
+def test_bodies_held_in_memory_stay_within_the_budget_and_every_body_arrives(http_server):
+    mib = 1 << 20
+    big = jpeg_bytes() + b"\0" * (mib - 600)  # ~1 MiB each, sniffed as JPEG
+    huge = jpeg_bytes() + b"\0" * (3 * mib)  # larger than the whole budget: read alone, not never
+    urls = {f"b{i}": http_server.route(f"/b{i}.jpg", Reply(body=big)) for i in range(16)}
+    urls["huge"] = http_server.route("/huge.jpg", Reply(body=huge))
+    names, got, used = list(urls), {}, []
+    fetcher = Fetcher(FetchSettings(**{**FAST, "max_bytes": 8 * mib, "max_buffered_mb": 2}), log=lambda msg: None)
+
+    def written(i: int, o: Outcome) -> None:  # the writer is slow: bodies pile up unless the budget holds them back
+        used.append(fetcher.budget.used)
+        time.sleep(0.02)
+        got[names[i]] = o
+
+    fetcher.fetch_all([(i, urls[n], None) for i, n in enumerate(names)], written)
+    assert {n: o.reason or "ok" for n, o in got.items()} == dict.fromkeys(names, "ok")
+    assert len(got["huge"].data) == len(huge)
+    assert fetcher.budget.peak <= 2 * mib and max(used) > mib  # it was used, and never overdrawn
+    assert fetcher.budget.used == 0  # every body's room was given back
+
+
 def test_per_host_rate_spaces_request_starts(http_server):
     img = jpeg_bytes()
     urls = {f"i{i}": http_server.route(f"/r{i}.jpg", Reply(body=img)) for i in range(5)}
