@@ -5,11 +5,10 @@ import sys
 sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
 
 from shardsmith.download import download_part
-from shardsmith.logs import return_large_buffers, run_job
+from shardsmith.logs import run_job
 
 
 def main() -> None:
-    return_large_buffers()  # 32 threads reading multi-MB bodies: see shardsmith.logs
     status = download_part(
         snakemake.input.records,
         out_tar=snakemake.output.tar,

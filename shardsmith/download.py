@@ -39,6 +39,7 @@ from shardsmith.fetch import (
     local_path,
     open_source,
     open_stream_url,
+    return_large_buffers,
 )
 from shardsmith.keys import make_key
 from shardsmith.s3 import S3Error, S3Settings
@@ -415,6 +416,7 @@ def download_part(
     """
     settings = FetchSettings.from_config(settings)
     s3 = s3 if isinstance(s3, S3Settings) else S3Settings(**(s3 or {}))
+    return_large_buffers()  # up to `concurrency` multi-MB bodies in flight
     records = pd.read_parquet(records_path)
     label = Path(out_tar).name.removesuffix(".tar")
     fetcher = Fetcher(settings, s3, log=log)

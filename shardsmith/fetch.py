@@ -286,6 +286,22 @@ def open_source(url: str) -> IO[bytes]:
 # --- single attempts ------------------------------------------------------------------------------
 
 
+def return_large_buffers(threshold: int = 1 << 20) -> None:
+    """Serve allocations of `threshold` bytes and more with mmap, so freeing them returns memory to the OS.
+
+    glibc raises its mmap threshold after the first large free (up to 32 MiB) and then keeps later
+    bodies in per-thread heaps it seldom trims: a download job with 32 threads held 743 MiB for 256 MiB of
+    bodies. A fixed threshold brought it to 418 MiB. Process-wide, so only download jobs call it: in
+    process_part it made small images 16% dearer (every decode buffer a fresh mapping). No-op without glibc.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-3, threshold)  # -3: M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 class _ByteBudget:
     """Bytes of bodies held in memory at once by one job: a fetch thread waits for room before it reads a
     body (its Content-Length, or UNKNOWN_SIZE), and the room is given back once the body is written out.

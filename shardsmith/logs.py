@@ -18,22 +18,6 @@ def to_rule_log(path: str) -> None:
     logging.basicConfig(stream=stream, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
 
 
-def return_large_buffers(threshold: int = 1 << 20) -> None:
-    """Serve allocations of `threshold` bytes and more with mmap, so freeing them returns memory to the OS.
-
-    glibc raises its mmap threshold after the first large free (up to 32 MiB) and keeps later bodies and
-    image buffers in per-thread heaps it seldom trims: a download job with 32 threads held 743 MiB for
-    256 MiB of bodies. A fixed threshold brought it to 418 MiB. Not for process_part: there it made small
-    images 16% dearer (every decode buffer a fresh mapping). No-op where glibc's mallopt is missing.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(-3, threshold)  # -3: M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
 def run_job(log_path: str, job: Callable[[], object], expected: tuple[type[BaseException], ...] = ()) -> None:
     """Run a job with its output in the rule log; errors the user can fix end as one line, not a traceback.
 

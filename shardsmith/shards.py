@@ -83,7 +83,8 @@ def write_shard(plan_path: str, part_tars: dict[str, str], out_tar: str, out_inf
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(atomic_open(out_tar))
         tar = stack.enter_context(ShardWriter(out))
-        sources = {part: stack.enter_context(open(path, "rb")) for part, path in part_tars.items() if part in set(plan["part"])}
+        needed = set(plan["part"])
+        sources = {part: stack.enter_context(open(path, "rb")) for part, path in part_tars.items() if part in needed}
         for row in plan.to_dict("records"):
             src = sources[row["part"]]
             members = {ext: read_at(src, row[f"{ext}_offset"], row[f"{ext}_size"]) for ext in ("jpg", "txt", "json")}

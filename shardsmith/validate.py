@@ -142,6 +142,9 @@ def validate_shard(shard: str, plan_path: str, max_side: int | None, max_pixels:
     return {"shard": name, "loader": loader, "groups": len(rows), "passed": len(samples), "decoded": decoded, "problems": problems}
 
 
+_CACHE_VERSION = 2  # bump when validate_shard checks something new: older reports are then not reused
+
+
 def _cache_key(tar: str, info_path: str, plan_path: str, limits: list) -> str:
     """What a shard's report depends on: the shard's bytes (sha256 from write_shard, and the size on disk now,
     so a tar cut short since is read again), its plan, the limits."""
@@ -152,8 +155,6 @@ def _cache_key(tar: str, info_path: str, plan_path: str, limits: list) -> str:
     h.update(json.dumps([*limits, _CACHE_VERSION]).encode())
     return h.hexdigest()
 
-
-_CACHE_VERSION = 2  # bump when validate_shard checks something new: older reports are then not reused
 
 
 def validate_batch(
