@@ -272,6 +272,7 @@ def run_workflow(manifest: Path, root: Path, count: int, per_shard: int, parts: 
 
     run["peak_rss_mib"] = _peaks(run, label)
     run["overhead"] = overhead(run)
+    run["phases"] = phases(run)
     run["in_job_work_s"] = in_job_work(root)
     return run
 
@@ -332,6 +333,17 @@ def overhead(run: dict, cores: int = 2) -> dict:
         "share": round((idle + startup * len(jobs) / cores) / wall, 3),
         "job_s_by_rule": {k: {"jobs": len(v), "sum_s": round(sum(v), 1), "max_s": round(max(v), 1)} for k, v in sorted(by_rule.items())},
     }
+
+
+def phases(run: dict) -> dict:
+    """Wall seconds before the first download (start-up, plan_parts), from it to the end of the last
+    process_part (the per-image fetch and resize work), and after that (planning, writing, validating,
+    indexing and publishing shards, the report: mostly per-run fixed cost at bench sizes)."""
+    jobs = [(p["start"], p["end"], _job_name(p["cmd"])) for p in run["procs"].values() if _job_name(p["cmd"])]
+    first = min((s for s, _, n in jobs if n == "download_part"), default=run["t0"])
+    last = max((e for _, e, n in jobs if n == "process_part"), default=first)
+    end = run["t0"] + run["wall_s"]
+    return {"head_s": round(first - run["t0"], 2), "fetch_and_resize_s": round(last - first, 2), "tail_s": round(end - last, 2)}
 
 
 def slurm_probe_s() -> float:
@@ -469,6 +481,21 @@ def ledger_adds_up(root: Path, count: int) -> dict:
 # ---------------------------------------------------------------- main
 
 
+def bounds(s_a: dict, s_b: dict) -> list[str]:
+    """What the measured figures say bounds the speed (the profile behind them: README, Performance)."""
+    walls = statistics.median(p["fetch_and_resize_s"] + p["head_s"] + p["tail_s"] for p in s_b["phases"])
+    fixed = statistics.median(p["head_s"] + p["tail_s"] for p in s_b["phases"])
+    cpu = s_a["cpu_s_per_image"] / s_b["cpu_s_per_image"]
+    return [
+        f"CPU per image: img2dataset uses {cpu:.2f}x shardsmith's ({s_a['cpu_s_per_image']} vs {s_b['cpu_s_per_image']} s), "
+        "so at equal use of the cores that is the ratio's ceiling (per-kind codec costs: README, Performance)",
+        f"per-run fixed cost: {fixed:.1f} s of {walls:.1f} s before the first download and after the last "
+        "resize (plan_parts, plan_shards, validate_shards with its 3-4 s torch import, validate_dataset, "
+        "write_card, publish_dataset; they do not grow with the dataset)",
+        "raw cache: download_part writes every original to disk (see in_job_work_s)",
+    ]
+
+
 def summarize(runs: list[dict], count: int) -> dict:
     walls = [r["wall_s"] for r in runs]
     best = min(runs, key=lambda r: r["wall_s"])
@@ -537,6 +564,12 @@ def main() -> None:
         if a.only_ours:
             last = runs["shardsmith"][-1]
             print(json.dumps(last["overhead"], indent=1), f"\nrun folder: {tmp}")
+            if a.out:  # e.g. peak memory at the default part and shard sizes, without img2dataset
+                summary = {k: last[k] for k in ("wall_s", "cpu_s", "peak_rss_mib", "overhead", "phases", "in_job_work_s")}
+                summary |= {"count": a.count, "large_share": a.large_share, "large_formats": a.large_formats, "parts": a.parts,
+                            "samples_per_shard": our_per_shard, "when": time.strftime("%Y-%m-%d %H:%M"),
+                            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}  # fmt: skip
+                a.out.write_text(json.dumps(summary, indent=1) + "\n")
             for start, end, name in sorted((p["start"], p["end"], _job_name(p["cmd"])) for p in last["procs"].values() if _job_name(p["cmd"])):
                 print(f"  {start - last['t0']:6.1f} {end - last['t0']:6.1f}  {name}")
             a.keep = True
@@ -558,6 +591,7 @@ def main() -> None:
     s_a, s_b = summarize(runs["img2dataset"], a.count), summarize(runs["shardsmith"], a.count)
     s_a["samples_out"], s_b["samples_out"] = len(i2d_samples), len(ours_samples)
     s_b["overhead"] = [r["overhead"] for r in runs["shardsmith"]]
+    s_b["phases"] = [r["phases"] for r in runs["shardsmith"]]
     s_b["in_job_work_s"] = [r["in_job_work_s"] for r in runs["shardsmith"]]
     for tool, s in (("img2dataset", s_a), ("shardsmith", s_b)):
         s["http_aborted_requests"] = [r["http_aborted_requests"] for r in runs[tool]]
@@ -586,9 +620,10 @@ def main() -> None:
         "ratio_b_over_a": {"best": ratio_best, "median": ratio_median, "median_without_slurm_probe_stall": ratio_no_stall},
         "quality": quality,
         "targets": {
-            "speed": {"target": f">= {target}x img2dataset", "measured": ratio_median, "without_slurm_probe_stall": ratio_no_stall, "met": ratio_median >= target and quality["shardsmith"]["ok"]},
+            "speed": {"target": f">= {target}x img2dataset", "measured": ratio_median, "without_slurm_probe_stall": ratio_no_stall, "met": ratio_median >= target and quality["shardsmith"]["ok"],
+                      "short_by": f"{max(0.0, 1 - ratio_median / target):.0%}", "bounded_by": bounds(s_a, s_b)},
             "peak_memory_per_job_mib": {"target": "< 1024", "measured": peak_job, "met": peak_job < 1024},
-            "workflow_overhead_share": {"target": "< 0.10", "measured": overhead_share, "without_slurm_probe_stall": statistics.median(o["share_without_stall"] for o in s_b["overhead"]), "met": overhead_share < 0.10},
+            "workflow_overhead_share": {"target": "< 0.10", "measured": overhead_share, "short_by": f"{max(0.0, overhead_share - 0.10):.0%} of the wall time", "without_slurm_probe_stall": statistics.median(o["share_without_stall"] for o in s_b["overhead"]), "met": overhead_share < 0.10},
             "quality": {"met": quality["shardsmith"]["ok"]},
         },
         "machine": {"cpus": os.cpu_count(), "load_avg_at_end": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version()},
