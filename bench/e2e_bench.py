@@ -137,9 +137,9 @@ def start_server(root: Path) -> tuple[mp.Process, int, object]:
 class TreeSampler(threading.Thread):
     """Samples RSS and lifetimes of every process under `pid` (psutil), for peak memory and job intervals."""
 
-    def __init__(self, pid: int, interval: float = 0.05) -> None:
+    def __init__(self, pid: int, spawned: float, interval: float = 0.05) -> None:
         super().__init__(daemon=True)
-        self.pid, self.interval = pid, interval
+        self.pid, self.spawned, self.interval = pid, spawned, interval
         self.procs: dict[int, dict] = {}
         self.stop = threading.Event()
 
@@ -148,6 +148,9 @@ class TreeSampler(threading.Thread):
 
         try:
             root = psutil.Process(self.pid)
+            # psutil's create_time counts from the boot time in whole seconds (/proc/stat btime): off by up to
+            # 1 s against time.time(). The root was spawned at a known time; that corrects every process.
+            skew = root.create_time() - self.spawned
         except psutil.Error:
             return
         while not self.stop.is_set():
@@ -158,12 +161,14 @@ class TreeSampler(threading.Thread):
                 break
             for p in tree:
                 try:
+                    if p.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped by Snakemake: not job time
+                        continue
                     rss = p.memory_info().rss
                     info = self.procs.get(p.pid)
                     if info is None:
                         cmd = " ".join(p.cmdline())[:300]
                         ppid = p.ppid()
-                        info = self.procs[p.pid] = {"cmd": cmd, "ppid": ppid, "start": p.create_time(), "end": now, "rss": 0}
+                        info = self.procs[p.pid] = {"cmd": cmd, "ppid": ppid, "start": p.create_time() - skew, "end": now, "rss": 0}
                     info["rss"] = max(info["rss"], rss)
                     info["end"] = now
                 except psutil.Error:
@@ -175,8 +180,9 @@ def measured(cmd: list[str], log: Path, cwd: Path | None = None, env: dict | Non
     """Run `cmd`; wall time, rusage of the whole tree (children are reaped by their parents), sampled RSS."""
     t0 = time.time()
     with open(log, "w") as out:
+        spawned = time.time()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
-        sampler = TreeSampler(proc.pid)
+        sampler = TreeSampler(proc.pid, spawned)
         sampler.start()
         _, status, ru = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)

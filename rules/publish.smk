@@ -10,6 +10,7 @@ rule record_build:
         f"{OUT}/build.json",
     log:
         f"{LOGS}/record_build.log",
+    priority: 1  # on the way to publish_dataset: ahead of the report jobs
     conda:
         "../envs/shards.yaml"
     params:
@@ -28,6 +29,7 @@ rule publish_dataset:
         f"{WORK}/published/{config['version']}.json",
     log:
         f"{LOGS}/publish_dataset.log",
+    priority: 1  # on the way to publish_dataset: ahead of the report jobs
     conda:
         "../envs/publish.yaml"
     params:

@@ -99,6 +99,7 @@ rule write_card:
         ),
     log:
         f"{LOGS}/write_card.log",
+    priority: 1  # on the way to publish_dataset: ahead of the report jobs
     conda:
         "../envs/validate.yaml"
     params:

@@ -44,6 +44,7 @@ rule index_shards:
         [f"{OUT}/{name}" for name in INDEX_FILES],
     log:
         f"{LOGS}/index_shards.log",
+    priority: 1  # on the way to publish_dataset: ahead of the report jobs
     conda:
         "../envs/shards.yaml"
     params:

@@ -1,4 +1,4 @@
-# One job per batch of validate.shards_per_job shards: the loader's import (torch) costs more than a small shard.
+# One job per batch of validate.shards_per_job shards: a job's start-up costs more than reading a small shard.
 rule validate_shards:
     input:
         unpack(get_validation_batch),
@@ -8,6 +8,7 @@ rule validate_shards:
         f"{WORK}/validate/{DATASET}-batch-{{batch}}.json",
     log:
         f"{LOGS}/validate_shards/{{batch}}.log",
+    priority: 1  # on the way to publish_dataset: ahead of the report jobs
     conda:
         "../envs/validate.yaml"
     threads: 2
@@ -34,6 +35,7 @@ rule validate_dataset:
         f"{OUT}/validation.json",
     log:
         f"{LOGS}/validate_dataset.log",
+    priority: 1  # on the way to publish_dataset: ahead of the report jobs
     conda:
         "../envs/validate.yaml"
     params:

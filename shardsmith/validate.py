@@ -4,20 +4,28 @@
 (`tarfile_to_samples_nothrow`, `filter_no_caption_or_no_image`, `decode("pilrgb")`, `rename(...)`), and
 every sample must survive it. A shard that silently loses samples there hangs training at epoch 0.
 
-Importing that pipeline costs 3-4 s (open_clip_train imports torch), more than reading a small shard, so
-one job validates a batch of shards (validate.shards_per_job) in a thread pool, and a shard whose bytes,
+Those functions need only webdataset, but importing open_clip_train.data imports torch (3-4 s, ~600 MB per
+job): they are compiled from the installed module's source instead, and webdataset is loaded without torch.
+One job validates a batch of shards (validate.shards_per_job) in a thread pool, and a shard whose bytes,
 plan and limits match an earlier report is not read again (scheduled refreshes leave most shards as they are).
 Every image's bytes are checked against the sha256 of the image process_part decoded and verified, so
 decoding them all a second time proves nothing new; validate.decode_per_shard of them are, as a spot check.
 """
 
+import ast
+import functools
 import hashlib
+import importlib
+import importlib.util
 import json
+import logging
 import re
+import sys
 import tarfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 
 import pandas as pd
 
@@ -30,19 +38,62 @@ class ValidationFailed(RuntimeError):
     pass
 
 
-def _openclip_stages() -> tuple[object, object, object, str]:
-    """OpenCLIP's own loader functions; webdataset's equivalents only where open_clip_train is not installed."""
+OPENCLIP_LOADER = "open_clip_train.data"
+# What validation runs of OpenCLIP's data module: its shard reader, its sample filter, and what they call.
+OPENCLIP_FUNCTIONS = ("log_and_continue", "group_by_keys_nothrow", "tarfile_to_samples_nothrow", "filter_no_caption_or_no_image")
+
+
+def import_webdataset() -> ModuleType:
+    """webdataset without torch, unless torch is already loaded.
+
+    webdataset imports torch when it is installed (3 s and ~600 MB here) yet runs without it by design
+    (webdataset.pytorch stands in for the torch classes); the reader and the "pil" decoders need none of it.
+    A None entry in sys.modules makes `import torch` raise ModuleNotFoundError for the duration.
+    """
+    if "webdataset" in sys.modules or "torch" in sys.modules:
+        return importlib.import_module("webdataset")
+    sys.modules["torch"] = None  # type: ignore[assignment]
     try:
-        from open_clip_train.data import filter_no_caption_or_no_image, log_and_continue, tarfile_to_samples_nothrow
+        return importlib.import_module("webdataset")
+    finally:
+        del sys.modules["torch"]
 
-        return tarfile_to_samples_nothrow, filter_no_caption_or_no_image, log_and_continue, "open_clip_train.data"
-    except ImportError:  # pragma: no cover - the pinned environment has it
-        import webdataset as wds
 
+def openclip_source_functions(source: str, namespace: dict) -> dict:
+    """OPENCLIP_FUNCTIONS compiled from the text of open_clip_train/data.py, in `namespace`; the module
+    itself is not run, so its module-level `import torch` is not either. KeyError when one is missing."""
+    defs = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+    module = ast.Module(body=[defs[name] for name in OPENCLIP_FUNCTIONS], type_ignores=[])
+    exec(compile(module, "open_clip_train/data.py", "exec"), namespace)  # noqa: S102 - OpenCLIP's installed code
+    return {name: namespace[name] for name in OPENCLIP_FUNCTIONS}
+
+
+@functools.cache
+def _openclip_stages() -> tuple[object, object, str]:
+    """OpenCLIP's own shard reader and filter, as (to_samples, keep, loader name).
+
+    Taken from the installed open_clip_train/data.py's source with the webdataset names it uses, so the
+    job does not import torch for four torch-free functions. If that source no longer has them, the module
+    is imported whole (slower, same code); webdataset's reader serves only where OpenCLIP is not installed.
+    """
+    wds = import_webdataset()
+    spec = importlib.util.find_spec("open_clip_train")
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - the pinned environment has it
         def has_pair(sample: dict) -> bool:  # same rule as open_clip_train.data.filter_no_caption_or_no_image
             return "txt" in sample and any(e in sample for e in ("png", "jpg", "jpeg", "webp"))
 
-        return wds.tarfile_to_samples(handler=wds.warn_and_continue), has_pair, wds.warn_and_continue, "webdataset"
+        return wds.tarfile_to_samples(handler=wds.warn_and_continue), has_pair, "webdataset"
+    source = (Path(spec.submodule_search_locations[0]) / "data.py").read_text(encoding="utf-8")
+    from webdataset.tariterators import base_plus_ext, tar_file_expander, url_opener, valid_sample
+
+    names = {"logging": logging, "base_plus_ext": base_plus_ext, "url_opener": url_opener, "tar_file_expander": tar_file_expander, "valid_sample": valid_sample}
+    try:
+        fns = openclip_source_functions(source, names)
+    except (KeyError, SyntaxError) as e:
+        logging.warning("open_clip_train/data.py no longer defines %s as expected; importing it whole (torch)", e)
+        module = importlib.import_module(OPENCLIP_LOADER)
+        fns = {name: getattr(module, name) for name in OPENCLIP_FUNCTIONS}
+    return fns["tarfile_to_samples_nothrow"], fns["filter_no_caption_or_no_image"], OPENCLIP_LOADER
 
 
 IMAGE_EXTS = ("jpg", "png", "jpeg", "webp")  # the order of OpenCLIP's rename(image="jpg;png;jpeg;webp")
@@ -55,9 +106,8 @@ def read_like_openclip(url: str, decode: set[int] | None = None) -> tuple[list[d
     the groups whose index is in `decode` (None: all), the image as webdataset's decode("pilrgb") gives it
     (size and mode, or the error). Images are not held: a 10,000-sample shard held decoded is ~8 GB.
     """
-    import webdataset as wds
-
-    to_samples, keep, _, loader = _openclip_stages()
+    wds = import_webdataset()
+    to_samples, keep, loader = _openclip_stages()
     decoder = wds.autodecode.Decoder([wds.autodecode.imagehandler("pilrgb")])
     out = []
     for i, sample in enumerate(wds.DataPipeline(wds.SimpleShardList(url), to_samples)):
@@ -171,6 +221,7 @@ def validate_batch(
     `"reused": true`) instead of reading the shard again; fresh reports are stored there.
     """
     cache = Path(cache_dir) if cache_dir else None
+    _openclip_stages()  # load the reader once, before the threads (it swaps sys.modules entries while importing)
 
     def one(triple: tuple[str, str, str]) -> dict:
         tar, plan, info = triple

@@ -188,3 +188,65 @@ def test_too_few_shards_for_openclip_fails(tmp_path):
     files = dataset_files(tmp_path, {"a.tar": 3}, [[report("a.tar", 3)]])
     with pytest.raises(ValidationFailed, match="fewer than validate.min_shards=2"):
         check_dataset(*files, min_shards=2)
+
+
+# ---------------------------------------------------------------- OpenCLIP's code, without torch
+
+
+def test_the_reader_and_filter_are_openclips_own_functions():
+    """What validation runs is compiled from open_clip_train/data.py: the same definitions as the imported module's."""
+    import open_clip_train.data as real
+
+    from shardsmith.validate import OPENCLIP_FUNCTIONS, _openclip_stages
+
+    to_samples, keep, loader = _openclip_stages()
+    assert loader == "open_clip_train.data"
+    assert keep.__code__.co_filename == "open_clip_train/data.py"
+    for name, fn in (("tarfile_to_samples_nothrow", to_samples), ("filter_no_caption_or_no_image", keep)):
+        assert name in OPENCLIP_FUNCTIONS
+        theirs = getattr(real, name).__code__
+        assert fn.__name__ == name and (fn.__code__.co_code, fn.__code__.co_names) == (theirs.co_code, theirs.co_names)
+    sample = {"__key__": "k", "txt": b"a caption", "json": b"{}"}
+    assert not keep(sample) and not real.filter_no_caption_or_no_image(sample)  # json-only captions are dropped
+    assert keep({**sample, "webp": b"x"}) and real.filter_no_caption_or_no_image({**sample, "webp": b"x"})
+
+
+def test_validating_a_shard_does_not_import_torch(tmp_path):
+    """torch costs 3 s and ~600 MB per validate_shards job; OpenCLIP's reader and filter need none of it."""
+    import subprocess
+    import sys
+
+    tar, plan, _ = make_shard(tmp_path, "ds-000000", good(3))
+    code = (
+        "import sys; from shardsmith.validate import validate_shard; "
+        f"r = validate_shard({tar!r}, {plan!r}, 512, 25_000_000); "
+        "print(r['passed'], r['loader'], 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
+    assert out.stdout.split() == ["3", "open_clip_train.data", "False"]
+
+
+def test_missing_openclip_definitions_are_a_key_error_not_a_silent_substitute():
+    from shardsmith.validate import openclip_source_functions
+
+    source = "import torch\n\ndef filter_no_caption_or_no_image(sample):\n    return True\n"
+    with pytest.raises(KeyError, match="log_and_continue"):
+        openclip_source_functions(source, {})
+
+
+def test_when_the_source_no_longer_matches_the_module_is_imported_whole(monkeypatch):
+    import open_clip_train.data as real
+
+    from shardsmith import validate
+
+    def broken(source, namespace):
+        raise KeyError("group_by_keys_nothrow")
+
+    monkeypatch.setattr(validate, "openclip_source_functions", broken)
+    validate._openclip_stages.cache_clear()
+    try:
+        to_samples, keep, loader = validate._openclip_stages()
+        assert keep is real.filter_no_caption_or_no_image and to_samples is real.tarfile_to_samples_nothrow
+        assert loader == "open_clip_train.data"
+    finally:
+        validate._openclip_stages.cache_clear()
