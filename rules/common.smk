@@ -221,23 +221,8 @@ def get_shard_infos(wildcards):
     return expand(rules.write_shard.output.info, shard=get_shard_ids())
 
 
-def get_validation_batches():
-    """Shard ids per validate_shards job, validate.shards_per_job at a time, keyed by batch number."""
-    ids, size = get_shard_ids(), config["validate"]["shards_per_job"]
-    return {f"{i // size:06d}": ids[i : i + size] for i in range(0, len(ids), size)}
-
-
-def get_validation_batch(wildcards):
-    shards = get_validation_batches()[wildcards.batch]
-    return {
-        "tars": expand(rules.write_shard.output.tar, shard=shards),
-        "plans": [shard_plan_path(s) for s in shards],
-        "infos": expand(rules.write_shard.output.info, shard=shards),
-    }
-
-
 def get_validation_reports(wildcards):
-    return expand(rules.validate_shards.output[0], batch=list(get_validation_batches()))
+    return expand(rules.write_shard.output.report, shard=get_shard_ids())
 
 
 def get_publish_files(wildcards):

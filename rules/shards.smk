@@ -26,10 +26,16 @@ rule write_shard:
     output:
         tar=f"{OUT}/{DATASET}-{{shard}}.tar",
         info=f"{WORK}/shards/{DATASET}-{{shard}}.json",
+        # the shard re-read from disk with OpenCLIP's reader and filter (shardsmith.validate), in the same
+        # job: a job of its own cost a start-up per batch and a step on every run's critical path
+        report=f"{WORK}/validate/{DATASET}-{{shard}}.json",
     log:
         f"{LOGS}/write_shard/{{shard}}.log",
     conda:
-        "../envs/shards.yaml"
+        "../envs/validate.yaml"
+    params:
+        resize=config["resize"],
+        decode_per_shard=config["validate"]["decode_per_shard"],
     script:
         "../scripts/write_shard.py"
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from shardsmith.process import REJECT_COLUMNS
-from shardsmith.tario import atomic_open, atomic_write_text
+from shardsmith.tables import ParquetAppender, num_rows
+from shardsmith.tario import atomic_write_text
 
 MANIFEST_COLUMNS = [
     "key", "shard", "source_id", "source", "url", "width_before", "height_before", "width", "height",
@@ -36,7 +37,11 @@ def build_index(
     rejected_paths: list[str],
     out_dir: str | os.PathLike,
 ) -> dict:
-    """Write the index files into out_dir; returns the stats. Raises LedgerMismatch if counts do not add up."""
+    """Write the index files into out_dir; returns the stats. Raises LedgerMismatch if counts do not add up.
+
+    Streamed: the manifest and the ledger are written one shard plan or ledger table at a time (in shard
+    and part order), so memory does not grow with the dataset; the counts are summed on the way.
+    """
     out_dir = Path(out_dir)
     infos = [json.loads(Path(p).read_text()) for p in shard_infos]
     sizes = {i["shard"]: i["nsamples"] for i in infos}
@@ -46,39 +51,47 @@ def build_index(
         "name": dataset,
         "shardlist": [{k: i[k] for k in ("url", "nsamples", "md5sum", "filesize")} for i in ({**i, "url": i["shard"]} for i in infos)],
     }
-    plans = [pd.read_parquet(p).assign(shard=Path(p).name.split(".")[0] + ".tar") for p in shard_plans]
-    plan = pd.concat(plans, ignore_index=True) if plans else pd.DataFrame(columns=[*MANIFEST_COLUMNS, "passthrough"])
-    manifest = plan[MANIFEST_COLUMNS]
-    rejected = pd.concat([pd.read_parquet(p) for p in rejected_paths], ignore_index=True)[REJECT_COLUMNS]
-    inputs = sum(len(pd.read_parquet(p, columns=["rid"])) for p in status_paths)
-
-    published = int(sum(sizes.values()))
-    if published != len(manifest):
-        raise LedgerMismatch(f"shards hold {published} samples but the shard plans list {len(manifest)}")
-    if inputs != published + len(rejected):
-        raise LedgerMismatch(
-            f"ledger does not add up: {inputs} input records != {published} published + {len(rejected)} rejected"
-        )
-    by_stage = Counter(rejected["stage"])
-    by_reason = Counter(f"{s}/{r}" for s, r in zip(rejected["stage"], rejected["reason"]))
+    inputs = sum(num_rows(p) for p in status_paths)
+    by_source: Counter = Counter()
+    by_stage: Counter = Counter()
+    by_reason: Counter = Counter()
+    passthrough = 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (
+        ParquetAppender(out_dir / "manifest.parquet", pd.DataFrame(columns=MANIFEST_COLUMNS)) as manifest,
+        ParquetAppender(out_dir / "rejected.parquet", pd.DataFrame(columns=REJECT_COLUMNS)) as rejected,
+    ):
+        for path in shard_plans:
+            plan = pd.read_parquet(path, columns=[c for c in MANIFEST_COLUMNS if c != "shard"] + ["passthrough"])
+            plan["shard"] = Path(path).name.split(".")[0] + ".tar"
+            manifest.append(plan[MANIFEST_COLUMNS])
+            by_source.update(plan["source"])
+            passthrough += int(plan["passthrough"].astype(bool).sum())
+        for path in rejected_paths:
+            table = pd.read_parquet(path)[REJECT_COLUMNS]
+            rejected.append(table)
+            by_stage.update(table["stage"])
+            by_reason.update(f"{s}/{r}" for s, r in zip(table["stage"], table["reason"], strict=True))
+        published = int(sum(sizes.values()))
+        if published != manifest.rows:
+            raise LedgerMismatch(f"shards hold {published} samples but the shard plans list {manifest.rows}")
+        if inputs != published + rejected.rows:
+            raise LedgerMismatch(
+                f"ledger does not add up: {inputs} input records != {published} published + {rejected.rows} rejected"
+            )
     stats = {
         "dataset": dataset,
         "input_records": inputs,
         "published": published,
-        "rejected": len(rejected),
+        "rejected": rejected.rows,
         "shards": len(infos),
         "bytes": int(sum(i["filesize"] for i in infos)),
         "rejected_by_stage": dict(sorted(by_stage.items())),
         "rejected_by_reason": dict(sorted(by_reason.items())),
-        "published_by_source": {k: int(v) for k, v in sorted(Counter(manifest["source"]).items())},
-        "passed_through_unchanged": int(plan["passthrough"].astype(bool).sum()),
+        "published_by_source": {k: int(v) for k, v in sorted(by_source.items())},
+        "passed_through_unchanged": passthrough,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "sizes.json", dumps(sizes))
     atomic_write_text(out_dir / "wids-index.json", dumps(wids))
     atomic_write_text(out_dir / "stats.json", dumps(stats))
-    with atomic_open(out_dir / "manifest.parquet") as f:
-        manifest.to_parquet(f, index=False)
-    with atomic_open(out_dir / "rejected.parquet") as f:
-        rejected.sort_values(["source", "source_id"], kind="stable").to_parquet(f, index=False)
     return stats

@@ -11,9 +11,13 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from shardsmith.process import REJECT_COLUMNS, SAMPLE_COLUMNS
+from shardsmith.process import REJECT_COLUMNS
+from shardsmith.tables import ParquetAppender, dataset_key_hashes, key_hashes, repeated
 from shardsmith.tario import ShardWriter, atomic_open, atomic_write_text, read_at
 
 STAGE = "shard"
@@ -29,6 +33,40 @@ def _ledger_rows(samples: pd.DataFrame, stage: object, reason: object, detail: o
     return rows.assign(stage=stage, reason=reason, detail=detail)[REJECT_COLUMNS]
 
 
+class _Exclusions:
+    """Exclusion tables looked up by key hash; their rows stay in Arrow (no Python object per row)."""
+
+    def __init__(self, paths: list[str]) -> None:
+        tables = [pq.read_table(p, columns=["key", "stage", "reason", "detail"]) for p in paths]
+        self.table = pa.concat_tables([t.cast(tables[0].schema) for t in tables]) if tables else None
+        n = 0 if self.table is None else self.table.num_rows
+        hashes = key_hashes(self.table.column("key").to_numpy(zero_copy_only=False)) if n else np.empty(0, np.uint64)
+        self.order = np.argsort(hashes, kind="stable")  # equal keys: the first table row first (the one that counts)
+        self.sorted = hashes[self.order]
+
+    def find(self, keys: pd.Series, hashes: np.ndarray) -> tuple[np.ndarray, pd.DataFrame]:
+        """(mask of the excluded keys, their stage/reason/detail rows in the same order)."""
+        if not len(self.sorted) or not len(keys):
+            return np.zeros(len(keys), dtype=bool), pd.DataFrame(columns=["stage", "reason", "detail"])
+        at = np.searchsorted(self.sorted, hashes)
+        candidate = np.flatnonzero((at < len(self.sorted)) & (self.sorted[np.minimum(at, len(self.sorted) - 1)] == hashes))
+        key_col = self.table.column("key")
+        hit, rows = [], []
+        for i in candidate:  # walk the run of equal hashes: a different key with the same hash is not a hit
+            j = at[i]
+            while j < len(self.sorted) and self.sorted[j] == hashes[i]:
+                row = int(self.order[j])
+                if key_col[row].as_py() == keys.iat[i]:
+                    hit.append(i)
+                    rows.append(row)
+                    break
+                j += 1
+        mask = np.zeros(len(keys), dtype=bool)
+        mask[hit] = True
+        why = self.table.select(["stage", "reason", "detail"]).take(pa.array(rows, pa.int64())).to_pandas()
+        return mask, why
+
+
 def plan_shards(
     samples_paths: list[str],
     part_ids: list[str],
@@ -42,38 +80,67 @@ def plan_shards(
     `exclusions` are parquet tables (key, stage, reason, detail) from stages that drop samples after
     processing (e.g. a similarity threshold, records already published); their samples go to the ledger
     with that reason, and the shards stay uniform.
+
+    Streamed: one part's rows and one shard's plan are held, plus 8 bytes per sample (the key hashes that
+    find repeated keys) and the exclusion tables in Arrow.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    frames = [pd.read_parquet(path).assign(part=part) for part, path in zip(part_ids, samples_paths, strict=True)]
-    samples = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*SAMPLE_COLUMNS, "part"])
-    dropped = [pd.DataFrame(columns=REJECT_COLUMNS)]
+    hashes = dataset_key_hashes(list(samples_paths))
+    maybe_repeated = repeated(hashes)  # positions whose key hash occurs twice or more: usually none
+    excluded = _Exclusions(list(exclusions))
+    first_seen: dict[str, str] = {}  # key -> source_id, for the keys in maybe_repeated only
+    names: list[str] = []
+    pending: list[pd.DataFrame] = []
+    held = 0
 
-    if exclusions:
-        excluded = pd.concat([pd.read_parquet(p) for p in exclusions], ignore_index=True)
-        excluded = excluded.drop_duplicates("key", keep="first").set_index("key")
-        hit = samples["key"].isin(excluded.index)
-        why = excluded.loc[samples.loc[hit, "key"]]
-        dropped.append(_ledger_rows(samples[hit], why["stage"].values, why["reason"].values, why["detail"].values))
-        samples = samples[~hit].reset_index(drop=True)
+    def flush(final: bool) -> None:
+        """Write every full shard held (and, when final, the remainder); keep the rest."""
+        nonlocal pending, held
+        if held < samples_per_shard and not (final and held):
+            return
+        rows, at = pd.concat(pending, ignore_index=True), 0
+        while len(rows) - at >= samples_per_shard or (final and at < len(rows)):
+            chunk = rows.iloc[at : at + samples_per_shard]
+            at += len(chunk)
+            name = shard_name(dataset, len(names))
+            with atomic_open(out_dir / f"{name}.samples.parquet") as f:
+                chunk.to_parquet(f, index=False)
+            atomic_write_text(out_dir / f"{name}.parts", "".join(f"{p}\n" for p in dict.fromkeys(chunk["part"])))
+            names.append(name)
+        pending, held = [rows.iloc[at:]], len(rows) - at
 
-    is_dup = samples.duplicated("key", keep="first")
-    if is_dup.any():
-        first = samples[~is_dup].set_index("key")["source_id"]
-        detail = ["same key as " + first[k] for k in samples.loc[is_dup, "key"]]
-        dropped.append(_ledger_rows(samples[is_dup], STAGE, "duplicate_key", detail))
-        samples = samples[~is_dup].reset_index(drop=True)
+    start = 0
+    with ParquetAppender(out_dir / "dropped.parquet", pd.DataFrame(columns=REJECT_COLUMNS)) as dropped:
+        for part, path in zip(part_ids, samples_paths, strict=True):
+            samples = pd.read_parquet(path).assign(part=part)
+            h = hashes[start : start + len(samples)]
+            lo, hi = np.searchsorted(maybe_repeated, [start, start + len(samples)])
+            local = maybe_repeated[lo:hi] - start
+            start += len(samples)
 
-    with atomic_open(out_dir / "dropped.parquet") as f:
-        pd.concat(dropped, ignore_index=True).to_parquet(f, index=False)
-    names = []
-    for i, start in enumerate(range(0, len(samples), samples_per_shard)):
-        name = shard_name(dataset, i)
-        chunk = samples.iloc[start : start + samples_per_shard]
-        with atomic_open(out_dir / f"{name}.samples.parquet") as f:
-            chunk.to_parquet(f, index=False)
-        atomic_write_text(out_dir / f"{name}.parts", "".join(f"{p}\n" for p in dict.fromkeys(chunk["part"])))
-        names.append(name)
+            hit, why = excluded.find(samples["key"], h)
+            stage, reason, detail = (np.full(len(samples), None, dtype=object) for _ in range(3))
+            stage[hit], reason[hit], detail[hit] = why["stage"].values, why["reason"].values, why["detail"].values
+            is_dup = np.zeros(len(samples), dtype=bool)
+            for i in local:
+                if hit[i]:
+                    continue
+                key, sid = samples["key"].iat[i], samples["source_id"].iat[i]
+                if key in first_seen:
+                    is_dup[i] = True
+                    stage[i], reason[i], detail[i] = STAGE, "duplicate_key", "same key as " + first_seen[key]
+                else:
+                    first_seen[key] = sid
+            out = hit | is_dup
+            if out.any():  # in record order
+                dropped.append(_ledger_rows(samples[out], stage[out], reason[out], detail[out]))
+            keep = samples[~out]
+            if len(keep):
+                pending.append(keep)
+                held += len(keep)
+            flush(final=False)
+        flush(final=True)
     return names
 
 

@@ -6,8 +6,8 @@ every sample must survive it. A shard that silently loses samples there hangs tr
 
 Those functions need only webdataset, but importing open_clip_train.data imports torch (3-4 s, ~600 MB per
 job): they are compiled from the installed module's source instead, and webdataset is loaded without torch.
-One job validates a batch of shards (validate.shards_per_job) in a thread pool, and a shard whose bytes,
-plan and limits match an earlier report is not read again (scheduled refreshes leave most shards as they are).
+So the job that writes a shard validates it too, reading the file back from disk; a scheduled refresh
+rewrites, and so re-reads, only the shards that changed.
 Every image's bytes are checked against the sha256 of the image process_part decoded and verified, so
 decoding them all a second time proves nothing new; validate.decode_per_shard of them are, as a spot check.
 """
@@ -22,13 +22,12 @@ import logging
 import re
 import sys
 import tarfile
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
 import pandas as pd
 
+from shardsmith.tables import repeated_keys
 from shardsmith.tario import atomic_write_text
 
 MEMBER_NAME = re.compile(r"^[A-Za-z0-9_-]+\.(jpg|txt|json)$")
@@ -192,59 +191,9 @@ def validate_shard(shard: str, plan_path: str, max_side: int | None, max_pixels:
     return {"shard": name, "loader": loader, "groups": len(rows), "passed": len(samples), "decoded": decoded, "problems": problems}
 
 
-_CACHE_VERSION = 2  # bump when validate_shard checks something new: older reports are then not reused
-
-
-def _cache_key(tar: str, info_path: str, plan_path: str, limits: list) -> str:
-    """What a shard's report depends on: the shard's bytes (sha256 from write_shard, and the size on disk now,
-    so a tar cut short since is read again), its plan, the limits."""
-    h = hashlib.sha256()
-    info = json.loads(Path(info_path).read_text())
-    h.update(json.dumps([info["sha256"], info["filesize"], Path(tar).stat().st_size]).encode())
-    h.update(Path(plan_path).read_bytes())
-    h.update(json.dumps([*limits, _CACHE_VERSION]).encode())
-    return h.hexdigest()
-
-
-
-def validate_batch(
-    shards: list[tuple[str, str, str]],
-    max_side: int | None,
-    max_pixels: int,
-    cache_dir: str | None = None,
-    threads: int = 1,
-    decode_per_shard: int | None = None,
-) -> dict:
-    """Reports for (tar, plan, info) triples, validated in a thread pool (PIL decodes without the GIL).
-
-    With `cache_dir`, a report whose shard bytes, plan and limits are unchanged is reused (marked
-    `"reused": true`) instead of reading the shard again; fresh reports are stored there.
-    """
-    cache = Path(cache_dir) if cache_dir else None
-    _openclip_stages()  # load the reader once, before the threads (it swaps sys.modules entries while importing)
-
-    def one(triple: tuple[str, str, str]) -> dict:
-        tar, plan, info = triple
-        key = _cache_key(tar, info, plan, [max_side, max_pixels, decode_per_shard]) if cache else None
-        hit = cache / f"{key}.json" if cache else None
-        if hit is not None and hit.exists():
-            report = json.loads(hit.read_text())
-            if report.get("shard") == Path(tar).name:
-                return {**report, "reused": True}
-        report = validate_shard(tar, plan, max_side, max_pixels, decode_per_shard)
-        if hit is not None and not report["problems"]:  # only a pass is remembered: a failure is re-checked
-            hit.parent.mkdir(parents=True, exist_ok=True)
-            write_json(str(hit), report)
-        return {**report, "reused": False}
-
-    with ThreadPoolExecutor(max(1, threads)) as pool:
-        reports = list(pool.map(one, shards))
-    return {"shards": reports}
-
-
 def check_dataset(reports: list[str], sizes_path: str, manifest_path: str, min_shards: int) -> dict:
-    """Combine the batch reports with dataset-wide checks; raise ValidationFailed with a readable report."""
-    shard_reports = [r for p in reports for r in json.loads(Path(p).read_text())["shards"]]
+    """Combine the shard reports with dataset-wide checks; raise ValidationFailed with a readable report."""
+    shard_reports = [json.loads(Path(p).read_text()) for p in reports]
     sizes = json.loads(Path(sizes_path).read_text())
     problems = [p for r in shard_reports for p in r["problems"]]
     for r in shard_reports:
@@ -252,8 +201,7 @@ def check_dataset(reports: list[str], sizes_path: str, manifest_path: str, min_s
             problems.append(f"{r['shard']}: sizes.json says {sizes.get(r['shard'])}, the loader read {r['passed']}")
     if set(sizes) != {r["shard"] for r in shard_reports}:
         problems.append("sizes.json does not list exactly the shards that were validated")
-    keys = pd.read_parquet(manifest_path, columns=["key"])["key"]
-    dupes = [k for k, n in Counter(keys).items() if n > 1]
+    dupes = repeated_keys([manifest_path])  # by hash first: the manifest's keys are not held
     if dupes:
         problems.append(f"{len(dupes)} keys occur in more than one sample (e.g. {dupes[:3]})")
     if len(shard_reports) < min_shards:

@@ -140,7 +140,7 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
     assert jobs_run == Counter(RULE_HEADER.findall(local.stderr))
     submitted = SUBMITTED.findall(stderr)
     assert Counter(rule for _, rule in submitted) == jobs_run - Counter(all=1)
-    assert {"plan_parts", "process_part", "embed_part", "write_shard", "validate_shards"} <= set(jobs_run)
+    assert {"plan_parts", "process_part", "embed_part", "write_shard", "validate_dataset"} <= set(jobs_run)
 
     # SLURM ran them to completion, in the partitions and with the CPUs the profile asks for.
     done = completed_jobs()

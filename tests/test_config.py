@@ -34,7 +34,7 @@ def test_schema_fills_defaults():
         "max_decode_pixels": 178_956_970,
     }
     assert config["captions"]["fields"] == ["txt", "caption", "json.caption", "json.description", "alt"]
-    assert config["validate"] == {"min_shards": 1, "shards_per_job": 8, "decode_per_shard": 64}
+    assert config["validate"] == {"min_shards": 1, "decode_per_shard": 64}
     assert config["publish"] == {
         "dest": None, "keep_versions": None, "verify": "readback", "multipart_threshold": None,
         "multipart_chunksize": None, "max_concurrent_requests": None, "dedupe": True,

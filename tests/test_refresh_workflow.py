@@ -39,9 +39,13 @@ def checkout(dest: Path) -> Path:
 
 
 def validation_reports(root: Path, config: dict) -> dict[str, dict]:
-    """Shard name -> its validation report, from the validate_shards batch files of the last run."""
+    """Shard name -> its validation report (as write_shard left it) and the report file's mtime."""
     folder = root / config["paths"]["work"] / "demo" / "validate"
-    return {r["shard"]: r for f in sorted(folder.glob("demo-batch-*.json")) for r in json.loads(f.read_text())["shards"]}
+    reports = {}
+    for f in sorted(folder.glob("demo-*.json")):
+        r = json.loads(f.read_text())
+        reports[r["shard"]] = {**r, "mtime_ns": f.stat().st_mtime_ns}
+    return reports
 
 
 def refresh(root: Path, repo: Path) -> tuple[subprocess.CompletedProcess, list[tuple[str, dict]], str]:
@@ -113,6 +117,7 @@ def refreshed(s3_server, tmp_path_factory):
     repo = checkout(tmp_path_factory.mktemp("opt") / "shardsmith")  # where the schedule runs the workflow from
     first, first_jobs, _ = refresh(root, repo)
     v1 = latest_version(dest, "demo", s3_server)
+    validated_first = validation_reports(root, config)
     added = grow_sources(data)
     second, second_jobs, _ = refresh(root, repo)
     v2 = latest_version(dest, "demo", s3_server)
@@ -122,7 +127,7 @@ def refreshed(s3_server, tmp_path_factory):
     return {
         "root": root, "dest": dest, "s3": s3_server, "v1": v1, "v2": v2, "added": added,
         "jobs": [first_jobs, second_jobs, third_jobs], "runs": [first, second, third], "third_log": third_log,
-        "validated": validated,
+        "validated": validated, "validated_first": validated_first,
         "v3": latest_version(dest, "demo", s3_server),
     }  # fmt: skip
 
@@ -140,11 +145,12 @@ def test_the_refresh_runs_only_the_new_and_grown_parts(refreshed):
     assert ran(second, "process_part") == {"cc3m_style-000001", "cc3m_style-000002", "legacy-000002"}
     # The first shards hold only records of the unchanged first manifest part: not written or validated again.
     assert ran(second, "write_shard") and not {"000000", "000001"} & ran(second, "write_shard")
-    # Their validation reports are reused, not read again; the new shards are read with OpenCLIP's loader.
-    reports = refreshed["validated"]
+    # Their validation reports stay as the first run wrote them; the rewritten shards were read again.
+    reports, before = refreshed["validated"], refreshed["validated_first"]
     rewritten = {f"demo-{s}.tar" for s in ran(second, "write_shard")}
-    assert {n for n, r in reports.items() if r["reused"]} == set(reports) - rewritten
-    assert {"demo-000000.tar", "demo-000001.tar"} <= set(reports) - rewritten
+    kept = {n for n in reports if n in before and reports[n]["mtime_ns"] == before[n]["mtime_ns"]}
+    assert kept == set(reports) - rewritten
+    assert {"demo-000000.tar", "demo-000001.tar"} <= kept
     assert all(r["loader"] == "open_clip_train.data" and not r["problems"] for r in reports.values())
     assert len(reports) > 2
 

@@ -279,3 +279,81 @@ def test_process_follows_record_order_whatever_order_the_raw_tar_holds(tmp_path)
     assert list(pd.read_parquet(out["samples.parquet"])["key"]) == ["web-0", "web-2", "web-3"]
     [miss] = pd.read_parquet(out["rejected.parquet"]).to_dict("records")
     assert (miss["key"], miss["stage"], miss["reason"]) == ("web-1", "process", "missing_raw")
+
+
+# ---------------------------------------------------------------- streamed planning: same plan, bounded memory
+
+
+def reference_plan(parts: dict[str, list[str]], excl: dict[str, str], per_shard: int) -> tuple[list[list[str]], list[tuple[str, str, str]]]:
+    """What plan_shards must produce, computed the plain way: every row in memory.
+    Returns the keys per shard and the dropped (source_id, reason, detail) rows in part order."""
+    kept, dropped, first = [], [], {}
+    for part, keys in parts.items():
+        for i, key in enumerate(keys):
+            sid = f"{part}:{i}"
+            if key in excl:
+                dropped.append((sid, "low_similarity", excl[key]))
+            elif key in first:
+                dropped.append((sid, "duplicate_key", f"same key as {first[key]}"))
+            else:
+                first[key] = sid
+                kept.append(key)
+    return [kept[i : i + per_shard] for i in range(0, len(kept), per_shard)], dropped
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_streamed_plan_matches_the_in_memory_plan(tmp_path, seed, monkeypatch):
+    """Random parts with keys repeated across parts (process_part already rejects repeats within one) and
+    exclusions, some of them of first occurrences.
+    Also with every key hashing alike, so equal hashes alone never make a duplicate or an exclusion."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    pool = [f"k{i}" for i in range(60)]
+    parts = {f"src-{p:06d}": [str(k) for k in rng.choice(pool, size=int(rng.integers(0, 25)), replace=False)] for p in range(5)}
+    excl = {str(k): f"{float(rng.random()):.3f} < 0.2" for k in rng.choice(pool, size=12, replace=False)}
+    for part, keys in parts.items():
+        make_part(tmp_path, part, keys)
+    ex = tmp_path / "excl.parquet"
+    # a key listed twice: the first row's reason is the one that counts
+    rows = [{"key": k, "stage": "embed", "reason": "low_similarity", "detail": d} for k, d in excl.items()]
+    rows.append({**rows[0], "detail": "a later, ignored row"})
+    pd.DataFrame(rows).to_parquet(ex)
+    want_shards, want_dropped = reference_plan(parts, excl, 7)
+
+    def plan(out):
+        names = plan_shards([str(tmp_path / f"{p}.samples.parquet") for p in parts], list(parts), "ds", 7, out, exclusions=[str(ex)])
+        shards = [list(pd.read_parquet(out / f"{n}.samples.parquet")["key"]) for n in names]
+        dropped = pd.read_parquet(out / "dropped.parquet")
+        return shards, [(r["source_id"], r["reason"], r["detail"]) for r in dropped.to_dict("records")]
+
+    assert plan(tmp_path / "plan") == (want_shards, want_dropped)
+    import shardsmith.shards as shards_mod
+    import shardsmith.tables as tables_mod
+
+    def colliding(keys):
+        return np.zeros(len(keys), dtype=np.uint64)
+
+    monkeypatch.setattr(tables_mod, "key_hashes", colliding)
+    monkeypatch.setattr(shards_mod, "key_hashes", colliding)
+    assert plan(tmp_path / "plan-colliding") == (want_shards, want_dropped)
+
+
+def test_plan_shards_memory_does_not_grow_with_the_rows_held(tmp_path):
+    """Traced Python/numpy memory of planning 4x the samples (same part size) grows by the key hashes
+    (8-25 B a sample), not by the rows (~420 B a sample when every part was held)."""
+    import tracemalloc
+
+    def peak(n_parts: int) -> int:
+        folder = tmp_path / f"n{n_parts}"
+        folder.mkdir()
+        paths = [make_part(folder, f"src-{p:06d}", [f"p{p}-k{i}" for i in range(2000)])["samples"] for p in range(n_parts)]
+        tracemalloc.start()
+        plan_shards(paths, [f"src-{p:06d}" for p in range(n_parts)], "ds", 1000, folder / "plan")
+        got = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return got
+
+    small, large = peak(2), peak(8)
+    per_added_sample = (large - small) / (6 * 2000)
+    assert per_added_sample < 64, per_added_sample

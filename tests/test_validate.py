@@ -1,4 +1,4 @@
-"""Shard validation with OpenCLIP's own loader code: what passes, what is caught, and when a report is reused."""
+"""Shard validation with OpenCLIP's own loader code: what passes, what is caught, and the dataset-wide checks."""
 
 import hashlib
 import io
@@ -12,7 +12,7 @@ import pytest
 
 from shardsmith.demo import jpeg, photo
 from shardsmith.tario import ShardWriter
-from shardsmith.validate import ValidationFailed, check_dataset, spread, validate_batch, validate_shard, write_json
+from shardsmith.validate import ValidationFailed, check_dataset, spread, validate_shard, write_json
 
 RNG = np.random.default_rng(3)
 IMAGE = jpeg(photo(RNG, 96, 64))
@@ -113,53 +113,20 @@ def test_an_oversize_image_is_a_problem(tmp_path):
     ]
 
 
-def test_a_batch_reuses_reports_only_for_unchanged_shards(tmp_path):
-    cache = tmp_path / "cache"
-    a = make_shard(tmp_path, "ds-000000", good(4, "a"))
-    b = make_shard(tmp_path, "ds-000001", good(3, "b"))
-    first = validate_batch([a, b], 512, 25_000_000, str(cache), threads=2)
-    assert [(r["shard"], r["passed"], r["reused"]) for r in first["shards"]] == [
-        ("ds-000000.tar", 4, False),
-        ("ds-000001.tar", 3, False),
-    ]
-    b = make_shard(tmp_path, "ds-000001", good(2, "b"))  # rewritten with other samples
-    second = validate_batch([a, b], 512, 25_000_000, str(cache), threads=2)
-    assert [(r["shard"], r["passed"], r["reused"]) for r in second["shards"]] == [
-        ("ds-000000.tar", 4, True),
-        ("ds-000001.tar", 2, False),
-    ]
-    # other limits are another validation: nothing is reused
-    third = validate_batch([a, b], 64, 25_000_000, str(cache), threads=1)
-    assert not any(r["reused"] for r in third["shards"]) and all(r["problems"] for r in third["shards"])
+def test_a_tar_cut_short_is_a_problem_not_a_crash(tmp_path):
+    tar, plan, _ = make_shard(tmp_path, "ds-000000", good(4))
+    data = Path(tar).read_bytes()
+    Path(tar).write_bytes(data[: len(data) // 2])
+    report = validate_shard(tar, plan, 512, 25_000_000)
+    assert report["problems"] == ["ds-000000.tar: not a readable tar (unexpected end of data); run write_shard for it again"]
 
 
-def test_a_tar_cut_short_after_its_report_is_read_again(tmp_path):
-    cache = tmp_path / "cache"
-    shard = make_shard(tmp_path, "ds-000000", good(4))
-    validate_batch([shard], 512, 25_000_000, str(cache))
-    data = Path(shard[0]).read_bytes()
-    Path(shard[0]).write_bytes(data[: len(data) // 2])
-    report = validate_batch([shard], 512, 25_000_000, str(cache))["shards"][0]
-    assert not report["reused"]
-    assert report["problems"] == [f"ds-000000.tar: not a readable tar (unexpected end of data); run write_shard for it again"]
-
-
-def test_a_failing_shard_is_never_remembered(tmp_path):
-    cache = tmp_path / "cache"
-    samples = good(2)
-    samples[0] = ("s0000", {"jpg": IMAGE})
-    shard = make_shard(tmp_path, "ds-000000", samples)
-    for _ in range(2):
-        report = validate_batch([shard], 512, 25_000_000, str(cache))["shards"][0]
-        assert report["problems"] and not report["reused"]
-    assert not list(cache.glob("*.json"))
-
-
-def dataset_files(tmp_path, shard_sizes: dict[str, int], batches: list[list[dict]]) -> tuple[list[str], str, str]:
+def dataset_files(tmp_path, shard_sizes: dict[str, int], shard_reports: list[dict]) -> tuple[list[str], str, str]:
+    """One report file per shard, as write_shard leaves them, and the index files validate_dataset reads."""
     reports = []
-    for i, batch in enumerate(batches):
-        path = tmp_path / f"batch-{i}.json"
-        write_json(str(path), {"shards": batch})
+    for r in shard_reports:
+        path = tmp_path / f"{r['shard']}.json"
+        write_json(str(path), r)
         reports.append(str(path))
     sizes = tmp_path / "sizes.json"
     sizes.write_text(json.dumps(shard_sizes))
@@ -172,22 +139,29 @@ def report(shard: str, passed: int) -> dict:
     return {"shard": shard, "loader": "open_clip_train.data", "groups": passed, "passed": passed, "problems": []}
 
 
-def test_the_dataset_check_combines_batches(tmp_path):
-    files = dataset_files(tmp_path, {"a.tar": 3, "b.tar": 2, "c.tar": 1}, [[report("a.tar", 3), report("b.tar", 2)], [report("c.tar", 1)]])
+def test_the_dataset_check_combines_the_shard_reports(tmp_path):
+    files = dataset_files(tmp_path, {"a.tar": 3, "b.tar": 2, "c.tar": 1}, [report("a.tar", 3), report("b.tar", 2), report("c.tar", 1)])
     summary = check_dataset(*files, min_shards=3)
     assert (summary["ok"], summary["shards"], summary["samples"]) == (True, 3, 6)
 
 
 def test_sizes_json_must_match_what_the_loader_read(tmp_path):
-    files = dataset_files(tmp_path, {"a.tar": 3, "b.tar": 2}, [[report("a.tar", 3), report("b.tar", 1)]])
+    files = dataset_files(tmp_path, {"a.tar": 3, "b.tar": 2}, [report("a.tar", 3), report("b.tar", 1)])
     with pytest.raises(ValidationFailed, match="b.tar: sizes.json says 2, the loader read 1"):
         check_dataset(*files, min_shards=1)
 
 
 def test_too_few_shards_for_openclip_fails(tmp_path):
-    files = dataset_files(tmp_path, {"a.tar": 3}, [[report("a.tar", 3)]])
+    files = dataset_files(tmp_path, {"a.tar": 3}, [report("a.tar", 3)])
     with pytest.raises(ValidationFailed, match="fewer than validate.min_shards=2"):
         check_dataset(*files, min_shards=2)
+
+
+def test_a_key_in_two_shards_fails_the_dataset(tmp_path):
+    files = dataset_files(tmp_path, {"a.tar": 3, "b.tar": 2}, [report("a.tar", 3), report("b.tar", 2)])
+    pd.DataFrame({"key": ["k0", "k1", "k2", "k3", "k1"]}).to_parquet(files[2])
+    with pytest.raises(ValidationFailed, match=r"1 keys occur in more than one sample \(e.g. \['k1'\]\)"):
+        check_dataset(*files, min_shards=1)
 
 
 # ---------------------------------------------------------------- OpenCLIP's code, without torch
@@ -212,7 +186,7 @@ def test_the_reader_and_filter_are_openclips_own_functions():
 
 
 def test_validating_a_shard_does_not_import_torch(tmp_path):
-    """torch costs 3 s and ~600 MB per validate_shards job; OpenCLIP's reader and filter need none of it."""
+    """torch costs 3 s and ~600 MB per job; OpenCLIP's reader and filter need none of it."""
     import subprocess
     import sys
 
