@@ -1,0 +1,143 @@
+"""Peak memory of the dataset-wide jobs as the dataset grows: plan_shards, index_shards, validate_dataset.
+
+    python bench/memory_scale.py [--samples 100000 400000 1600000] [--part-size 5000]
+
+These three see every sample of a dataset (the per-part and per-shard jobs see one part or shard, and
+e2e_bench measures them). For each size it writes processed-part sample tables as process_part leaves them
+(realistic keys, URLs and sha256s; 1% of keys repeated in a later part), then runs the job functions, each
+in a fresh interpreter, and records its peak RSS. The issue's target is memory per job under 1 GiB at the
+default part size and flat as the dataset grows; the slope (bytes per added sample) says how flat.
+Raw figures go to bench/results/memory-scale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from shardsmith.process import REJECT_COLUMNS, SAMPLE_COLUMNS  # noqa: E402
+
+
+def write_parts(folder: Path, samples: int, part_size: int, rng: np.random.Generator) -> list[str]:
+    """Sample tables of samples/part_size parts; every 100th key repeats one of the part before."""
+    paths = []
+    for p in range(samples // part_size):
+        i = np.arange(p * part_size, (p + 1) * part_size)
+        keys = np.char.add(f"web-{p:06d}-", i.astype(str)).astype(object)
+        if p:  # rows 0, 100, ... repeat rows 1, 101, ... of the part before (which are never repeats)
+            keys[::100] = [f"web-{p - 1:06d}-{k}" for k in i[::100] - part_size + 1]
+        n = len(i)
+        df = pd.DataFrame(
+            {
+                "key": keys, "source": "web", "source_id": i.astype(str),
+                "url": np.char.add("https://images.example.com/photos/2024/", np.char.add(i.astype(str), ".jpg")),
+                "width_before": rng.integers(200, 6000, n), "height_before": rng.integers(200, 6000, n),
+                "width": rng.integers(64, 512, n), "height": rng.integers(64, 512, n),
+                "bytes": rng.integers(10_000, 90_000, n),
+                "sha256": [f"{x:064x}" for x in rng.integers(0, 2**62, n)], "caption_length": rng.integers(5, 300, n),
+                "caption_field": "caption", "passthrough": rng.random(n) < 0.3,
+                "jpg_offset": i * 4096, "jpg_size": 3000, "txt_offset": i * 4096 + 3584, "txt_size": 40,
+                "json_offset": i * 4096 + 3712, "json_size": 300,
+            }
+        )[SAMPLE_COLUMNS]  # fmt: skip
+        path = folder / f"web-{p:06d}.samples.parquet"
+        df.to_parquet(path, index=False)
+        pd.DataFrame({"rid": np.arange(n)}).to_parquet(folder / f"web-{p:06d}.status.parquet")
+        pd.DataFrame(columns=REJECT_COLUMNS).to_parquet(folder / f"web-{p:06d}.rejected.parquet")
+        paths.append(str(path))
+    return paths
+
+
+def peak_rss_mib(code: str) -> tuple[float, float]:
+    """Peak RSS (MiB) and seconds of `code` run in a fresh interpreter (which reports its own ru_maxrss)."""
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", f"import resource, sys; sys.path.insert(0, {str(REPO)!r})\n{code}\n"
+         "print('maxrss', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    took = time.perf_counter() - t0
+    kib = int(done.stdout.split("maxrss")[-1])
+    return round(kib / 1024, 1), round(took, 1)
+
+
+def measure(folder: Path, samples: int, part_size: int, per_shard: int) -> dict:
+    rng = np.random.default_rng(7)
+    parts = write_parts(folder, samples, part_size, rng)
+    part_ids = [Path(p).name.split(".")[0] for p in parts]
+    plan = folder / "plan"
+    out: dict = {"samples": samples, "parts": len(parts)}
+    out["plan_shards"] = peak_rss_mib(
+        f"from shardsmith.shards import plan_shards\nplan_shards({parts!r}, {part_ids!r}, 'ds', {per_shard}, {str(plan)!r})"
+    )
+    names = sorted(p.name.split(".")[0] for p in plan.glob("*.samples.parquet"))
+    infos = []
+    for n in names:  # what write_shard leaves (no tars are written: the index jobs do not read them)
+        rows = len(pd.read_parquet(plan / f"{n}.samples.parquet", columns=["key"]))
+        info = folder / f"{n}.json"
+        info.write_text(json.dumps({"shard": f"{n}.tar", "nsamples": rows, "filesize": rows * 4096, "md5sum": "0" * 32, "sha256": "0" * 64}))
+        (folder / f"{n}.report.json").write_text(
+            json.dumps({"shard": f"{n}.tar", "loader": "open_clip_train.data", "groups": rows, "passed": rows, "decoded": 0, "problems": []})
+        )
+        infos.append(str(info))
+    plans = [str(plan / f"{n}.samples.parquet") for n in names]
+    status = [p.replace(".samples.", ".status.") for p in parts]
+    rejected = [*(p.replace(".samples.", ".rejected.") for p in parts), str(plan / "dropped.parquet")]
+    index = folder / "index"
+    out["index_shards"] = peak_rss_mib(
+        f"from shardsmith.index import build_index\nbuild_index('ds', {infos!r}, {plans!r}, {status!r}, {rejected!r}, {str(index)!r})"
+    )
+    reports = [str(folder / f"{n}.report.json") for n in names]
+    out["validate_dataset"] = peak_rss_mib(
+        f"from shardsmith.validate import check_dataset\n"
+        f"check_dataset({reports!r}, {str(index / 'sizes.json')!r}, {str(index / 'manifest.parquet')!r}, 1)"
+    )
+    stats = json.loads((index / "stats.json").read_text())
+    assert stats["input_records"] == samples == stats["published"] + stats["rejected"], stats
+    out["duplicates_dropped"] = stats["rejected_by_reason"].get("shard/duplicate_key", 0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, nargs="+", default=[100_000, 400_000, 1_600_000])
+    ap.add_argument("--part-size", type=int, default=5000)
+    ap.add_argument("--samples-per-shard", type=int, default=10_000)
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "memory-scale.json")
+    a = ap.parse_args()
+    rows = []
+    for n in sorted(a.samples):
+        with tempfile.TemporaryDirectory(prefix="memory-scale-") as tmp:
+            rows.append(measure(Path(tmp), n, a.part_size, a.samples_per_shard))
+        print(json.dumps(rows[-1]), flush=True)
+    slope = {}
+    for job in ("plan_shards", "index_shards", "validate_dataset"):
+        (n0, m0), (n1, m1) = (rows[0]["samples"], rows[0][job][0]), (rows[-1]["samples"], rows[-1][job][0])
+        slope[job] = round((m1 - m0) * 2**20 / max(1, n1 - n0), 1)
+    result = {
+        "what": "peak RSS (MiB) and seconds of the dataset-wide jobs, each in a fresh interpreter",
+        "part_size": a.part_size,
+        "samples_per_shard": a.samples_per_shard,
+        "rows": rows,
+        "bytes_per_added_sample": slope,
+        "target": "< 1024 MiB per job, flat as the dataset grows",
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+    a.out.parent.mkdir(exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({"bytes_per_added_sample": slope}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
