@@ -4,6 +4,8 @@ import sys
 
 sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
 
+from pathlib import Path
+
 from shardsmith.logs import run_job
 from shardsmith.validate import ValidationFailed, check_dataset, write_json
 
@@ -14,6 +16,7 @@ def main() -> None:
         snakemake.input.sizes,
         snakemake.input.manifest,
         min_shards=snakemake.params.min_shards,
+        tmp=str(Path(snakemake.output[0]).parent),  # beside the outputs, not in a node's small /tmp
     )
     write_json(snakemake.output[0], summary)
     print(f"valid: {summary['samples']} samples in {summary['shards']} shards, read with {summary['loader']}")

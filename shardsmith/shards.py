@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardsmith.process import REJECT_COLUMNS
-from shardsmith.tables import ParquetAppender, dataset_key_hashes, key_hashes, repeated
+from shardsmith.tables import ParquetAppender, Spill, bins_for, key_bins, num_rows
 from shardsmith.tario import ShardWriter, atomic_open, atomic_write_text, read_at
 
 STAGE = "shard"
@@ -33,38 +34,75 @@ def _ledger_rows(samples: pd.DataFrame, stage: object, reason: object, detail: o
     return rows.assign(stage=stage, reason=reason, detail=detail)[REJECT_COLUMNS]
 
 
-class _Exclusions:
-    """Exclusion tables looked up by key hash; their rows stay in Arrow (no Python object per row)."""
+KEYED = pa.schema(
+    [("key", pa.large_string()), ("pos", pa.int64()), ("source_id", pa.large_string()),
+     ("stage", pa.large_string()), ("reason", pa.large_string()), ("detail", pa.large_string())]
+)  # fmt: skip
+DROPS = pa.schema([("pos", pa.int64()), ("stage", pa.large_string()), ("reason", pa.large_string()), ("detail", pa.large_string())])
 
-    def __init__(self, paths: list[str]) -> None:
-        tables = [pq.read_table(p, columns=["key", "stage", "reason", "detail"]) for p in paths]
-        self.table = pa.concat_tables([t.cast(tables[0].schema) for t in tables]) if tables else None
-        n = 0 if self.table is None else self.table.num_rows
-        hashes = key_hashes(self.table.column("key").to_numpy(zero_copy_only=False)) if n else np.empty(0, np.uint64)
-        self.order = np.argsort(hashes, kind="stable")  # equal keys: the first table row first (the one that counts)
-        self.sorted = hashes[self.order]
 
-    def find(self, keys: pd.Series, hashes: np.ndarray) -> tuple[np.ndarray, pd.DataFrame]:
-        """(mask of the excluded keys, their stage/reason/detail rows in the same order)."""
-        if not len(self.sorted) or not len(keys):
-            return np.zeros(len(keys), dtype=bool), pd.DataFrame(columns=["stage", "reason", "detail"])
-        at = np.searchsorted(self.sorted, hashes)
-        candidate = np.flatnonzero((at < len(self.sorted)) & (self.sorted[np.minimum(at, len(self.sorted) - 1)] == hashes))
-        key_col = self.table.column("key")
-        hit, rows = [], []
-        for i in candidate:  # walk the run of equal hashes: a different key with the same hash is not a hit
-            j = at[i]
-            while j < len(self.sorted) and self.sorted[j] == hashes[i]:
-                row = int(self.order[j])
-                if key_col[row].as_py() == keys.iat[i]:
-                    hit.append(i)
-                    rows.append(row)
-                    break
-                j += 1
-        mask = np.zeros(len(keys), dtype=bool)
-        mask[hit] = True
-        why = self.table.select(["stage", "reason", "detail"]).take(pa.array(rows, pa.int64())).to_pandas()
-        return mask, why
+def _decide_drops(samples_paths: list[str], exclusions: list[str], spill_dir: str) -> tuple[Spill, list[int]]:
+    """Which samples leave the shards, and why, without holding the dataset.
+
+    Every sample (key, position in the dataset) and every exclusion row (key, stage, reason, detail) is
+    sorted into bins by key hash, so all rows of a key meet in one bin; each bin then decides on its own:
+    an excluded key's samples drop with the exclusion's reason (its first row counts), and of the other
+    samples of a key all but the first drop as duplicate_key. The decisions go to bins by dataset position
+    (a run of parts each), read back part by part. Returns those bins and the first position of each.
+    """
+    counts = [num_rows(p) for p in samples_paths]
+    n_ex = sum(num_rows(p) for p in exclusions)
+    n_keys = bins_for(sum(counts) + n_ex)
+    keyed = Spill(Path(spill_dir) / "keys", n_keys, KEYED)
+    at = 0
+    for path in exclusions:  # exclusion rows first, numbered below zero: their order decides which counts
+        for batch in pq.ParquetFile(path).iter_batches(columns=["key", "stage", "reason", "detail"], batch_size=65536):
+            t = pa.Table.from_batches([batch])
+            pos = pa.array(np.arange(at, at + t.num_rows, dtype=np.int64) - n_ex)
+            at += t.num_rows
+            null = pa.nulls(t.num_rows, pa.large_string())
+            columns = [t.column("key"), pos, null, t.column("stage"), t.column("reason"), t.column("detail")]
+            keyed.add(pa.Table.from_arrays(columns, names=KEYED.names), key_bins(t.column("key"), n_keys))
+    at = 0
+    for path in samples_paths:
+        for batch in pq.ParquetFile(path).iter_batches(columns=["key", "source_id"], batch_size=65536):
+            t = pa.Table.from_batches([batch])
+            pos = pa.array(np.arange(at, at + t.num_rows, dtype=np.int64))
+            at += t.num_rows
+            null = pa.nulls(t.num_rows, pa.large_string())
+            columns = [t.column("key"), pos, t.column("source_id"), null, null, null]
+            keyed.add(pa.Table.from_arrays(columns, names=KEYED.names), key_bins(t.column("key"), n_keys))
+    keyed.close()
+
+    # decision bins by position: consecutive parts, about BIN_ROWS samples a bin
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    n_drop_bins = bins_for(int(starts[-1]))
+    bounds = [0]
+    for i in range(1, len(counts)):
+        if len(bounds) < n_drop_bins and starts[i] - bounds[-1] >= starts[-1] / n_drop_bins:
+            bounds.append(int(starts[i]))
+    drops = Spill(Path(spill_dir) / "drops", len(bounds), DROPS)
+    for b in range(keyed.n):
+        rows = keyed.read(b).to_pandas().sort_values("pos", kind="stable")
+        is_ex = rows["pos"] < 0
+        reasons = rows[is_ex].drop_duplicates("key", keep="first").set_index("key")[["stage", "reason", "detail"]]
+        samples = rows[~is_ex]
+        hit = samples["key"].isin(reasons.index)
+        rest = samples[~hit]
+        dup = rest.duplicated("key", keep="first")
+        pieces = []
+        if hit.any():
+            pieces.append(samples[hit][["pos", "key"]].join(reasons, on="key"))
+        if dup.any():
+            first = rest[~dup].set_index("key")["source_id"]
+            repeat = rest[dup][["pos", "key"]].assign(stage=STAGE, reason="duplicate_key")
+            repeat["detail"] = ["same key as " + sid for sid in first.loc[repeat["key"]]]
+            pieces.append(repeat)
+        if pieces:
+            out = pd.concat(pieces, ignore_index=True)[["pos", "stage", "reason", "detail"]]
+            drops.add(pa.Table.from_pandas(out, preserve_index=False), np.searchsorted(bounds, out["pos"].to_numpy(), side="right") - 1)
+    drops.close()
+    return drops, bounds
 
 
 def plan_shards(
@@ -81,15 +119,11 @@ def plan_shards(
     processing (e.g. a similarity threshold, records already published); their samples go to the ledger
     with that reason, and the shards stay uniform.
 
-    Streamed: one part's rows and one shard's plan are held, plus 8 bytes per sample (the key hashes that
-    find repeated keys) and the exclusion tables in Arrow.
+    Streamed: one part's rows, one shard's plan and one bin of keys (about BIN_ROWS, sorted into bins on
+    disk beside the plan) are held at a time, whatever the dataset's size.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    hashes = dataset_key_hashes(list(samples_paths))
-    maybe_repeated = repeated(hashes)  # positions whose key hash occurs twice or more: usually none
-    excluded = _Exclusions(list(exclusions))
-    first_seen: dict[str, str] = {}  # key -> source_id, for the keys in maybe_repeated only
     names: list[str] = []
     pending: list[pd.DataFrame] = []
     held = 0
@@ -110,31 +144,24 @@ def plan_shards(
             names.append(name)
         pending, held = [rows.iloc[at:]], len(rows) - at
 
-    start = 0
-    with ParquetAppender(out_dir / "dropped.parquet", pd.DataFrame(columns=REJECT_COLUMNS)) as dropped:
+    with (
+        tempfile.TemporaryDirectory(prefix=".spill-", dir=out_dir.parent) as spill_dir,
+        ParquetAppender(out_dir / "dropped.parquet", pd.DataFrame(columns=REJECT_COLUMNS)) as dropped,
+    ):
+        drops, bounds = _decide_drops(list(samples_paths), list(exclusions), spill_dir)
+        loaded, decided = -1, pd.DataFrame(columns=["stage", "reason", "detail"])
+        start = 0
         for part, path in zip(part_ids, samples_paths, strict=True):
             samples = pd.read_parquet(path).assign(part=part)
-            h = hashes[start : start + len(samples)]
-            lo, hi = np.searchsorted(maybe_repeated, [start, start + len(samples)])
-            local = maybe_repeated[lo:hi] - start
+            b = int(np.searchsorted(bounds, start, side="right") - 1)
+            if b != loaded:  # the decisions of the next run of parts
+                decided, loaded = drops.read(b).to_pandas().set_index("pos"), b
+            pos = np.arange(start, start + len(samples))
             start += len(samples)
-
-            hit, why = excluded.find(samples["key"], h)
-            stage, reason, detail = (np.full(len(samples), None, dtype=object) for _ in range(3))
-            stage[hit], reason[hit], detail[hit] = why["stage"].values, why["reason"].values, why["detail"].values
-            is_dup = np.zeros(len(samples), dtype=bool)
-            for i in local:
-                if hit[i]:
-                    continue
-                key, sid = samples["key"].iat[i], samples["source_id"].iat[i]
-                if key in first_seen:
-                    is_dup[i] = True
-                    stage[i], reason[i], detail[i] = STAGE, "duplicate_key", "same key as " + first_seen[key]
-                else:
-                    first_seen[key] = sid
-            out = hit | is_dup
+            out = np.isin(pos, decided.index.to_numpy())
             if out.any():  # in record order
-                dropped.append(_ledger_rows(samples[out], stage[out], reason[out], detail[out]))
+                why = decided.loc[pos[out]]
+                dropped.append(_ledger_rows(samples[out], why["stage"].values, why["reason"].values, why["detail"].values))
             keep = samples[~out]
             if len(keep):
                 pending.append(keep)

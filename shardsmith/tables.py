@@ -1,12 +1,15 @@
-"""Dataset-wide tables without holding them: key hashes for duplicate checks, parquet written part by part.
+"""Dataset-wide tables without holding them: keys sorted into bins on disk, parquet written part by part.
 
 plan_shards, index_shards and validate_dataset see every sample of a dataset. Holding their rows costs
-~420 B per sample (1 GiB at 2.5M samples); these helpers keep 8-16 B per sample (a key's 64-bit hash and
-its sort) and one part's rows, so those jobs stay under 1 GiB to ~40M samples.
+~420 B per sample (1 GiB at 2.5M samples). Finding repeated keys needs every key, but not at once: keys are
+sorted into bins by hash (every row of a key in one bin), and each bin is decided on its own, so memory
+stays at one bin and one part whatever the dataset's size.
 """
 
 import os
+import tempfile
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -26,32 +29,58 @@ def num_rows(path: str | os.PathLike) -> int:
     return pq.ParquetFile(path).metadata.num_rows
 
 
-def dataset_key_hashes(paths: list[str], column: str = "key") -> np.ndarray:
-    """The hash of every key of the tables, in table and row order, read one table at a time."""
-    out = np.empty(sum(num_rows(p) for p in paths), dtype=np.uint64)
-    at = 0
-    for path in paths:
-        for batch in pq.ParquetFile(path).iter_batches(columns=[column], batch_size=65536):
-            h = key_hashes(batch.column(0).to_numpy(zero_copy_only=False))
-            out[at : at + len(h)] = h
-            at += len(h)
-    return out
+class Spill:
+    """Arrow tables sorted into `n` bins, kept in memory when n is 1 and in Arrow IPC files under `folder`
+    otherwise, so a dataset-wide pass holds one bin at a time whatever the dataset's size."""
+
+    def __init__(self, folder: str | os.PathLike | None, n: int, schema: pa.Schema) -> None:
+        self.n, self.schema = max(1, n), schema
+        self._mem: list[list[pa.Table]] | None = None
+        if self.n == 1 or folder is None:
+            self.n, self._mem = 1, [[]]
+            return
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._writers = [pa.ipc.new_file(self.folder / f"{i:05d}.arrow", schema) for i in range(self.n)]
+
+    def add(self, table: pa.Table, bins: np.ndarray) -> None:
+        """Append each row of `table` to the bin given for it (rows keep their order within a bin)."""
+        table = table.cast(self.schema)
+        if self._mem is not None:
+            self._mem[0].append(table)
+            return
+        order = np.argsort(bins, kind="stable")
+        sorted_bins = bins[order]
+        cuts = np.flatnonzero(np.diff(sorted_bins)) + 1
+        for idx in np.split(order, cuts):
+            if len(idx):
+                self._writers[int(bins[idx[0]])].write_table(table.take(pa.array(idx)))
+
+    def close(self) -> None:
+        if self._mem is None:
+            for w in self._writers:
+                w.close()
+
+    def read(self, i: int) -> pa.Table:
+        if self._mem is not None:
+            return pa.concat_tables(self._mem[0]) if self._mem[0] else self.schema.empty_table()
+        with pa.memory_map(str(self.folder / f"{i:05d}.arrow")) as src:
+            return pa.ipc.open_file(src).read_all()
 
 
-def repeated(hashes: np.ndarray) -> np.ndarray:
-    """Positions (ascending) of every hash that occurs more than once: where duplicate keys can be.
+BIN_ROWS = 250_000  # rows per bin of a Spill: a bin of keys and ids, decided in pandas, costs ~100-150 MB
 
-    Equal hashes are candidates only; callers compare the keys themselves (a 64-bit collision between
-    different keys is possible at billions of samples).
-    """
-    order = np.argsort(hashes, kind="stable")
-    ordered = hashes[order]
-    same = ordered[1:] == ordered[:-1]
-    del ordered
-    hit = np.zeros(len(hashes), dtype=bool)
-    hit[1:] |= same
-    hit[:-1] |= same
-    return np.sort(order[hit])
+
+def bins_for(rows: int, most: int = 512) -> int:
+    """How many bins keep each under BIN_ROWS rows (at most `most` files open at once)."""
+    return min(most, max(1, -(-rows // BIN_ROWS)))
+
+
+def key_bins(keys: pa.Array | pa.ChunkedArray, n: int) -> np.ndarray:
+    """The bin of each key: every row of one key lands in the same bin."""
+    if n == 1:  # no hashing, and no Python string per key
+        return np.zeros(len(keys), dtype=np.int64)
+    return (key_hashes(keys.to_numpy(zero_copy_only=False)) % np.uint64(n)).astype(np.int64)
 
 
 class ParquetAppender:
@@ -104,20 +133,19 @@ class ParquetAppender:
             self.abort(exc)
 
 
-def repeated_keys(paths: list[str], column: str = "key") -> list[str]:
-    """Keys that occur more than once in the tables (each once, in first-seen order), with 8-25 bytes a row
-    held: the hashes find the candidates, the keys themselves decide."""
-    candidates = repeated(dataset_key_hashes(paths, column))
-    if not len(candidates):
-        return []
-    seen: dict[str, int] = {}
-    at = 0
-    for path in paths:
-        for batch in pq.ParquetFile(path).iter_batches(columns=[column], batch_size=65536):
-            lo, hi = np.searchsorted(candidates, [at, at + batch.num_rows])
-            keys = batch.column(0)
-            for pos in candidates[lo:hi]:
-                key = keys[int(pos - at)].as_py()
-                seen[key] = seen.get(key, 0) + 1
-            at += batch.num_rows
-    return [k for k, n in seen.items() if n > 1]
+def repeated_keys(paths: list[str], column: str = "key", tmp: str | os.PathLike | None = None) -> list[str]:
+    """Keys that occur more than once in the tables (each once, sorted), holding one bin of keys at a time: the
+    keys are sorted into bins by hash (on disk under `tmp` for more than BIN_ROWS rows), and each bin is
+    counted on its own."""
+    n = bins_for(sum(num_rows(p) for p in paths))
+    with tempfile.TemporaryDirectory(dir=tmp) as spill_dir:
+        spill = Spill(spill_dir if n > 1 else None, n, pa.schema([(column, pa.large_string())]))
+        for path in paths:
+            for batch in pq.ParquetFile(path).iter_batches(columns=[column], batch_size=65536):
+                spill.add(pa.Table.from_batches([batch]), key_bins(batch.column(0), n))
+        spill.close()
+        found: list[str] = []
+        for i in range(n):
+            counts = spill.read(i).column(column).value_counts()
+            found += [c["values"] for c in counts.to_pylist() if c["counts"] > 1]
+    return sorted(found)

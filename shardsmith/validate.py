@@ -191,7 +191,7 @@ def validate_shard(shard: str, plan_path: str, max_side: int | None, max_pixels:
     return {"shard": name, "loader": loader, "groups": len(rows), "passed": len(samples), "decoded": decoded, "problems": problems}
 
 
-def check_dataset(reports: list[str], sizes_path: str, manifest_path: str, min_shards: int) -> dict:
+def check_dataset(reports: list[str], sizes_path: str, manifest_path: str, min_shards: int, tmp: str | None = None) -> dict:
     """Combine the shard reports with dataset-wide checks; raise ValidationFailed with a readable report."""
     shard_reports = [json.loads(Path(p).read_text()) for p in reports]
     sizes = json.loads(Path(sizes_path).read_text())
@@ -201,7 +201,7 @@ def check_dataset(reports: list[str], sizes_path: str, manifest_path: str, min_s
             problems.append(f"{r['shard']}: sizes.json says {sizes.get(r['shard'])}, the loader read {r['passed']}")
     if set(sizes) != {r["shard"] for r in shard_reports}:
         problems.append("sizes.json does not list exactly the shards that were validated")
-    dupes = repeated_keys([manifest_path])  # by hash first: the manifest's keys are not held
+    dupes = repeated_keys([manifest_path], tmp=tmp)  # keys sorted into bins on disk under tmp: not all held
     if dupes:
         problems.append(f"{len(dupes)} keys occur in more than one sample (e.g. {dupes[:3]})")
     if len(shard_reports) < min_shards:

@@ -302,10 +302,14 @@ def reference_plan(parts: dict[str, list[str]], excl: dict[str, str], per_shard:
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_streamed_plan_matches_the_in_memory_plan(tmp_path, seed, monkeypatch):
+@pytest.mark.parametrize("bin_rows", [1_000_000, 9])
+def test_streamed_plan_matches_the_in_memory_plan(tmp_path, seed, bin_rows, monkeypatch):
     """Random parts with keys repeated across parts (process_part already rejects repeats within one) and
-    exclusions, some of them of first occurrences.
-    Also with every key hashing alike, so equal hashes alone never make a duplicate or an exclusion."""
+    exclusions, some of them of first occurrences; with every key in memory, and with keys and decisions
+    sorted into bins of 9 rows on disk. Also with every key hashing alike (all in one bin)."""
+    import shardsmith.tables as tables_mod
+
+    monkeypatch.setattr(tables_mod, "BIN_ROWS", bin_rows)
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -328,25 +332,25 @@ def test_streamed_plan_matches_the_in_memory_plan(tmp_path, seed, monkeypatch):
         return shards, [(r["source_id"], r["reason"], r["detail"]) for r in dropped.to_dict("records")]
 
     assert plan(tmp_path / "plan") == (want_shards, want_dropped)
-    import shardsmith.shards as shards_mod
+    monkeypatch.setattr(tables_mod, "key_hashes", lambda keys: np.zeros(len(keys), dtype=np.uint64))
+    assert plan(tmp_path / "plan-colliding") == (want_shards, want_dropped)
+    assert not list(tmp_path.glob(".spill-*"))  # the bins are cleaned up
+
+
+def test_plan_shards_memory_does_not_grow_with_the_rows_held(tmp_path, monkeypatch):
+    """Traced Python/numpy memory of planning 8x the samples (same part size, keys in bins of 4000 on
+    disk) stays flat, where holding the rows cost ~100 B a sample of it (and ~420 B of RSS).
+    bench/memory_scale.py measures RSS at up to 1.6M samples."""
+    import tempfile
+    import tracemalloc
+    from pathlib import Path
+
     import shardsmith.tables as tables_mod
 
-    def colliding(keys):
-        return np.zeros(len(keys), dtype=np.uint64)
-
-    monkeypatch.setattr(tables_mod, "key_hashes", colliding)
-    monkeypatch.setattr(shards_mod, "key_hashes", colliding)
-    assert plan(tmp_path / "plan-colliding") == (want_shards, want_dropped)
-
-
-def test_plan_shards_memory_does_not_grow_with_the_rows_held(tmp_path):
-    """Traced Python/numpy memory of planning 4x the samples (same part size) grows by the key hashes
-    (8-25 B a sample), not by the rows (~420 B a sample when every part was held)."""
-    import tracemalloc
+    monkeypatch.setattr(tables_mod, "BIN_ROWS", 4000)
 
     def peak(n_parts: int) -> int:
-        folder = tmp_path / f"n{n_parts}"
-        folder.mkdir()
+        folder = Path(tempfile.mkdtemp(dir=tmp_path))
         paths = [make_part(folder, f"src-{p:06d}", [f"p{p}-k{i}" for i in range(2000)])["samples"] for p in range(n_parts)]
         tracemalloc.start()
         plan_shards(paths, [f"src-{p:06d}" for p in range(n_parts)], "ds", 1000, folder / "plan")
@@ -354,6 +358,21 @@ def test_plan_shards_memory_does_not_grow_with_the_rows_held(tmp_path):
         tracemalloc.stop()
         return got
 
-    small, large = peak(2), peak(8)
-    per_added_sample = (large - small) / (6 * 2000)
-    assert per_added_sample < 64, per_added_sample
+    peak(4)  # first use: pandas and pyarrow set up caches that stay
+    small, large = peak(4), peak(32)
+    per_added_sample = (large - small) / (28 * 2000)
+    assert per_added_sample < 4, per_added_sample  # a 64-bit hash per sample alone would be 8
+
+
+def test_plan_shards_reads_tables_written_with_other_string_types(tmp_path):
+    """Exclusion tables from other tools may use string rather than large_string, or all-null details."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    part = make_part(tmp_path, "src-000000", ["k0", "k1", "k2"])
+    excl = tmp_path / "excl.parquet"
+    pq.write_table(pa.table({"key": pa.array(["k1"], pa.string()), "stage": ["embed"], "reason": ["low_similarity"], "detail": pa.nulls(1, pa.string())}), excl)
+    names = plan_shards([part["samples"]], ["src-000000"], "ds", 10, tmp_path / "plan", exclusions=[str(excl)])
+    assert list(pd.read_parquet(tmp_path / "plan" / f"{names[0]}.samples.parquet")["key"]) == ["k0", "k2"]
+    [row] = pd.read_parquet(tmp_path / "plan" / "dropped.parquet").to_dict("records")
+    assert (row["key"], row["reason"]) == ("k1", "low_similarity") and pd.isna(row["detail"])

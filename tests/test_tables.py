@@ -1,4 +1,4 @@
-"""Dataset-wide tables without holding them: key hashes, repeated keys, parquet written a frame at a time."""
+"""Dataset-wide tables without holding them: bins on disk, repeated keys, parquet written a frame at a time."""
 
 import numpy as np
 import pandas as pd
@@ -6,7 +6,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import shardsmith.tables as tables
-from shardsmith.tables import ParquetAppender, dataset_key_hashes, key_hashes, repeated, repeated_keys
+import pyarrow as pa
+
+from shardsmith.tables import ParquetAppender, Spill, bins_for, key_bins, key_hashes, repeated_keys
 
 
 def test_key_hashes_are_the_same_in_every_run_and_differ_between_keys():
@@ -16,10 +18,35 @@ def test_key_hashes_are_the_same_in_every_run_and_differ_between_keys():
     assert int(key_hashes(["k0"])[0]) == int(pd.util.hash_array(np.array(["k0"], dtype=object))[0])
 
 
-def test_repeated_finds_every_position_of_a_repeated_hash():
-    assert list(repeated(np.array([5, 1, 5, 2, 1, 9], dtype=np.uint64))) == [0, 1, 2, 4]
-    assert list(repeated(np.array([3, 2, 1], dtype=np.uint64))) == []
-    assert list(repeated(np.array([], dtype=np.uint64))) == []
+def test_key_bins_put_every_row_of_a_key_in_one_bin():
+    keys = np.array([f"k{i % 37}" for i in range(500)], dtype=object)
+    bins = key_bins(pa.array(keys), 7)
+    assert set(bins) <= set(range(7)) and len(set(bins)) > 1
+    for k in set(keys):
+        assert len(set(bins[keys == k])) == 1
+    assert set(key_bins(pa.array(keys), 1)) == {0}
+
+
+def test_bins_for_keeps_bins_under_the_row_budget(monkeypatch):
+    monkeypatch.setattr(tables, "BIN_ROWS", 10)
+    assert [bins_for(n) for n in (0, 10, 11, 95)] == [1, 1, 2, 10]
+    assert bins_for(10**9, most=512) == 512
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_a_spill_gives_back_each_bins_rows_in_order(tmp_path, on_disk):
+    schema = pa.schema([("key", pa.large_string()), ("pos", pa.int64())])
+    spill = Spill(tmp_path / "bins" if on_disk else None, 3, schema)
+    spill.add(pa.table({"key": ["a", "b", "c", "d"], "pos": [0, 1, 2, 3]}), np.array([2, 0, 2, 1]))
+    spill.add(pa.table({"key": ["e", "f"], "pos": [4, 5]}), np.array([0, 2]))
+    spill.close()
+    if on_disk:
+        got = [spill.read(i).to_pydict() for i in range(3)]
+        assert got == [{"key": ["b", "e"], "pos": [1, 4]}, {"key": ["d"], "pos": [3]}, {"key": ["a", "c", "f"], "pos": [0, 2, 5]}]
+        assert len(list((tmp_path / "bins").glob("*.arrow"))) == 3
+    else:  # one bin in memory: a single bin needs no files
+        assert spill.n == 1 and spill.read(0).to_pydict()["pos"] == [0, 1, 2, 3, 4, 5]
+        assert not (tmp_path / "bins").exists()
 
 
 def write_tables(tmp_path, *keysets):
@@ -31,18 +58,16 @@ def write_tables(tmp_path, *keysets):
     return paths
 
 
-def test_hashes_come_in_table_and_row_order(tmp_path):
-    paths = write_tables(tmp_path, ["a", "b", "c"], [], ["d", "a"])
-    assert list(dataset_key_hashes(paths)) == list(key_hashes(["a", "b", "c", "d", "a"]))
-
-
-def test_repeated_keys_across_tables_and_row_groups(tmp_path, monkeypatch):
+@pytest.mark.parametrize("bin_rows", [1_000_000, 2])
+def test_repeated_keys_across_tables_and_row_groups(tmp_path, monkeypatch, bin_rows):
+    monkeypatch.setattr(tables, "BIN_ROWS", bin_rows)  # 2: keys sorted into 5 bins on disk
     paths = write_tables(tmp_path, ["a", "b", "c", "b"], ["d", "a", "e"], ["f"])
-    assert repeated_keys(paths) == ["a", "b"]
-    # every key hashing alike: equal hashes are only candidates, the keys decide
+    assert repeated_keys(paths, tmp=tmp_path) == ["a", "b"]
+    # every key hashing alike: all in one bin, and the keys themselves decide
     monkeypatch.setattr(tables, "key_hashes", lambda keys: np.zeros(len(keys), dtype=np.uint64))
-    assert repeated_keys(paths) == ["a", "b"]
-    assert repeated_keys(write_tables(tmp_path, ["x", "y", "z"])) == []
+    assert repeated_keys(paths, tmp=tmp_path) == ["a", "b"]
+    assert repeated_keys(write_tables(tmp_path, ["x", "y", "z"]), tmp=tmp_path) == []
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # the bins are cleaned up
 
 
 def test_appender_keeps_the_first_frames_types_and_writes_only_on_close(tmp_path):
