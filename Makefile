@@ -36,6 +36,7 @@ bench: setup
 	$(PY) bench/e2e_bench.py --count 2000 --large-share 0.6
 	$(PY) bench/e2e_bench.py --count 4000 --large-share 0
 	$(PY) bench/demo_overhead.py
+	$(PY) bench/memory_scale.py
 
 lint: setup
 	$(SNAKEMAKE) --lint --workflow-profile none

@@ -77,8 +77,11 @@ def measure(folder: Path, samples: int, part_size: int, per_shard: int) -> dict:
     part_ids = [Path(p).name.split(".")[0] for p in parts]
     plan = folder / "plan"
     out: dict = {"samples": samples, "parts": len(parts)}
+    args = folder / "args.json"  # paths go through a file: thousands of them overflow a command line
+    args.write_text(json.dumps({"parts": parts, "part_ids": part_ids}))
+    load = f"import json\na = json.load(open({str(args)!r}))\n"
     out["plan_shards"] = peak_rss_mib(
-        f"from shardsmith.shards import plan_shards\nplan_shards({parts!r}, {part_ids!r}, 'ds', {per_shard}, {str(plan)!r})"
+        f"{load}from shardsmith.shards import plan_shards\nplan_shards(a['parts'], a['part_ids'], 'ds', {per_shard}, {str(plan)!r})"
     )
     names = sorted(p.name.split(".")[0] for p in plan.glob("*.samples.parquet"))
     infos = []
@@ -94,13 +97,15 @@ def measure(folder: Path, samples: int, part_size: int, per_shard: int) -> dict:
     status = [p.replace(".samples.", ".status.") for p in parts]
     rejected = [*(p.replace(".samples.", ".rejected.") for p in parts), str(plan / "dropped.parquet")]
     index = folder / "index"
-    out["index_shards"] = peak_rss_mib(
-        f"from shardsmith.index import build_index\nbuild_index('ds', {infos!r}, {plans!r}, {status!r}, {rejected!r}, {str(index)!r})"
-    )
     reports = [str(folder / f"{n}.report.json") for n in names]
+    args.write_text(json.dumps({"infos": infos, "plans": plans, "status": status, "rejected": rejected, "reports": reports}))
+    out["index_shards"] = peak_rss_mib(
+        f"{load}from shardsmith.index import build_index\n"
+        f"build_index('ds', a['infos'], a['plans'], a['status'], a['rejected'], {str(index)!r})"
+    )
     out["validate_dataset"] = peak_rss_mib(
-        f"from shardsmith.validate import check_dataset\n"
-        f"check_dataset({reports!r}, {str(index / 'sizes.json')!r}, {str(index / 'manifest.parquet')!r}, 1)"
+        f"{load}from shardsmith.validate import check_dataset\n"
+        f"check_dataset(a['reports'], {str(index / 'sizes.json')!r}, {str(index / 'manifest.parquet')!r}, 1)"
     )
     stats = json.loads((index / "stats.json").read_text())
     assert stats["input_records"] == samples == stats["published"] + stats["rejected"], stats
