@@ -64,7 +64,7 @@ class Spill:
     def read(self, i: int) -> pa.Table:
         if self._mem is not None:
             return pa.concat_tables(self._mem[0]) if self._mem[0] else self.schema.empty_table()
-        with pa.memory_map(str(self.folder / f"{i:05d}.arrow")) as src:
+        with pa.OSFile(str(self.folder / f"{i:05d}.arrow")) as src:  # read into memory: the file goes soon after
             return pa.ipc.open_file(src).read_all()
 
 
@@ -138,7 +138,7 @@ def repeated_keys(paths: list[str], column: str = "key", tmp: str | os.PathLike 
     keys are sorted into bins by hash (on disk under `tmp` for more than BIN_ROWS rows), and each bin is
     counted on its own."""
     n = bins_for(sum(num_rows(p) for p in paths))
-    with tempfile.TemporaryDirectory(dir=tmp) as spill_dir:
+    with tempfile.TemporaryDirectory(prefix=".spill-", dir=tmp) as spill_dir:
         spill = Spill(spill_dir if n > 1 else None, n, pa.schema([(column, pa.large_string())]))
         for path in paths:
             for batch in pq.ParquetFile(path).iter_batches(columns=[column], batch_size=65536):
