@@ -9,7 +9,6 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardsmith.process import REJECT_COLUMNS
-from shardsmith.tables import ParquetAppender, Spill, bins_for, key_bins, num_rows
+from shardsmith.tables import ParquetAppender, Spill, bins_for, key_bins, num_rows, spill_folder
 from shardsmith.tario import ShardWriter, atomic_open, atomic_write_text, read_at
 
 STAGE = "shard"
@@ -145,7 +144,7 @@ def plan_shards(
         pending, held = [rows.iloc[at:]], len(rows) - at
 
     with (
-        tempfile.TemporaryDirectory(prefix=".spill-", dir=out_dir.parent) as spill_dir,
+        spill_folder(out_dir.parent) as spill_dir,
         ParquetAppender(out_dir / "dropped.parquet", pd.DataFrame(columns=REJECT_COLUMNS)) as dropped,
     ):
         drops, bounds = _decide_drops(list(samples_paths), list(exclusions), spill_dir)

@@ -7,6 +7,7 @@ stays at one bin and one part whatever the dataset's size.
 """
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -66,6 +67,16 @@ class Spill:
             return pa.concat_tables(self._mem[0]) if self._mem[0] else self.schema.empty_table()
         with pa.OSFile(str(self.folder / f"{i:05d}.arrow")) as src:  # read into memory: the file goes soon after
             return pa.ipc.open_file(src).read_all()
+
+
+def spill_folder(parent: str | os.PathLike | None) -> tempfile.TemporaryDirectory:
+    """A `.spill-*` folder in `parent` for a job's bins, removed when the job ends. One a killed job left
+    behind is never read again: the job that makes a new one removes the old ones first (Snakemake runs
+    one such job per folder at a time)."""
+    if parent is not None:
+        for old in Path(parent).glob(".spill-*"):
+            shutil.rmtree(old, ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=".spill-", dir=parent)
 
 
 BIN_ROWS = 250_000  # rows per bin of a Spill: a bin of keys and ids, decided in pandas, costs ~100-150 MB
@@ -138,7 +149,7 @@ def repeated_keys(paths: list[str], column: str = "key", tmp: str | os.PathLike 
     keys are sorted into bins by hash (on disk under `tmp` for more than BIN_ROWS rows), and each bin is
     counted on its own."""
     n = bins_for(sum(num_rows(p) for p in paths))
-    with tempfile.TemporaryDirectory(prefix=".spill-", dir=tmp) as spill_dir:
+    with spill_folder(tmp) as spill_dir:
         spill = Spill(spill_dir if n > 1 else None, n, pa.schema([(column, pa.large_string())]))
         for path in paths:
             for batch in pq.ParquetFile(path).iter_batches(columns=[column], batch_size=65536):

@@ -376,3 +376,12 @@ def test_plan_shards_reads_tables_written_with_other_string_types(tmp_path):
     assert list(pd.read_parquet(tmp_path / "plan" / f"{names[0]}.samples.parquet")["key"]) == ["k0", "k2"]
     [row] = pd.read_parquet(tmp_path / "plan" / "dropped.parquet").to_dict("records")
     assert (row["key"], row["reason"]) == ("k1", "low_similarity") and pd.isna(row["detail"])
+
+
+def test_bins_a_killed_plan_left_behind_are_removed_by_the_next(tmp_path):
+    part = make_part(tmp_path, "src-000000", ["k0", "k1"])
+    stale = tmp_path / ".spill-killed" / "keys"
+    stale.mkdir(parents=True)
+    (stale / "00000.arrow").write_bytes(b"half a file")
+    plan_shards([part["samples"]], ["src-000000"], "ds", 10, tmp_path / "plan")
+    assert not list(tmp_path.glob(".spill-*"))
