@@ -18,12 +18,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from bench.e2e_bench import VENV_BIN, _job_name, measured, overhead  # noqa: E402
+from bench.e2e_bench import VENV_BIN, _job_name, measured, overhead, save_result  # noqa: E402
 
 
 def run_demo(root: Path, cores: int) -> dict:
@@ -58,18 +57,28 @@ def main() -> None:
         o = run["overhead"]
         print(f"round {i}: {o['wall_s']} s, {o['jobs']} jobs, overhead share {o['share']}", flush=True)
         runs.append({"overhead": o, "timeline": run["timeline"]})
-    share = statistics.median(r["overhead"]["share"] for r in runs)
-    result = {
-        "rounds": runs,
-        "median_wall_s": statistics.median(r["overhead"]["wall_s"] for r in runs),
-        "median_overhead_share": share,
-        "target": {"target": "< 0.10", "measured": share, "met": share < 0.10},
-        "when": time.strftime("%Y-%m-%d %H:%M"),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-    }
-    a.out.parent.mkdir(exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    result = {"rounds": runs, **summarize(runs)}
+    save_result(a.out, result)
     print(json.dumps({k: result[k] for k in ("median_wall_s", "median_overhead_share", "target")}, indent=1))
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Medians over the rounds, and the target: met, or by how much it is missed and what bounds it."""
+    share = statistics.median(r["overhead"]["share"] for r in runs)
+    wall = statistics.median(r["overhead"]["wall_s"] for r in runs)
+    o = runs[0]["overhead"]
+    embed = o["job_s_by_rule"].get("embed_part", {"jobs": 0, "sum_s": 0.0})
+    target = {"target": "< 0.10", "measured": share, "met": share < 0.10}
+    if not target["met"]:
+        target["short_by"] = f"{share - 0.10:.0%} of the wall time"
+        target["bounded_by"] = [
+            f"{o['jobs']} job processes, each starting an interpreter that imports its libraries "
+            f"(~{o['job_startup_s_each']} s; one job per stage and per part or shard)",
+            f"{o['no_job_running_s']} s with no job running: Snakemake's own start-up, exit and DAG updates",
+            f"embed_part: {embed['sum_s']} s of {wall} s in {embed['jobs']} processes (the jobs and their data-loader workers), each job importing torch and "
+            "open_clip to embed a few images (work, in this measure, but a fixed cost per part)",
+        ]
+    return {"median_wall_s": wall, "median_overhead_share": share, "target": target}
 
 
 if __name__ == "__main__":

@@ -487,6 +487,13 @@ def ledger_adds_up(root: Path, count: int) -> dict:
 # ---------------------------------------------------------------- main
 
 
+def save_result(out: Path, result: dict) -> None:
+    """Write a results file, stamped with when and by which command it was measured."""
+    result = {**result, "when": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+
+
 def bounds(s_a: dict, s_b: dict) -> list[str]:
     """What the measured figures say bounds the speed (the profile behind them: README, Performance)."""
     walls = statistics.median(p["fetch_and_resize_s"] + p["head_s"] + p["tail_s"] for p in s_b["phases"])
@@ -574,9 +581,8 @@ def main() -> None:
             if a.out:  # e.g. peak memory at the default part and shard sizes, without img2dataset
                 summary = {k: last[k] for k in ("wall_s", "cpu_s", "peak_rss_mib", "overhead", "phases", "in_job_work_s")}
                 summary |= {"count": a.count, "large_share": a.large_share, "large_formats": a.large_formats, "parts": a.parts,
-                            "samples_per_shard": our_per_shard, "when": time.strftime("%Y-%m-%d %H:%M"),
-                            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}  # fmt: skip
-                a.out.write_text(json.dumps(summary, indent=1) + "\n")
+                            "samples_per_shard": our_per_shard}  # fmt: skip
+                save_result(a.out, summary)
             for start, end, name in sorted((p["start"], p["end"], _job_name(p["cmd"])) for p in last["procs"].values() if _job_name(p["cmd"])):
                 print(f"  {start - last['t0']:6.1f} {end - last['t0']:6.1f}  {name}")
             a.keep = True
@@ -634,12 +640,9 @@ def main() -> None:
             "quality": {"met": quality["shardsmith"]["ok"]},
         },
         "machine": {"cpus": os.cpu_count(), "load_avg_at_end": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version()},
-        "when": time.strftime("%Y-%m-%d %H:%M"),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
     out = a.out or BENCH / "results" / f"e2e-{'large' if large else 'small'}{'' if a.samples_per_shard is None else f'-shard{per_shard}'}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    save_result(out, result)
     print(json.dumps({k: result[k] for k in ("ratio_b_over_a", "targets")}, indent=1))
     print(f"img2dataset {s_a['median_img_per_s']} img/s, shardsmith {s_b['median_img_per_s']} img/s; results: {out}")
     if a.keep:

@@ -25,6 +25,7 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench.e2e_bench import save_result  # noqa: E402
 from shardsmith.process import REJECT_COLUMNS, SAMPLE_COLUMNS  # noqa: E402
 
 
@@ -125,23 +126,34 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="memory-scale-") as tmp:
             rows.append(measure(Path(tmp), n, a.part_size, a.samples_per_shard))
         print(json.dumps(rows[-1]), flush=True)
-    slope = {}
-    for job in ("plan_shards", "index_shards", "validate_dataset"):
-        (n0, m0), (n1, m1) = (rows[0]["samples"], rows[0][job][0]), (rows[-1]["samples"], rows[-1][job][0])
-        slope[job] = round((m1 - m0) * 2**20 / max(1, n1 - n0), 1)
     result = {
         "what": "peak RSS (MiB) and seconds of the dataset-wide jobs, each in a fresh interpreter",
         "part_size": a.part_size,
         "samples_per_shard": a.samples_per_shard,
         "rows": rows,
-        "bytes_per_added_sample": slope,
-        "target": "< 1024 MiB per job, flat as the dataset grows",
-        "when": time.strftime("%Y-%m-%d %H:%M"),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        **verdict(rows),
     }
-    a.out.parent.mkdir(exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({"bytes_per_added_sample": slope}, indent=1))
+    save_result(a.out, result)
+    print(json.dumps({k: result[k] for k in ("bytes_per_added_sample", "target")}, indent=1))
+
+
+def verdict(rows: list[dict]) -> dict:
+    """Bytes per added sample from the two largest sizes, and the target: under 1 GiB and flat (under one
+    byte per added sample), or by how much it is missed."""
+    jobs = ("plan_shards", "index_shards", "validate_dataset")
+    (a, b) = rows[-2:] if len(rows) > 1 else (rows[0], rows[0])
+    slope = {j: round((b[j][0] - a[j][0]) * 2**20 / max(1, b["samples"] - a["samples"]), 1) for j in jobs}
+    peak = max(r[j][0] for r in rows for j in jobs)
+    flat = all(v < 1.0 for v in slope.values())
+    target = {"target": "< 1024 MiB per job, flat as the dataset grows", "peak_mib": peak, "under_1gib": peak < 1024, "flat": flat, "met": peak < 1024 and flat}
+    if not flat:
+        worst = max(slope, key=slope.get)
+        target["short_by"] = f"{slope[worst]} bytes per added sample ({worst}, {a['samples']:,} -> {b['samples']:,} samples)"
+        target["bounded_by"] = [
+            "not traced further: with fixed-size parts, per-part overhead and allocator growth look alike",
+            "the binned key check holds one bin (BIN_ROWS keys) at a time; bins grow past 512 of them",
+        ]
+    return {"bytes_per_added_sample": slope, "target": target}
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The e2e benchmark's quality check on a tiny generated set: it passes shardsmith's output and catches wrong output.
+"""The e2e benchmark's quality check on a tiny generated set (it passes shardsmith's output and catches wrong output),
+and the bench verdicts that say by how much a target is missed.
 
 No timing here (speed is measured in bench/), and no img2dataset needed.
 """
@@ -81,3 +82,32 @@ def test_a_large_set_repeats_the_generated_images_under_new_names(tmp_path, monk
     assert [r["kind"] for r in rows] == [base[i % 6]["kind"] for i in range(14)]
     for i, r in enumerate(rows):  # every URL is its own file with the pool image's bytes
         assert (data / "images" / r["name"]).read_bytes() == (data.parent / "e2e-camera-6-0-1" / "images" / base[i % 6]["name"]).read_bytes()
+
+
+def test_a_missed_memory_target_says_by_how_much_and_why():
+    from bench.memory_scale import verdict
+
+    def row(n, mib):
+        return {"samples": n, "plan_shards": [mib, 1.0], "index_shards": [100.0, 1.0], "validate_dataset": [100.0, 1.0]}
+
+    flat = verdict([row(100_000, 200.0), row(1_000_000, 200.0), row(2_000_000, 200.5)])
+    assert flat["target"]["met"] and "short_by" not in flat["target"]
+    grows = verdict([row(1_000_000, 200.0), row(2_000_000, 300.0)])
+    assert grows["bytes_per_added_sample"]["plan_shards"] == round(100 * 2**20 / 1_000_000, 1)
+    assert not grows["target"]["met"] and grows["target"]["under_1gib"]
+    assert grows["target"]["short_by"].startswith("104.9 bytes per added sample (plan_shards") and grows["target"]["bounded_by"]
+
+
+def test_a_missed_overhead_target_says_by_how_much_and_why():
+    from bench.demo_overhead import summarize
+
+    def run(share):
+        o = {"share": share, "wall_s": 40.0, "jobs": 30, "job_startup_s_each": 0.5, "no_job_running_s": 3.0,
+             "job_s_by_rule": {"embed_part": {"jobs": 5, "sum_s": 25.0, "max_s": 5.0}}}  # fmt: skip
+        return {"overhead": o}
+
+    missed = summarize([run(0.3), run(0.34)])
+    assert missed["median_overhead_share"] == 0.32 and missed["target"]["short_by"] == "22% of the wall time"
+    assert any("embed_part: 25.0 s of 40.0 s" in b for b in missed["target"]["bounded_by"])
+    met = summarize([run(0.05)])["target"]
+    assert met["met"] and "short_by" not in met
