@@ -64,6 +64,25 @@ def test_quality_check_catches_ignored_exif_and_reencoding(imageset):
     assert "exif_rotated" in text and "second lossy generation" in text
 
 
+def test_quality_check_catches_upscaling_and_wrong_cmyk_colours(imageset):
+    images, rows = imageset
+    samples = _ours(images, rows)
+    small = next(r for r in rows if r["kind"] == "jpeg" and max(r["width"], r["height"]) < MAX_SIDE)
+    cmyk = next(r for r in rows if r["kind"] == "cmyk")
+    up = Image.open(images / small["name"]).convert("RGB")
+    up = up.resize((up.width * 2, up.height * 2))  # enlarged past the original
+    raw = Image.open(images / cmyk["name"])
+    inverted = Image.frombytes("RGB", raw.size, bytes(255 - b for b in raw.convert("RGB").tobytes()))  # CMYK read inverted
+    for r, im in ((small, up), (cmyk, inverted)):
+        im.thumbnail((MAX_SIDE, MAX_SIDE))
+        buf = io.BytesIO()
+        im.save(buf, "JPEG", quality=QUALITY)
+        samples[f"{BASE}/{r['name']}"] = {"jpg": buf.getvalue(), "json": {}}
+    report = check_quality(images, rows, BASE, samples, ours=False)
+    text = json.dumps(report["failures"])
+    assert not report["ok"] and f"{small['name']} (jpeg): size" in text
+    assert f"{cmyk['name']} (cmyk): looks unlike the displayed original" in text
+
 def test_quality_check_reports_missing_samples(imageset):
     images, rows = imageset
     report = check_quality(images, rows, BASE, {}, ours=False)
