@@ -4,6 +4,8 @@ A `Rejection` is a per-record outcome (the record goes to the ledger and the run
 a `ConfigError` is the user's to fix before any work starts.
 """
 
+REJECT_COLUMNS = ["source", "source_id", "url", "key", "stage", "reason", "detail"]  # a row of the rejection ledger
+
 
 class Rejection(Exception):
     """One record cannot be published; `reason` is a short snake_case code, `detail` says why."""

@@ -17,7 +17,7 @@ from functools import partial
 import pandas as pd
 
 from shardsmith.captions import CaptionSettings, pick_caption
-from shardsmith.errors import Rejection
+from shardsmith.errors import REJECT_COLUMNS, Rejection
 from shardsmith.logs import ProgressLog
 from shardsmith.resize import ImageResult, ResizeSettings, process_image
 from shardsmith.tario import ShardWriter, atomic_open
@@ -27,7 +27,6 @@ SAMPLE_COLUMNS = [
     "bytes", "sha256", "caption_length", "caption_field", "passthrough",
     "jpg_offset", "jpg_size", "txt_offset", "txt_size", "json_offset", "json_size",
 ]  # fmt: skip
-REJECT_COLUMNS = ["source", "source_id", "url", "key", "stage", "reason", "detail"]
 
 
 def _iter_raw(raw_tar: str) -> Iterator[tuple[int, bytes, dict]]:

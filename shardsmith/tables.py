@@ -6,22 +6,29 @@ sorted into bins by hash (every row of a key in one bin), and each bin is decide
 stays at one bin and one part whatever the dataset's size.
 """
 
+from __future__ import annotations
+
 import os
 import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardsmith.tario import atomic_open
 
+if TYPE_CHECKING:  # imported where used: jobs that never need pandas start 0.3 s sooner without it
+    import pandas as pd
+
 
 def key_hashes(keys: Iterable[str]) -> np.ndarray:
     """64-bit hashes of keys; pandas' hash_array uses a fixed key, so they are the same in every run."""
+    import pandas as pd
+
     return pd.util.hash_array(np.asarray(keys if isinstance(keys, (pd.Series, np.ndarray)) else list(keys), dtype=object))
 
 
@@ -95,33 +102,40 @@ def key_bins(keys: pa.Array | pa.ChunkedArray, n: int) -> np.ndarray:
 
 
 class ParquetAppender:
-    """One parquet file written a pandas frame at a time, under a temporary name until `close()`.
+    """One parquet file written a table at a time (a pandas frame or an Arrow table), under a temporary name
+    until `close()`.
 
-    The first frame fixes the schema (as pandas would write it); later frames are cast to it, so an empty
-    or all-null part does not change a column's type. Without any frame, `empty` gives the columns.
+    The first table fixes the schema (a column all null in it is taken as text); later ones are cast to
+    it, so an empty or all-null part does not change a column's type. Without any rows, the file has `columns`, typed null (pandas reads them as
+    object columns, as it wrote them before).
     """
 
-    def __init__(self, path: str | os.PathLike, empty: pd.DataFrame) -> None:
+    def __init__(self, path: str | os.PathLike, columns: list[str]) -> None:
         self._open = atomic_open(path)
         self._file = self._open.__enter__()
-        self._empty = empty
+        self._columns = list(columns)
         self._writer: pq.ParquetWriter | None = None
         self.rows = 0
 
-    def append(self, frame: pd.DataFrame) -> None:
-        if self._writer is None:
-            if len(frame) == 0:
-                return
-            table = pa.Table.from_pandas(frame, preserve_index=False)
-            self._writer = pq.ParquetWriter(self._file, table.schema)
+    def append(self, frame: pd.DataFrame | pa.Table) -> None:
+        if len(frame) == 0 and self._writer is None:
+            return
+        if isinstance(frame, pa.Table):  # what pandas wrote into its source's metadata no longer applies
+            table = frame.replace_schema_metadata(None)
         else:
-            table = pa.Table.from_pandas(frame, preserve_index=False).cast(self._writer.schema)
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+        if self._writer is None:  # a column all null in the first table would refuse every later value
+            schema = pa.schema([f.with_type(pa.string()) if pa.types.is_null(f.type) else f for f in table.schema])
+            self._writer = pq.ParquetWriter(self._file, schema)
+            table = table.cast(schema)
+        else:
+            table = table.cast(self._writer.schema)
         self._writer.write_table(table)
         self.rows += len(frame)
 
     def close(self) -> None:
         if self._writer is None:
-            self._empty.to_parquet(self._file, index=False)
+            pq.write_table(pa.table({c: pa.nulls(0) for c in self._columns}), self._file)
         else:
             self._writer.close()
         self._open.__exit__(None, None, None)

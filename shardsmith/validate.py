@@ -25,7 +25,7 @@ import tarfile
 from pathlib import Path
 from types import ModuleType
 
-import pandas as pd
+import pyarrow.parquet as pq
 
 from shardsmith.tables import repeated_keys
 from shardsmith.tario import atomic_write_text
@@ -145,8 +145,8 @@ def validate_shard(shard: str, plan_path: str, max_side: int | None, max_pixels:
     """
     problems: list[str] = []
     name = Path(shard).name
-    plan = pd.read_parquet(plan_path, columns=["key", "sha256", "width", "height"])
-    plan_keys = list(plan["key"])
+    plan = pq.ParquetFile(plan_path).read(columns=["key", "sha256", "width", "height"]).to_pylist()
+    plan_keys = [r["key"] for r in plan]
     try:
         with tarfile.open(shard, "r:") as tar:
             members = tar.getmembers()
@@ -171,7 +171,7 @@ def validate_shard(shard: str, plan_path: str, max_side: int | None, max_pixels:
     if keys != plan_keys[: len(keys)] or len(keys) != len(plan_keys):
         missing = sorted(set(plan_keys) - set(keys))[:5]
         problems.append(f"{name}: keys read differ from the plan (missing e.g. {missing})")
-    planned = {r["key"]: r for r in plan.to_dict("records")}
+    planned = {r["key"]: r for r in plan}
     decoded = 0
     for s in samples:
         want = planned.get(s["__key__"])

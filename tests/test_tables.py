@@ -72,7 +72,7 @@ def test_repeated_keys_across_tables_and_row_groups(tmp_path, monkeypatch, bin_r
 
 def test_appender_keeps_the_first_frames_types_and_writes_only_on_close(tmp_path):
     path = tmp_path / "out.parquet"
-    with ParquetAppender(path, pd.DataFrame(columns=["key", "url", "n"])) as out:
+    with ParquetAppender(path, ["key", "url", "n"]) as out:
         out.append(pd.DataFrame({"key": ["a"], "url": ["u"], "n": [1]}))
         out.append(pd.DataFrame({"key": [], "url": [], "n": []}))
         out.append(pd.DataFrame({"key": ["b", "c"], "url": [None, None], "n": [2, 3]}))  # an all-null column
@@ -82,11 +82,24 @@ def test_appender_keeps_the_first_frames_types_and_writes_only_on_close(tmp_path
     assert table.to_pydict() == {"key": ["a", "b", "c"], "url": ["u", None, None], "n": [1, 2, 3]}
 
 
+def test_appender_takes_arrow_tables_and_a_first_column_all_null_as_text(tmp_path):
+    path = tmp_path / "out.parquet"
+    src = tmp_path / "src.parquet"
+    pd.DataFrame({"key": ["a"], "detail": [None]}).to_parquet(src, index=False)  # pandas metadata, a null column
+    with ParquetAppender(path, ["key", "detail"]) as out:
+        out.append(pq.read_table(src))
+        out.append(pa.table({"key": ["b"], "detail": ["why"]}))  # refused by a null-typed column
+        out.append(pd.DataFrame({"key": ["c"], "detail": ["how"]}))
+    table = pq.read_table(path)
+    assert table.to_pydict() == {"key": ["a", "b", "c"], "detail": [None, "why", "how"]}
+    assert table.schema.field("detail").type == pa.string() and table.schema.metadata is None
+
+
 def test_appender_without_rows_writes_the_columns_and_a_failure_leaves_nothing(tmp_path):
-    with ParquetAppender(tmp_path / "empty.parquet", pd.DataFrame(columns=["key", "stage"])):
+    with ParquetAppender(tmp_path / "empty.parquet", ["key", "stage"]):
         pass
     assert list(pd.read_parquet(tmp_path / "empty.parquet").columns) == ["key", "stage"]
-    with pytest.raises(RuntimeError, match="stop"), ParquetAppender(tmp_path / "half.parquet", pd.DataFrame(columns=["key"])) as out:
+    with pytest.raises(RuntimeError, match="stop"), ParquetAppender(tmp_path / "half.parquet", ["key"]) as out:
         out.append(pd.DataFrame({"key": ["a"]}))
         raise RuntimeError("stop")
     assert list(tmp_path.glob("*half*")) == []

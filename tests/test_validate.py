@@ -185,19 +185,22 @@ def test_the_reader_and_filter_are_openclips_own_functions():
     assert keep({**sample, "webp": b"x"}) and real.filter_no_caption_or_no_image({**sample, "webp": b"x"})
 
 
-def test_validating_a_shard_does_not_import_torch(tmp_path):
-    """torch costs 3 s and ~600 MB per job; OpenCLIP's reader and filter need none of it."""
+def test_validating_a_shard_and_the_dataset_imports_neither_torch_nor_pandas(tmp_path):
+    """torch costs 3 s and ~600 MB per job, pandas ~0.3 s; OpenCLIP's reader and filter need neither, and
+    validation runs in every write_shard job and in validate_dataset."""
     import subprocess
     import sys
 
     tar, plan, _ = make_shard(tmp_path, "ds-000000", good(3))
+    reports, sizes, manifest = dataset_files(tmp_path, {"ds-000000.tar": 3}, [report("ds-000000.tar", 3)])
     code = (
-        "import sys; from shardsmith.validate import validate_shard; "
+        "import sys; from shardsmith.validate import validate_shard, check_dataset; "
         f"r = validate_shard({tar!r}, {plan!r}, 512, 25_000_000); "
-        "print(r['passed'], r['loader'], 'torch' in sys.modules)"
+        f"check_dataset({reports!r}, {sizes!r}, {manifest!r}, 1); "
+        "print(r['passed'], r['loader'], 'torch' in sys.modules, 'pandas' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
-    assert out.stdout.split() == ["3", "open_clip_train.data", "False"]
+    assert out.stdout.split() == ["3", "open_clip_train.data", "False", "False"]
 
 
 def test_missing_openclip_definitions_are_a_key_error_not_a_silent_substitute():
