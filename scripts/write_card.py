@@ -9,7 +9,6 @@ from pathlib import Path
 
 from shardsmith.card import card_text
 from shardsmith.logs import run_job
-from shardsmith.report import rejection_summary
 from shardsmith.tario import atomic_write_text
 
 
@@ -18,17 +17,13 @@ def load(path: str) -> dict:
 
 
 def main() -> None:
-    by_source_stage = rejection_summary(snakemake.input.rejected)["by_source_stage"]
-    rejected_by_source: dict[str, int] = {}
-    for (source, _stage), n in by_source_stage.items():
-        rejected_by_source[source] = rejected_by_source.get(source, 0) + n
     emb = list(snakemake.input.embedding_stats)
+    reports = list(snakemake.input.reports)  # none when every record was rejected: validate_dataset says so
     text = card_text(
         snakemake.params.config,
         stats=load(snakemake.input.stats),
         sizes=load(snakemake.input.sizes),
-        validation=load(snakemake.input.validation),
-        rejected_by_source=rejected_by_source,
+        loader=load(reports[0])["loader"] if reports else None,  # the reader every shard was read back with
         emb_stats=load(emb[0]) if emb else None,
     )
     atomic_write_text(snakemake.output[0], text)

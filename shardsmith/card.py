@@ -134,8 +134,7 @@ def card_text(
     config: dict,
     stats: dict,
     sizes: dict[str, int],
-    validation: dict,
-    rejected_by_source: dict[str, int],
+    loader: str | None,
     emb_stats: dict | None = None,
     versions: dict[str, str] | None = None,
 ) -> str:
@@ -162,7 +161,7 @@ def card_text(
         f"`{{key}}.txt` (the normalized UTF-8 caption, at most {captions.get('max_chars', '?')} characters) and "
         "`{key}.json` (source, source id, URL,",
         "sizes before and after resize, and the original source fields). Every shard was read back with",
-        f"`{validation.get('loader', '?')}` before publishing.",
+        f"`{loader}` before publishing." if loader else "OpenCLIP's loader before publishing.",
         "",
     ]
     if version == "auto":
@@ -186,7 +185,7 @@ def card_text(
     out += ["## Counts", ""]
     out += _table(["step", "records left", "rejected here"], [[s, left, d or ""] for s, left, d in funnel(stats)])
     out += ["", "By source:", ""]
-    by_source = stats.get("published_by_source", {})
+    by_source, rejected_by_source = stats.get("published_by_source", {}), stats.get("rejected_by_source", {})
     src_rows = []
     for src in config.get("sources", []):
         published, rejected = by_source.get(src["name"], 0), rejected_by_source.get(src["name"], 0)

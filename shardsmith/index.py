@@ -9,9 +9,11 @@ import os
 from collections import Counter
 from pathlib import Path
 
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from shardsmith.process import REJECT_COLUMNS
+from shardsmith.errors import REJECT_COLUMNS
 from shardsmith.tables import ParquetAppender, num_rows
 from shardsmith.tario import atomic_write_text
 
@@ -27,6 +29,13 @@ class LedgerMismatch(RuntimeError):
 
 def dumps(obj: object) -> str:
     return json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _counts(table: pa.Table, columns: list[str]) -> Counter:
+    """Rows per distinct value (a tuple of values for several columns)."""
+    groups = table.select(columns).group_by(columns).aggregate([([], "count_all")]).to_pydict()
+    values = zip(*(groups[c] for c in columns), strict=True)
+    return Counter({(v if len(columns) > 1 else v[0]): n for v, n in zip(values, groups["count_all"], strict=True)})
 
 
 def build_index(
@@ -53,25 +62,28 @@ def build_index(
     }
     inputs = sum(num_rows(p) for p in status_paths)
     by_source: Counter = Counter()
+    rejected_by_source: Counter = Counter()
     by_stage: Counter = Counter()
     by_reason: Counter = Counter()
     passthrough = 0
     out_dir.mkdir(parents=True, exist_ok=True)
     with (
-        ParquetAppender(out_dir / "manifest.parquet", pd.DataFrame(columns=MANIFEST_COLUMNS)) as manifest,
-        ParquetAppender(out_dir / "rejected.parquet", pd.DataFrame(columns=REJECT_COLUMNS)) as rejected,
+        ParquetAppender(out_dir / "manifest.parquet", MANIFEST_COLUMNS) as manifest,
+        ParquetAppender(out_dir / "rejected.parquet", REJECT_COLUMNS) as rejected,
     ):
-        for path in shard_plans:
-            plan = pd.read_parquet(path, columns=[c for c in MANIFEST_COLUMNS if c != "shard"] + ["passthrough"])
-            plan["shard"] = Path(path).name.split(".")[0] + ".tar"
-            manifest.append(plan[MANIFEST_COLUMNS])
-            by_source.update(plan["source"])
-            passthrough += int(plan["passthrough"].astype(bool).sum())
+        for path in shard_plans:  # in Arrow: counted by group_by, not row by row in Python
+            plan = pq.ParquetFile(path).read(columns=[c for c in MANIFEST_COLUMNS if c != "shard"] + ["passthrough"])
+            shard = pa.array([Path(path).name.split(".")[0] + ".tar"] * plan.num_rows, pa.string())
+            manifest.append(plan.append_column("shard", shard).select(MANIFEST_COLUMNS))
+            by_source.update(_counts(plan, ["source"]))
+            passthrough += int(pc.sum(plan.column("passthrough").cast(pa.int64())).as_py() or 0)
         for path in rejected_paths:
-            table = pd.read_parquet(path)[REJECT_COLUMNS]
+            table = pq.ParquetFile(path).read(columns=REJECT_COLUMNS)
             rejected.append(table)
-            by_stage.update(table["stage"])
-            by_reason.update(f"{s}/{r}" for s, r in zip(table["stage"], table["reason"], strict=True))
+            for (source, stage, reason), n in _counts(table, ["source", "stage", "reason"]).items():
+                rejected_by_source[source] += n
+                by_stage[stage] += n
+                by_reason[f"{stage}/{reason}"] += n
         published = int(sum(sizes.values()))
         if published != manifest.rows:
             raise LedgerMismatch(f"shards hold {published} samples but the shard plans list {manifest.rows}")
@@ -89,6 +101,7 @@ def build_index(
         "rejected_by_stage": dict(sorted(by_stage.items())),
         "rejected_by_reason": dict(sorted(by_reason.items())),
         "published_by_source": {k: int(v) for k, v in sorted(by_source.items())},
+        "rejected_by_source": dict(sorted(rejected_by_source.items())),
         "passed_through_unchanged": passthrough,
     }
     atomic_write_text(out_dir / "sizes.json", dumps(sizes))

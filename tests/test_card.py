@@ -22,8 +22,9 @@ STATS = {
     "rejected_by_stage": {"download": 2, "caption": 1},
     "rejected_by_reason": {"download/not_found": 2, "caption/no_caption": 1},
     "published_by_source": {"web": 11},
+    "rejected_by_source": {"web": 3},
 }
-VALIDATION = {"loader": "open_clip_train.data", "ok": True, "samples": 11, "shards": 3}
+LOADER = "open_clip_train.data"
 
 
 def config(**overrides) -> dict:
@@ -73,7 +74,7 @@ def test_package_versions_name_the_byte_shaping_packages():
 
 
 def test_card_command_trains_on_exactly_the_shards_in_sizes_json(tmp_path):
-    card = card_text(config(version="v3"), STATS, SIZES, VALIDATION, {"web": 3}, versions={"shardsmith": "0.1.0"})
+    card = card_text(config(version="v3"), STATS, SIZES, LOADER, versions={"shardsmith": "0.1.0"})
     argv = train_command(card)
     assert argv[:3] == ["python", "-m", "open_clip_train.main"]
     assert arg(argv, "--dataset-type") == "webdataset"
@@ -85,7 +86,7 @@ def test_card_command_trains_on_exactly_the_shards_in_sizes_json(tmp_path):
 
 def test_card_states_counts_rejections_sources_fingerprint_and_no_build_paths():
     c = config()
-    card = card_text(c, STATS, SIZES, VALIDATION, {"web": 3}, versions={"shardsmith": "0.1.0", "pandas": "3.1.1"})
+    card = card_text(c, STATS, SIZES, LOADER, versions={"shardsmith": "0.1.0", "pandas": "3.1.1"})
     assert "**11 samples in 3 shards**" in card and "14 input records" in card
     assert "| download/not_found | 2 |" in card and "| caption/no_caption | 1 |" in card
     assert "| web | manifest | `in/web.parquet` | 14 | 11 | 3 |" in card
@@ -104,17 +105,27 @@ def test_card_says_plainly_when_clip_scores_come_from_random_weights():
         "similarity": {"mean": 0.01, "std": 0.1, "quantiles": {"0.05": -0.1, "0.5": 0.0, "0.999": 0.2}},
         "provenance": {"model": "tiny-clip", "pretrained": "/m/tiny-clip.pt", "random_weights": True, "device": "cpu"},
     }
-    card = card_text(config(), STATS, SIZES, VALIDATION, {}, emb_stats=emb, versions={})
+    card = card_text(config(), STATS, SIZES, LOADER, emb_stats=emb, versions={})
     assert "**These CLIP scores were computed with RANDOM (untrained) weights.**" in card
     assert "| similarity mean | 0.0100 |" in card and "| similarity quantile 0.5 | 0.0000 |" in card
     assert "0.999" not in card  # a few quantiles only; all are in embedding_stats.json
     real = {**emb, "random_weights": False, "provenance": {**emb["provenance"], "random_weights": False, "pretrained": "laion2b_s34b_b79k"}}
-    card = card_text(config(), STATS, SIZES, VALIDATION, {}, emb_stats=real, versions={})
+    card = card_text(config(), STATS, SIZES, LOADER, emb_stats=real, versions={})
     assert "## CLIP scores" in card and "RANDOM" not in card and "laion2b_s34b_b79k" in card
 
 
 def test_card_of_an_auto_version_and_of_a_single_shard():
-    card = card_text(config(version="auto"), {**STATS, "input_records": 7, "published": 4}, {"ds-000000.tar": 4}, VALIDATION, {}, versions={})
+    card = card_text(config(version="auto"), {**STATS, "input_records": 7, "published": 4}, {"ds-000000.tar": 4}, LOADER, versions={})
     assert card.startswith("# ds\n") and "named when published" in card
     argv = train_command(card)
     assert list(braceexpand(arg(argv, "--train-data"))) == ["./ds-000000.tar"] and arg(argv, "--workers") == "1"
+
+
+def test_card_of_a_build_that_published_nothing_does_not_fail():
+    """Every record rejected: no shard, no shard report. validate_dataset fails the run with the reason; the
+    card, written beside it, must not fail first with an error of its own."""
+    stats = {**STATS, "published": 0, "rejected": 14, "shards": 0, "rejected_by_stage": {"download": 14},
+             "rejected_by_reason": {"download/not_found": 14}, "published_by_source": {}, "rejected_by_source": {"web": 14}}  # fmt: skip
+    card = card_text(config(), stats, {}, None, versions={})
+    assert "**0 samples in 0 shards**" in card and "OpenCLIP's loader" in card
+    assert "| web | manifest | `in/web.parquet` | 14 | 0 | 14 |" in card

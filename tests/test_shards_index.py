@@ -3,6 +3,7 @@
 import hashlib
 import io
 import json
+from pathlib import Path
 import tarfile
 
 import pandas as pd
@@ -186,7 +187,38 @@ def test_build_index_writes_index_files_that_add_up(built):
     assert stats["rejected_by_stage"] == {"download": 3, "shard": 1}
     assert stats["rejected_by_reason"] == {"download/no_url": 3, "shard/duplicate_key": 1}
     assert stats["published_by_source"] == {"src": 12}
+    assert stats["rejected_by_source"] == {"src": 4}  # the card's per-source table, without reading the ledger
     assert stats["bytes"] == sum(i["filesize"] for i in built["infos"])
+
+
+def test_the_jobs_after_planning_run_without_pandas(built, tmp_path):
+    """write_shard and write_card are on every run's critical path, and write_shard runs once per shard:
+    importing pandas would add ~0.3 s to each job's start-up (validation: test_validate.py). index_shards
+    gets pandas from pyarrow, whose pa.array() imports it to look for pandas objects."""
+    import subprocess
+    import sys
+
+    n = built["names"][0]
+    plan = str(built["work"] / "plan" / f"{n}.samples.parquet")
+    parts = {k: p["tar"] for k, p in built["parts"].items()}
+    out = tmp_path / "again"
+    out.mkdir()
+    stats = build_index(**index_args(built, out_dir=out))
+    code = f"""
+import sys
+from shardsmith.shards import write_shard
+from shardsmith.card import card_text
+from shardsmith.publish import build_info
+info = write_shard({plan!r}, {parts!r}, {str(out / f"{n}.tar")!r}, {str(out / "info.json")!r})
+stats = {stats!r}
+card_text({{"dataset": "ds", "samples_per_shard": 4}}, stats, {{info["shard"]: info["nsamples"]}}, "open_clip_train.data", versions={{}})
+build_info({{"dataset": "ds"}}, "9", ".")
+print(info["nsamples"], stats["published"], sorted(m for m in ("pandas", "torch", "matplotlib") if m in sys.modules))
+"""
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["4", "12", "[]"]
+    assert (out / f"{n}.tar").read_bytes() == (built["out"] / f"{n}.tar").read_bytes()
 
 
 def test_build_index_refuses_a_status_row_without_outcome(built, tmp_path):
