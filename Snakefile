@@ -28,7 +28,9 @@ rule all:
 
 onsuccess:
     print_success(OUT, get_published_dir())
+    stop_scheduler_timers()
 
 
 onerror:
     print_failure(log, OUT)
+    stop_scheduler_timers()

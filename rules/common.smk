@@ -9,7 +9,7 @@ sys.path.insert(0, workflow.basedir)  # the shardsmith package beside this Snake
 
 from shardsmith.config import check_config, schema_error_message
 from shardsmith.errors import ConfigError
-from shardsmith.summary import print_failure, print_success
+from shardsmith.summary import print_failure, print_success, stop_scheduler_timers
 
 try:  # Snakemake prints a schema error with the whole sub-schema; the user needs the key and the rule
     validate(config, schema="../config/config.schema.yaml")

@@ -6,6 +6,7 @@
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 
@@ -69,6 +70,23 @@ def print_success(out_dir: str, published_dir: str | None = None) -> None:
         text += f"\ndataset card: {Path(folder) / 'README.md'}"
     text += "\nreport: add --report report.html to this command to get the plots and tables"
     print(text, flush=True)
+
+
+def stop_scheduler_timers() -> int:
+    """Cancel the re-evaluation timers Snakemake's scheduler left behind (from onsuccess/onerror); how many.
+
+    With its default --max-jobs-per-timespan (100/1s) the scheduler arms a 1-s threading.Timer after each
+    pass. Timers are not daemon threads, so Python waits up to a second for the last one after the run
+    has ended, on every run. When onsuccess/onerror run the scheduler is done and nothing waits on them.
+    """
+    scheduler_code = os.path.join("snakemake", "scheduling", "")
+    stopped = 0
+    for thread in threading.enumerate():
+        code = getattr(getattr(thread, "function", None), "__code__", None)
+        if isinstance(thread, threading.Timer) and code is not None and scheduler_code in code.co_filename:
+            thread.cancel()
+            stopped += 1
+    return stopped
 
 
 # Which settings to look at when one stage rejected everything.

@@ -228,3 +228,28 @@ def test_progress_logs_at_least_every_interval_when_slow(caplog):
             now[0] += 61
             progress.update(1)
     assert [r.getMessage().split(",")[0] for r in caplog.records] == ["download x: 1 records", "download x: 2 records", "download x: 3 records"]
+
+
+def test_the_end_of_a_run_stops_the_schedulers_timers_and_no_other():
+    """Snakemake's scheduler leaves 1-s non-daemon timers that keep the finished process alive; onsuccess and
+    onerror cancel them, and only them."""
+    import threading
+    from types import SimpleNamespace
+
+    from snakemake.scheduling.job_scheduler import JobScheduler
+
+    from shardsmith.summary import stop_scheduler_timers
+
+    open_jobs = threading.Semaphore(0)
+    JobScheduler._schedule_reevalutation(SimpleNamespace(_open_jobs=open_jobs), 60)  # what each pass arms
+    ours = threading.Timer(60, lambda: None)
+    ours.start()
+    try:
+        theirs = [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t is not ours]
+        assert len(theirs) == 1 and theirs[0].is_alive()
+        assert stop_scheduler_timers() == 1
+        theirs[0].join(timeout=10)
+        assert not theirs[0].is_alive() and not open_jobs.acquire(blocking=False)  # cancelled, not fired
+        assert ours.is_alive()
+    finally:
+        ours.cancel()
