@@ -19,6 +19,7 @@ bench/results/e2e-<mix>.json. A failed quality check is reported as a failure, n
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import glob
 import hashlib
@@ -171,6 +172,8 @@ class TreeSampler(threading.Thread):
                         info = self.procs[p.pid] = {"cmd": cmd, "ppid": ppid, "start": p.create_time() - skew, "end": now, "rss": 0}
                     info["rss"] = max(info["rss"], rss)
                     info["end"] = now
+                    cpu = p.cpu_times()
+                    info["cpu"] = cpu.user + cpu.system  # as of the last sample: a floor for short jobs
                 except psutil.Error:
                     pass
             time.sleep(self.interval)
@@ -309,8 +312,8 @@ def _job_name(cmd: str) -> str | None:
 def overhead(run: dict, cores: int = 2) -> dict:
     """Share of the wall time that is no job's work: Snakemake bookkeeping (no job process alive) + job start-up.
 
-    Start-up per job is the measured time of an interpreter importing what a job script imports, counted once per
-    job and divided by the `cores` the jobs share.
+    Start-up per job is the measured time of an interpreter loading Snakemake's script preamble and importing
+    what the job's script imports (`job_startup_s`), summed over the jobs and divided by the `cores` they share.
     """
     jobs = [p for p in run["procs"].values() if _job_name(p["cmd"])]
     intervals = sorted((p["start"], p["end"]) for p in jobs)
@@ -325,19 +328,26 @@ def overhead(run: dict, cores: int = 2) -> dict:
     if cur_e is not None:
         covered += cur_e - cur_s
     by_rule: dict[str, list[float]] = {}
+    cpu_by_rule: dict[str, float] = {}
     for p in jobs:
         by_rule.setdefault(_job_name(p["cmd"]), []).append(p["end"] - p["start"])
+        cpu_by_rule[_job_name(p["cmd"])] = cpu_by_rule.get(_job_name(p["cmd"]), 0.0) + p.get("cpu", 0.0)
     wall = run["wall_s"]
-    startup = _job_startup_s()
+    startup = {name: job_startup_s(name) for name in by_rule}
+    startup_total = sum(startup[name] * len(times) for name, times in by_rule.items())
     idle = max(0.0, wall - covered)
     return {
         "jobs": len(jobs),
         "no_job_running_s": round(idle, 2),
-        "job_startup_s_each": round(startup, 3),
-        "job_startup_s_total": round(startup * len(jobs), 2),
+        "job_startup_s_each": round(startup_total / max(1, len(jobs)), 3),
+        "job_startup_s_by_script": {k: round(v, 3) for k, v in sorted(startup.items())},
+        "job_startup_s_total": round(startup_total, 2),
         "wall_s": round(wall, 2),
-        "share": round((idle + startup * len(jobs) / cores) / wall, 3),
-        "job_s_by_rule": {k: {"jobs": len(v), "sum_s": round(sum(v), 1), "max_s": round(max(v), 1)} for k, v in sorted(by_rule.items())},
+        "share": round((idle + startup_total / cores) / wall, 3),
+        "job_s_by_rule": {
+            k: {"jobs": len(v), "sum_s": round(sum(v), 1), "max_s": round(max(v), 1), "cpu_s": round(cpu_by_rule[k], 1)}
+            for k, v in sorted(by_rule.items())
+        },
     }
 
 
@@ -365,20 +375,34 @@ def slurm_probe_s() -> float:
     return round(took, 2) if took > 1.0 else 0.0
 
 
-_STARTUP: list[float] = []
+_STARTUP: dict[str, float] = {}
 
 
-def _job_startup_s() -> float:
-    """Best of 3: a fresh interpreter importing what the heaviest job scripts import (pandas, pyarrow, PIL)."""
-    if not _STARTUP:
-        code = "import sys; sys.path.insert(0, %r); import shardsmith.process, shardsmith.download, shardsmith.index, pyarrow.parquet" % str(REPO)
+def script_imports(script: Path) -> list[str]:
+    """The modules a rule script imports at its top level (what each of its jobs loads before any work)."""
+    tree = ast.parse(script.read_text())
+    mods = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            mods += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            mods.append(node.module)
+    return mods
+
+
+def job_startup_s(script_name: str) -> float:
+    """Best of 3: a fresh interpreter loading Snakemake's script preamble (snakemake.script) and what
+    scripts/<script_name>.py imports; measured once per script."""
+    if script_name not in _STARTUP:
+        mods = ["snakemake.script", *script_imports(REPO / "scripts" / f"{script_name}.py")]
+        code = f"import sys; sys.path.insert(0, {str(REPO)!r}); " + "; ".join(f"import {m}" for m in mods)
         best = float("inf")
         for _ in range(3):
             t0 = time.perf_counter()
             subprocess.run([sys.executable, "-c", code], check=True)
             best = min(best, time.perf_counter() - t0)
-        _STARTUP.append(best)
-    return _STARTUP[0]
+        _STARTUP[script_name] = best
+    return _STARTUP[script_name]
 
 
 # ---------------------------------------------------------------- output quality

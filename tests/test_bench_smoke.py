@@ -121,12 +121,18 @@ def test_a_missed_overhead_target_says_by_how_much_and_why():
     from bench.demo_overhead import summarize
 
     def run(share):
-        o = {"share": share, "wall_s": 40.0, "jobs": 30, "job_startup_s_each": 0.5, "no_job_running_s": 3.0,
-             "job_s_by_rule": {"embed_part": {"jobs": 5, "sum_s": 25.0, "max_s": 5.0}}}  # fmt: skip
+        o = {"share": share, "wall_s": 40.0, "jobs": 30, "job_startup_s_total": 33.0, "no_job_running_s": 3.0,
+             "job_startup_s_by_script": {"embed_part": 5.0, "write_shard": 0.2, "process_part": 0.5},
+             "job_s_by_rule": {"embed_part": {"jobs": 5, "sum_s": 25.0, "max_s": 5.0},
+                               "write_shard": {"jobs": 20, "sum_s": 8.0, "max_s": 0.5},
+                               "process_part": {"jobs": 5, "sum_s": 4.0, "max_s": 1.0}}}  # fmt: skip
         return {"overhead": o}
 
     missed = summarize([run(0.3), run(0.34)])
     assert missed["median_overhead_share"] == 0.32 and missed["target"]["short_by"] == "22% of the wall time"
-    assert any("embed_part: 25.0 s of 40.0 s" in b for b in missed["target"]["bounded_by"])
+    bounds = missed["target"]["bounded_by"]
+    assert bounds[0].startswith("30 job processes with 33.0 s of start-up")
+    assert bounds[1].startswith("embed_part: 5 jobs x 5.0 s of start-up (torch")  # the heaviest first
+    assert bounds[2] == "write_shard: 20 jobs x 0.2 s of start-up" and bounds[3].startswith("process_part: 5 jobs x 0.5 s")
     met = summarize([run(0.05)])["target"]
     assert met["met"] and "short_by" not in met
