@@ -527,9 +527,10 @@ def bounds(s_a: dict, s_b: dict) -> list[str]:
         f"CPU per image: img2dataset uses {cpu:.2f}x shardsmith's ({s_a['cpu_s_per_image']} vs {s_b['cpu_s_per_image']} s), "
         "so at equal use of the cores that is the ratio's ceiling (per-kind codec costs: README, Performance)",
         f"per-run fixed cost: {fixed:.1f} s of {walls:.1f} s before the first download and after the last "
-        "resize: Snakemake's own start-up and exit (~1 s each: it imports its plugins, among them the SLURM "
-        "executor's pandas) and a chain of one-job steps (plan_parts; plan_shards, write_shard with its "
-        "validation, index_shards, validate_dataset, write_card, publish_dataset), ~0.4 s each at bench size",
+        "resize: Snakemake's own start-up (~1 s: it imports its plugins, among them the SLURM executor's "
+        "pandas) and exit, and a chain of one-job steps (plan_parts; plan_shards, write_shard with its "
+        "validation, index_shards, validate_dataset, publish_dataset; the report jobs beside them), "
+        "0.2-0.5 s each at bench size",
         "raw cache: download_part writes every original to disk (see in_job_work_s)",
     ]
 
