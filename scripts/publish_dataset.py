@@ -5,6 +5,7 @@ import sys
 sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
 
 import json
+from pathlib import Path
 
 from shardsmith.logs import run_job
 from shardsmith.publish import PublishConflict, PublishError, PublishSettings, publish
@@ -14,6 +15,7 @@ from shardsmith.tario import atomic_write_text
 
 def main() -> None:
     t = snakemake.params.target
+    infos = [json.loads(Path(p).read_text()) for p in snakemake.input.infos]
     receipt = publish(
         list(snakemake.input.files),
         t["dest"],
@@ -21,6 +23,7 @@ def main() -> None:
         t["version"],
         settings=PublishSettings.from_config(snakemake.params.settings),
         s3=S3Settings(**snakemake.params.s3),
+        known={i["shard"]: {"size": i["filesize"], "sha256": i["sha256"]} for i in infos},  # hashed by write_shard
     )
     atomic_write_text(snakemake.output[0], json.dumps(receipt, indent=1, sort_keys=True) + "\n")
     where = f"{t['dest'].rstrip('/')}/{t['dataset']}/{receipt['version']}"

@@ -104,14 +104,32 @@ def sha256_file(path: str | os.PathLike) -> str:
     return hash_file(path)["sha256"]
 
 
-def file_table(paths: list[str]) -> dict[str, dict]:
-    """{basename: {size, sha256}} of the files to publish, sorted by name."""
+def file_table(paths: list[str], known: dict[str, dict] | None = None) -> dict[str, dict]:
+    """{basename: {size, sha256}} of the files to publish, sorted by name.
+
+    `known` gives {size, sha256} recorded when a file was written (write_shard hashes every shard): such a
+    file is not read and hashed a second time while its size still matches. What lands on the destination
+    is read back and checked against these hashes all the same, so a file changed since is caught there.
+    """
     names = [Path(p).name for p in paths]
     if len(set(names)) != len(names):
         raise ValueError("two files to publish share a name")
     if MARKER in names or LATEST in names:
         raise ValueError(f"{MARKER} and {LATEST} are written by publishing, not published from the inputs")
-    return {Path(p).name: {"size": os.path.getsize(p), "sha256": sha256_file(p)} for p in sorted(paths, key=lambda p: Path(p).name)}
+    known = known or {}
+    table = {}
+    for p in sorted(paths, key=lambda p: Path(p).name):
+        size, recorded = os.path.getsize(p), known.get(Path(p).name)
+        sha = recorded["sha256"] if recorded and recorded["size"] == size else sha256_file(p)
+        table[Path(p).name] = {"size": size, "sha256": sha}
+    return table
+
+
+def _mismatch(name: str, source: str | os.PathLike, want: dict, got: str) -> str:
+    """Why a file on the destination differs: the source changed since it was hashed, or the copy is bad."""
+    if sha256_file(source) != want["sha256"]:
+        return f"{name}: changed since it was written and hashed ({source}); run the job that writes it again"
+    return f"{name}: {got}, which does not match the source ({want['size']} bytes, sha256 {want['sha256'][:12]})"
 
 
 def content_fingerprint(table: dict[str, dict]) -> str:
@@ -464,10 +482,12 @@ def _publish_local(paths: list[str], table: dict, store: LocalStore, version: st
     try:
         for p in paths:
             shutil.copyfile(p, tmp / Path(p).name)
+        by_name = {Path(p).name: p for p in paths}
         for name, want in table.items():  # read back what landed on the destination
             got = {"size": os.path.getsize(tmp / name), "sha256": sha256_file(tmp / name)}
             if got != want:
-                raise PublishError(f"{name}: copy on {store.dest} does not match the source ({got} != {want})")
+                found = f"copy on {store.dest} has {got['size']} bytes with sha256 {got['sha256'][:12]}"
+                raise PublishError(_mismatch(name, by_name[name], want, found))
         atomic_write_text(tmp / MARKER, json.dumps(marker, indent=1, sort_keys=True) + "\n")
         os.chmod(tmp, 0o777 & ~_umask())
         os.rename(tmp, final)
@@ -512,6 +532,9 @@ def _publish_s3(
                 else:
                     run(store.s3, "s3", "rm", "--only-show-errors", url + name)
             problems = verify_s3(store, version, table, by_name, settings)
+        for name in sorted(n for n in problems if n in by_name):  # a source changed since it was hashed
+            if sha256_file(by_name[name]) != table[name]["sha256"]:
+                raise PublishError(_mismatch(name, by_name[name], table[name], problems[name]))
         if problems:
             raise PublishError(f"{url} does not hold what was sent: " + "; ".join(f"{n}: {p}" for n, p in sorted(problems.items())[:10]))
         how = "ETags (reading back mismatches)" if settings.verify == "etag" else f"reading back {total / 1e6:.1f} MB"
@@ -540,16 +563,17 @@ def publish(
     settings: PublishSettings = PublishSettings(),
     s3: S3Settings | None = None,
     now: dt.datetime | None = None,
+    known: dict[str, dict] | None = None,
 ) -> dict:
     """Publish files as `{dest}/{dataset}/{version}/` and point `latest` at it; returns the receipt.
 
     The receipt is the version's marker plus `dest`, `unchanged` (nothing new was published) and `deleted`
-    (versions removed by retention).
+    (versions removed by retention). `known`: {name: {size, sha256}} already recorded (see file_table).
     """
     if settings.verify not in VERIFY_MODES:
         raise ValueError(f"publish.verify must be one of {VERIFY_MODES}, not {settings.verify!r}")
     now = now or dt.datetime.fromtimestamp(time.time(), dt.UTC)
-    table = file_table(paths)
+    table = file_table(paths, known)
     store = open_store(dest, dataset, s3)
     previous, markers = store.state()
     if version == AUTO:

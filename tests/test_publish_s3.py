@@ -188,6 +188,16 @@ def test_an_object_that_stays_damaged_gets_no_marker(s3_server, s3_bucket, tmp_p
     assert complete_versions(dest, "ds", s3_server) == {}
 
 
+def test_a_source_changed_since_it_was_hashed_is_named_and_gets_no_marker(s3_server, s3_bucket, tmp_path):
+    dest = f"s3://{s3_bucket}/datasets"
+    files = make_files(tmp_path / "a")
+    stale = {"ds-000001.tar": {"size": os.path.getsize(files[1]), "sha256": "0" * 64}}  # recorded before a change
+    with pytest.raises(PublishError, match="ds-000001.tar: changed since it was written and hashed"):
+        publish(files, dest, "ds", "v1", s3=s3_server, known=stale)
+    keys = set(objects(s3_server, s3_bucket))
+    assert f"datasets/ds/v1/{MARKER}" not in keys and "datasets/ds/latest" not in keys
+
+
 def test_etag_verification_with_multipart_settings_in_a_private_cli_config(s3_server, s3_bucket, tmp_path, monkeypatch):
     user_config = tmp_path / "aws-config"
     user_config.write_text("[default]\ncli_pager =\n")
