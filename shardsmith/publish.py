@@ -108,8 +108,9 @@ def file_table(paths: list[str], known: dict[str, dict] | None = None) -> dict[s
     """{basename: {size, sha256}} of the files to publish, sorted by name.
 
     `known` gives {size, sha256} recorded when a file was written (write_shard hashes every shard): such a
-    file is not read and hashed a second time while its size still matches. What lands on the destination
-    is read back and checked against these hashes all the same, so a file changed since is caught there.
+    file is not read and hashed a second time. Only a publish that reads back what lands on the destination
+    and checks it against these hashes may pass them (see publish); a file whose size is no longer the
+    recorded one is refused here.
     """
     names = [Path(p).name for p in paths]
     if len(set(names)) != len(names):
@@ -120,15 +121,23 @@ def file_table(paths: list[str], known: dict[str, dict] | None = None) -> dict[s
     table = {}
     for p in sorted(paths, key=lambda p: Path(p).name):
         size, recorded = os.path.getsize(p), known.get(Path(p).name)
-        sha = recorded["sha256"] if recorded and recorded["size"] == size else sha256_file(p)
-        table[Path(p).name] = {"size": size, "sha256": sha}
+        if recorded and recorded["size"] != size:
+            raise PublishError(_changed(Path(p).name, p))
+        table[Path(p).name] = {"size": size, "sha256": recorded["sha256"] if recorded else sha256_file(p)}
     return table
+
+
+def _changed(name: str, source: str | os.PathLike) -> str:
+    return (
+        f"{name}: changed since it was written and hashed ({source}); remove it, or run snakemake with "
+        "--forcerun for the rule that writes it, to write it again"
+    )
 
 
 def _mismatch(name: str, source: str | os.PathLike, want: dict, got: str) -> str:
     """Why a file on the destination differs: the source changed since it was hashed, or the copy is bad."""
     if sha256_file(source) != want["sha256"]:
-        return f"{name}: changed since it was written and hashed ({source}); run the job that writes it again"
+        return _changed(name, source)
     return f"{name}: {got}, which does not match the source ({want['size']} bytes, sha256 {want['sha256'][:12]})"
 
 
@@ -573,8 +582,10 @@ def publish(
     if settings.verify not in VERIFY_MODES:
         raise ValueError(f"publish.verify must be one of {VERIFY_MODES}, not {settings.verify!r}")
     now = now or dt.datetime.fromtimestamp(time.time(), dt.UTC)
-    table = file_table(paths, known)
     store = open_store(dest, dataset, s3)
+    if isinstance(store, S3Store) and settings.verify == "etag":
+        known = None  # ETags are checked against the files as they are now: their sha256 must be too
+    table = file_table(paths, known)
     previous, markers = store.state()
     if version == AUTO:
         current = markers.get(previous) if previous else None

@@ -118,10 +118,12 @@ def test_a_corrupted_copy_is_detected_and_nothing_is_published(tmp_path, monkeyp
 def test_hashes_recorded_when_written_are_not_computed_again_and_are_checked_on_the_copy(tmp_path):
     files = make_files(tmp_path / "results")
     data = Path(files[0]).read_bytes()
-    recorded = {"ds-000000.tar": {"size": len(data), "sha256": "ab" * 32}, "ds-000001.tar": {"size": 1, "sha256": "cd" * 32}}
+    recorded = {"ds-000000.tar": {"size": len(data), "sha256": "ab" * 32}}
     table = file_table(files, recorded)
     assert table["ds-000000.tar"]["sha256"] == "ab" * 32  # taken as recorded: the file was not hashed
-    assert table["ds-000001.tar"]["sha256"] == hashlib.sha256(b"shard one").hexdigest()  # size differs: hashed
+    assert table["ds-000001.tar"]["sha256"] == hashlib.sha256(b"shard one").hexdigest()  # none recorded: hashed
+    with pytest.raises(PublishError, match="ds-000001.tar: changed since it was written and hashed .* --forcerun"):
+        file_table(files, {**recorded, "ds-000001.tar": {"size": 1, "sha256": "cd" * 32}})  # another size
     # the recorded hash is wrong, as for a shard changed after write_shard hashed it: the copy is refused
     with pytest.raises(PublishError, match="ds-000000.tar: changed since it was written and hashed"):
         publish(files, str(tmp_path / "fast"), "ds", "v1", known=recorded)

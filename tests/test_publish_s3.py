@@ -5,6 +5,7 @@ overwrites an uploaded object with other bytes of the same size, as a flaky stor
 """
 
 import datetime as dt
+import hashlib
 import json
 import os
 import subprocess
@@ -196,6 +197,9 @@ def test_a_source_changed_since_it_was_hashed_is_named_and_gets_no_marker(s3_ser
         publish(files, dest, "ds", "v1", s3=s3_server, known=stale)
     keys = set(objects(s3_server, s3_bucket))
     assert f"datasets/ds/v1/{MARKER}" not in keys and "datasets/ds/latest" not in keys
+    # ETag verification reads nothing back: the recorded hashes are not used, and the marker holds the real ones
+    receipt = publish(files, dest, "ds", "v1", s3=s3_server, known=stale, settings=PublishSettings(verify="etag"))
+    assert receipt["files"]["ds-000001.tar"]["sha256"] == hashlib.sha256(open(files[1], "rb").read()).hexdigest()
 
 
 def test_etag_verification_with_multipart_settings_in_a_private_cli_config(s3_server, s3_bucket, tmp_path, monkeypatch):
