@@ -28,8 +28,9 @@ rule plot_dataset:
         ),
     log:
         f"{LOGS}/plot_dataset.log",
-    # the longest job after index_shards: started first, it runs beside validation and publishing
-    # instead of after them (2-core bench: the run ended up to 1.3 s after publish_dataset)
+    # the longest job after index_shards, started first so that it runs beside validation and publishing
+    # rather than after them (2-core bench: the run ended up to 1.3 s after publish_dataset). On one free
+    # core publishing waits for it: seconds, against the minutes to hours publishing itself takes at scale
     priority: 2
     conda:
         "../envs/report.yaml"
@@ -92,6 +93,7 @@ rule write_card:
     input:
         stats=f"{OUT}/stats.json",
         sizes=f"{OUT}/sizes.json",
+        rejected=f"{OUT}/rejected.parquet",
         reports=get_validation_reports,
         embedding_stats=get_card_embedding_stats,
         plan_dir=ancient(rules.plan_shards.output[0]),  # see validate_dataset

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from shardsmith.card import card_text
+from shardsmith.index import rejected_by_source
 from shardsmith.logs import run_job
 from shardsmith.tario import atomic_write_text
 
@@ -19,9 +20,12 @@ def load(path: str) -> dict:
 def main() -> None:
     emb = list(snakemake.input.embedding_stats)
     reports = list(snakemake.input.reports)  # none when every record was rejected: validate_dataset says so
+    stats = load(snakemake.input.stats)
+    if "rejected_by_source" not in stats:  # indexed by an earlier version, which did not count them
+        stats["rejected_by_source"] = rejected_by_source(snakemake.input.rejected)
     text = card_text(
         snakemake.params.config,
-        stats=load(snakemake.input.stats),
+        stats=stats,
         sizes=load(snakemake.input.sizes),
         loader=load(reports[0])["loader"] if reports else None,  # the reader every shard was read back with
         emb_stats=load(emb[0]) if emb else None,

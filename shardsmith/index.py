@@ -38,6 +38,12 @@ def _counts(table: pa.Table, columns: list[str]) -> Counter:
     return Counter({(v if len(columns) > 1 else v[0]): n for v, n in zip(values, groups["count_all"], strict=True)})
 
 
+def rejected_by_source(rejected_path: str | os.PathLike) -> dict[str, int]:
+    """Rejections per source, from a ledger (for a stats.json written before it counted them)."""
+    counts = pq.ParquetFile(rejected_path).read(columns=["source"]).column("source").value_counts().to_pylist()
+    return dict(sorted((c["values"], c["counts"]) for c in counts))
+
+
 def build_index(
     dataset: str,
     shard_infos: list[str],

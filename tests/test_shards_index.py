@@ -12,7 +12,7 @@ from conftest import jpeg_bytes
 
 from shardsmith.captions import CaptionSettings
 from shardsmith.download import STATUS_COLUMNS, download_part
-from shardsmith.index import MANIFEST_COLUMNS, LedgerMismatch, build_index
+from shardsmith.index import MANIFEST_COLUMNS, LedgerMismatch, build_index, rejected_by_source
 from shardsmith.process import REJECT_COLUMNS, SAMPLE_COLUMNS, process_part
 from shardsmith.resize import ResizeSettings
 from shardsmith.shards import plan_shards, write_shard
@@ -188,6 +188,7 @@ def test_build_index_writes_index_files_that_add_up(built):
     assert stats["rejected_by_reason"] == {"download/no_url": 3, "shard/duplicate_key": 1}
     assert stats["published_by_source"] == {"src": 12}
     assert stats["rejected_by_source"] == {"src": 4}  # the card's per-source table, without reading the ledger
+    assert rejected_by_source(out / "rejected.parquet") == stats["rejected_by_source"]  # for an older stats.json
     assert stats["bytes"] == sum(i["filesize"] for i in built["infos"])
 
 
