@@ -27,10 +27,10 @@ rule all:
 
 
 onsuccess:
-    print_success(OUT, get_published_dir())
     stop_scheduler_timers()
+    print_success(OUT, get_published_dir())
 
 
 onerror:
-    print_failure(log, OUT)
     stop_scheduler_timers()
+    print_failure(log, OUT)

@@ -241,13 +241,14 @@ def test_the_end_of_a_run_stops_the_schedulers_timers_and_no_other():
     from shardsmith.summary import stop_scheduler_timers
 
     open_jobs = threading.Semaphore(0)
+    before = set(threading.enumerate())
     JobScheduler._schedule_reevalutation(SimpleNamespace(_open_jobs=open_jobs), 60)  # what each pass arms
+    theirs = [t for t in set(threading.enumerate()) - before if isinstance(t, threading.Timer)]
     ours = threading.Timer(60, lambda: None)
     ours.start()
     try:
-        theirs = [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t is not ours]
         assert len(theirs) == 1 and theirs[0].is_alive()
-        assert stop_scheduler_timers() == 1
+        assert stop_scheduler_timers() >= 1
         theirs[0].join(timeout=10)
         assert not theirs[0].is_alive() and not open_jobs.acquire(blocking=False)  # cancelled, not fired
         assert ours.is_alive()
