@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import pytest
@@ -39,8 +40,10 @@ def make_files(folder, tag: str = "", big: int = 0) -> list[str]:
     }
     if big:
         contents["ds-000002.tar"] = os.urandom(big)
-    for name, data in contents.items():
+    written = time.time() - 10  # as built files are, well before publishing: S3 keeps LastModified in whole
+    for name, data in contents.items():  # seconds, and `aws s3 sync` sends again a file newer than its object
         (folder / name).write_bytes(data)
+        os.utime(folder / name, (written, written))
     return [str(folder / n) for n in contents]
 
 
