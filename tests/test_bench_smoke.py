@@ -136,3 +136,37 @@ def test_a_missed_overhead_target_says_by_how_much_and_why():
     assert bounds[2] == "write_shard: 20 jobs x 0.2 s of start-up" and bounds[3].startswith("process_part: 5 jobs x 0.5 s")
     met = summarize([run(0.05)])["target"]
     assert met["met"] and "short_by" not in met
+
+
+def test_start_up_is_counted_per_script_from_its_top_level_imports(tmp_path, monkeypatch):
+    """The overhead share: time with no job alive, plus each job's own start-up over the cores."""
+    import bench.e2e_bench as e2e
+
+    script = tmp_path / "scripts" / "some_job.py"
+    script.parent.mkdir()
+    script.write_text("import sys\nfrom shardsmith.logs import run_job\nfrom . import nothing\n\ndef f():\n    import pandas\n")
+    monkeypatch.setattr(e2e, "REPO", tmp_path)
+    assert e2e.script_imports(script) == ["sys", "shardsmith.logs"]  # not relative, not inside functions
+
+    monkeypatch.setattr(e2e, "_STARTUP", {"write_shard": 0.2, "process_part": 0.5})  # measured once per script
+    job = "/run/.snakemake/scripts/tmpab12.{}.py"
+    procs = {
+        1: {"cmd": "python " + job.format("process_part"), "start": 1.0, "end": 5.0, "cpu": 3.5},
+        2: {"cmd": "python " + job.format("process_part"), "start": 2.0, "end": 6.0, "cpu": 3.6},
+        3: {"cmd": "python " + job.format("write_shard"), "start": 7.0, "end": 8.0, "cpu": 0.9},
+        4: {"cmd": "snakemake --cores 2", "start": 0.0, "end": 10.0},
+    }
+    o = e2e.overhead({"procs": procs, "wall_s": 10.0}, cores=2)
+    assert o["jobs"] == 3 and o["no_job_running_s"] == 10.0 - 5.0 - 1.0
+    assert o["job_startup_s_by_script"] == {"process_part": 0.5, "write_shard": 0.2}
+    assert o["job_startup_s_total"] == 1.2 and o["share"] == round((4.0 + 1.2 / 2) / 10.0, 3)
+    assert o["job_s_by_rule"]["process_part"] == {"jobs": 2, "sum_s": 8.0, "max_s": 4.0, "cpu_s": 7.1}
+
+
+def test_a_missed_speed_target_names_the_cpu_ceiling_and_the_fixed_cost():
+    from bench.e2e_bench import bounds
+
+    ours = {"cpu_s_per_image": 0.0072, "phases": [{"head_s": 1.5, "fetch_and_resize_s": 10.0, "tail_s": 5.0}] * 2}
+    found = bounds({"cpu_s_per_image": 0.0064}, ours)
+    assert found[0].startswith("CPU per image: img2dataset uses 0.89x shardsmith's (0.0064 vs 0.0072 s)")
+    assert found[1].startswith("per-run fixed cost: 6.5 s of 16.5 s")
