@@ -170,3 +170,22 @@ def test_a_missed_speed_target_names_the_cpu_ceiling_and_the_fixed_cost():
     found = bounds({"cpu_s_per_image": 0.0064}, ours)
     assert found[0].startswith("CPU per image: img2dataset uses 0.89x shardsmith's (0.0064 vs 0.0072 s)")
     assert found[1].startswith("per-run fixed cost: 6.5 s of 16.5 s")
+
+
+def test_the_bench_server_serves_the_image_files_over_loopback(tmp_path):
+    import urllib.error
+    import urllib.request
+
+    from bench.e2e_bench import start_server
+
+    (tmp_path / "a.jpg").write_bytes(b"\xff\xd8 not much of a jpeg")
+    proc, port, errors = start_server(tmp_path)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/a.jpg", timeout=10) as r:
+            assert r.read() == b"\xff\xd8 not much of a jpeg"
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/missing.jpg", timeout=10)
+        assert errors.value == 0  # no request broken off mid-body
+    finally:
+        proc.terminate()
+        proc.join(10)
