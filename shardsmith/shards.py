@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from shardsmith.errors import REJECT_COLUMNS
@@ -89,7 +90,10 @@ def _decide_drops(samples_paths: list[str], exclusions: list[str], spill_dir: st
             bounds.append(int(starts[i]))
     drops = Spill(Path(spill_dir) / "drops", len(bounds), DROPS)
     for b in range(keyed.n):
-        rows = keyed.read(b).to_pandas().sort_values("pos", kind="stable")
+        table = keyed.read(b)
+        if table.num_rows == 0 or (pc.min(table["pos"]).as_py() >= 0 and pc.count_distinct(table["key"]).as_py() == table.num_rows):
+            continue  # no exclusion and no repeated key: nothing drops, and no key becomes a Python string
+        rows = table.to_pandas().sort_values("pos", kind="stable")
         is_ex = rows["pos"] < 0
         reasons = rows[is_ex].drop_duplicates("key", keep="first").set_index("key")[["stage", "reason", "detail"]]
         samples = rows[~is_ex]
