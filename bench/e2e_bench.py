@@ -330,8 +330,9 @@ def overhead(run: dict, cores: int = 2) -> dict:
     by_rule: dict[str, list[float]] = {}
     cpu_by_rule: dict[str, float] = {}
     for p in jobs:
-        by_rule.setdefault(_job_name(p["cmd"]), []).append(p["end"] - p["start"])
-        cpu_by_rule[_job_name(p["cmd"])] = cpu_by_rule.get(_job_name(p["cmd"]), 0.0) + p.get("cpu", 0.0)
+        name = _job_name(p["cmd"])
+        by_rule.setdefault(name, []).append(p["end"] - p["start"])
+        cpu_by_rule[name] = cpu_by_rule.get(name, 0.0) + p.get("cpu", 0.0)
     wall = run["wall_s"]
     startup = {name: job_startup_s(name) for name in by_rule}
     startup_total = sum(startup[name] * len(times) for name, times in by_rule.items())

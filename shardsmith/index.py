@@ -40,8 +40,7 @@ def _counts(table: pa.Table, columns: list[str]) -> Counter:
 
 def rejected_by_source(rejected_path: str | os.PathLike) -> dict[str, int]:
     """Rejections per source, from a ledger (for a stats.json written before it counted them)."""
-    counts = pq.ParquetFile(rejected_path).read(columns=["source"]).column("source").value_counts().to_pylist()
-    return dict(sorted((c["values"], c["counts"]) for c in counts))
+    return dict(sorted(_counts(pq.ParquetFile(rejected_path).read(columns=["source"]), ["source"]).items()))
 
 
 def build_index(
@@ -68,7 +67,7 @@ def build_index(
     }
     inputs = sum(num_rows(p) for p in status_paths)
     by_source: Counter = Counter()
-    rejected_by_source: Counter = Counter()
+    by_source_rejected: Counter = Counter()
     by_stage: Counter = Counter()
     by_reason: Counter = Counter()
     passthrough = 0
@@ -87,7 +86,7 @@ def build_index(
             table = pq.ParquetFile(path).read(columns=REJECT_COLUMNS)
             rejected.append(table)
             for (source, stage, reason), n in _counts(table, ["source", "stage", "reason"]).items():
-                rejected_by_source[source] += n
+                by_source_rejected[source] += n
                 by_stage[stage] += n
                 by_reason[f"{stage}/{reason}"] += n
         published = int(sum(sizes.values()))
@@ -107,7 +106,7 @@ def build_index(
         "rejected_by_stage": dict(sorted(by_stage.items())),
         "rejected_by_reason": dict(sorted(by_reason.items())),
         "published_by_source": {k: int(v) for k, v in sorted(by_source.items())},
-        "rejected_by_source": dict(sorted(rejected_by_source.items())),
+        "rejected_by_source": dict(sorted(by_source_rejected.items())),
         "passed_through_unchanged": passthrough,
     }
     atomic_write_text(out_dir / "sizes.json", dumps(sizes))

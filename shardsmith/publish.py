@@ -543,7 +543,7 @@ def _publish_s3(
             problems = verify_s3(store, version, table, by_name, settings)
         for name in sorted(n for n in problems if n in by_name):  # a source changed since it was hashed
             if sha256_file(by_name[name]) != table[name]["sha256"]:
-                raise PublishError(_mismatch(name, by_name[name], table[name], problems[name]))
+                raise PublishError(_changed(name, by_name[name]))
         if problems:
             raise PublishError(f"{url} does not hold what was sent: " + "; ".join(f"{n}: {p}" for n, p in sorted(problems.items())[:10]))
         how = "ETags (reading back mismatches)" if settings.verify == "etag" else f"reading back {total / 1e6:.1f} MB"

@@ -78,6 +78,8 @@ def stop_scheduler_timers() -> int:
     With its default --max-jobs-per-timespan (100/1s) the scheduler arms a 1-s threading.Timer after each
     pass. Timers are not daemon threads, so Python waits up to a second for the last one after the run
     has ended, on every run. When onsuccess/onerror run the scheduler is done and nothing waits on them.
+    Found by the file of the timer's function (checked against Snakemake 9.27; the real fix, daemon
+    timers, belongs in Snakemake). The test fails if a Snakemake release moves or renames it.
     """
     scheduler_code = os.path.join("snakemake", "scheduling", "")
     stopped = 0

@@ -3,8 +3,8 @@
 import hashlib
 import io
 import json
-from pathlib import Path
 import tarfile
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -12,8 +12,9 @@ from conftest import jpeg_bytes
 
 from shardsmith.captions import CaptionSettings
 from shardsmith.download import STATUS_COLUMNS, download_part
+from shardsmith.errors import REJECT_COLUMNS
 from shardsmith.index import MANIFEST_COLUMNS, LedgerMismatch, build_index, rejected_by_source
-from shardsmith.process import REJECT_COLUMNS, SAMPLE_COLUMNS, process_part
+from shardsmith.process import SAMPLE_COLUMNS, process_part
 from shardsmith.resize import ResizeSettings
 from shardsmith.shards import plan_shards, write_shard
 from shardsmith.sources import plan_parts
