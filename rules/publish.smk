@@ -34,6 +34,7 @@ rule publish_dataset:
     priority: 1  # on the way to publish_dataset: ahead of the report jobs
     conda:
         "../envs/publish.yaml"
+    threads: 2  # files are placed and read back two at a time (cluster profile: cpus_per_task 2)
     params:
         target=get_publish_target(),
         settings=config["publish"],

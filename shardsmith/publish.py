@@ -6,7 +6,8 @@ file's size and sha256 and is written only after the files were verified on the 
 written after the marker. A reader that follows `latest` never sees a partial version, and a publish killed
 at any point leaves `latest` on the previous complete version.
 
-- Mounted path: the version is assembled in a temporary folder, read back, then renamed into place.
+- Mounted path: the version is assembled in a temporary folder (hard links where the file system allows,
+  else copies flushed to disk), read back, then renamed into place.
 - S3 has no rename, so the marker is the commit point: objects are uploaded into the version prefix
   (`aws s3 sync`), listed and read back (or checked against their ETags), then the marker goes up, then
   `latest`. Readers and validators must treat a version without a marker as absent: use
@@ -22,6 +23,7 @@ messages pass through `shardsmith.s3.redact`.
 import argparse
 import contextlib
 import datetime as dt
+import errno
 import hashlib
 import json
 import math
@@ -32,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -65,6 +68,7 @@ class PublishSettings:
     multipart_threshold: int | str | None = None
     multipart_chunksize: int | str | None = None
     max_concurrent_requests: int | None = None
+    hardlink: bool = True
 
     @classmethod
     def from_config(cls, section: dict) -> "PublishSettings":
@@ -480,7 +484,9 @@ def _conflict(where: str, version: str) -> PublishConflict:
     )
 
 
-def _publish_local(paths: list[str], table: dict, store: LocalStore, version: str, marker: dict, old: dict | None) -> dict:
+def _publish_local(
+    paths: list[str], table: dict, store: LocalStore, version: str, marker: dict, old: dict | None, hardlink: bool, threads: int
+) -> dict:
     final = Path(store.where(version))
     if final.exists():
         if old is None or old["files"] != table:
@@ -488,15 +494,24 @@ def _publish_local(paths: list[str], table: dict, store: LocalStore, version: st
         return old
     Path(store.root).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", suffix=".partial", dir=store.root))
+    by_name = {Path(p).name: p for p in paths}
     try:
-        for p in paths:
-            shutil.copyfile(p, tmp / Path(p).name)
-        by_name = {Path(p).name: p for p in paths}
-        for name, want in table.items():  # read back what landed on the destination
-            got = {"size": os.path.getsize(tmp / name), "sha256": sha256_file(tmp / name)}
-            if got != want:
-                found = f"copy on {store.dest} has {got['size']} bytes with sha256 {got['sha256'][:12]}"
-                raise PublishError(_mismatch(name, by_name[name], want, found))
+        # Files in parallel: copies to NFS or Lustre gain from several streams, and hashing (which releases
+        # the GIL) from several cores.
+        with ThreadPoolExecutor(max(1, threads)) as pool:
+            placed = {name: pool.submit(_place, by_name[name], tmp / name, hardlink) for name in table}
+            try:
+                linked = 0
+                for name, want in table.items():  # read back what landed on the destination
+                    got, was_linked = placed[name].result()
+                    if got != want:
+                        found = f"copy on {store.dest} has {got['size']} bytes with sha256 {got['sha256'][:12]}"
+                        raise PublishError(_mismatch(name, by_name[name], want, found))
+                    linked += was_linked
+            except BaseException:
+                pool.shutdown(cancel_futures=True)
+                raise
+        print(f"{len(table)} files in place and read back: {linked} hard-linked, {len(table) - linked} copied")
         atomic_write_text(tmp / MARKER, json.dumps(marker, indent=1, sort_keys=True) + "\n")
         os.chmod(tmp, 0o777 & ~_umask())
         os.rename(tmp, final)
@@ -504,6 +519,39 @@ def _publish_local(paths: list[str], table: dict, store: LocalStore, version: st
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return marker
+
+
+# os.link fails with these where a copy still works: another file system, links not supported or not allowed
+_NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
+
+
+def _place(src: str, dst: Path, hardlink: bool) -> tuple[dict, bool]:
+    """Put `src` at `dst`; returns ({size, sha256} of what is there now, whether it is a hard link).
+
+    A hard link where allowed: the workflow never changes a written file in place (it writes a new file and
+    renames it), so a link is as safe as a copy, takes no space and was flushed to disk when written. A copy
+    is flushed before the marker can be written, so a crash cannot leave a marker over missing data. Either
+    way the file is hashed as it is now, which also catches a source changed since it was hashed.
+    """
+    linked = hardlink and _link(src, dst)
+    if not linked:
+        shutil.copyfile(src, dst)
+        fd = os.open(dst, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return {"size": os.path.getsize(dst), "sha256": sha256_file(dst)}, linked
+
+
+def _link(src: str, dst: Path) -> bool:
+    try:
+        os.link(src, dst)
+    except OSError as e:
+        if e.errno in _NO_LINK:
+            return False
+        raise
+    return True
 
 
 def _umask() -> int:
@@ -573,11 +621,13 @@ def publish(
     s3: S3Settings | None = None,
     now: dt.datetime | None = None,
     known: dict[str, dict] | None = None,
+    threads: int = 1,
 ) -> dict:
     """Publish files as `{dest}/{dataset}/{version}/` and point `latest` at it; returns the receipt.
 
     The receipt is the version's marker plus `dest`, `unchanged` (nothing new was published) and `deleted`
     (versions removed by retention). `known`: {name: {size, sha256}} already recorded (see file_table).
+    `threads`: files placed and read back at once on a mounted path.
     """
     if settings.verify not in VERIFY_MODES:
         raise ValueError(f"publish.verify must be one of {VERIFY_MODES}, not {settings.verify!r}")
@@ -604,7 +654,7 @@ def publish(
     if isinstance(store, S3Store):
         committed = _publish_s3(paths, table, store, version, marker, markers.get(version), settings)
     else:
-        committed = _publish_local(paths, table, store, version, marker, markers.get(version))
+        committed = _publish_local(paths, table, store, version, marker, markers.get(version), settings.hardlink, threads)
     unchanged = committed is not marker
     if unchanged:
         print(f"{store.where(version)} is already published with this content: nothing to upload")
@@ -648,6 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--multipart-threshold")
     p.add_argument("--multipart-chunksize")
     p.add_argument("--max-concurrent-requests", type=int)
+    p.add_argument("--no-hardlink", action="store_true", help="on a mounted path, always copy (default: hard-link where possible)")
     _s3_args(p)
     s = sub.add_parser("show", help="print the complete versions and what latest names")
     s.add_argument("--dest", required=True)
@@ -657,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.command == "publish":
             settings = PublishSettings(
-                a.keep_versions, a.verify, a.multipart_threshold, a.multipart_chunksize, a.max_concurrent_requests
+                a.keep_versions, a.verify, a.multipart_threshold, a.multipart_chunksize, a.max_concurrent_requests, not a.no_hardlink
             )
             receipt = publish(a.files, a.dest, a.dataset, a.version, settings, _s3_settings(a))
             print(f"published {a.dest.rstrip('/')}/{a.dataset}/{receipt['version']} ({len(receipt['files'])} files)")

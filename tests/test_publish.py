@@ -2,6 +2,7 @@
 last, published versions never change, retention, auto versions, ETags, build metadata."""
 
 import datetime as dt
+import errno
 import hashlib
 import json
 import os
@@ -29,8 +30,10 @@ from shardsmith.publish import (
     publish_local,
     read_complete,
 )
+from shardsmith.tario import atomic_write_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+COPY = PublishSettings(hardlink=False)
 T0 = dt.datetime(2026, 11, 22, 3, 17, tzinfo=dt.UTC)
 
 
@@ -81,7 +84,8 @@ def test_different_content_under_a_published_version_is_refused(tmp_path):
     assert snapshot(dest) == before
 
 
-def test_a_failure_mid_copy_leaves_latest_on_the_previous_complete_version(tmp_path, monkeypatch):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_failure_mid_copy_leaves_latest_on_the_previous_complete_version(tmp_path, monkeypatch, threads):
     dest = tmp_path / "fast"
     publish_local(make_files(tmp_path / "results"), str(dest), "ds", "v1")
     before = snapshot(dest)
@@ -95,7 +99,7 @@ def test_a_failure_mid_copy_leaves_latest_on_the_previous_complete_version(tmp_p
 
     monkeypatch.setattr(shutil, "copyfile", failing_copy)
     with pytest.raises(OSError, match="disk full"):
-        publish_local(make_files(tmp_path / "v2", tag="2"), str(dest), "ds", "v2")
+        publish(make_files(tmp_path / "v2", tag="2"), str(dest), "ds", "v2", COPY, threads=threads)
     assert sorted(os.listdir(dest / "ds")) == ["latest", "v1"]  # no v2, no partial temp folder
     assert snapshot(dest) == before
     assert latest_version(str(dest), "ds") == "v1"
@@ -111,7 +115,51 @@ def test_a_corrupted_copy_is_detected_and_nothing_is_published(tmp_path, monkeyp
 
     monkeypatch.setattr(shutil, "copyfile", corrupting_copy)
     with pytest.raises(PublishError, match="does not match the source"):
-        publish_local(make_files(tmp_path / "results"), str(tmp_path / "fast"), "ds", "v1")
+        publish(make_files(tmp_path / "results"), str(tmp_path / "fast"), "ds", "v1", COPY)
+    assert os.listdir(tmp_path / "fast" / "ds") == []
+
+
+def test_on_the_same_file_system_files_are_hard_linked_and_a_rebuild_leaves_the_version_alone(tmp_path, capsys):
+    files = make_files(tmp_path / "results")
+    before = {Path(f).name: Path(f).read_bytes() for f in files}
+    publish(files, str(tmp_path / "fast"), "ds", "v1", threads=2)
+    final = tmp_path / "fast" / "ds" / "v1"
+    for f in files:
+        assert (final / Path(f).name).stat().st_ino == Path(f).stat().st_ino  # a link, not a second copy
+    assert "3 hard-linked, 0 copied" in capsys.readouterr().out
+    # the workflow rewrites a file by writing a new one and renaming it over the old: the version keeps its bytes
+    atomic_write_bytes(files[0], b"rebuilt shard zero")
+    assert {name: (final / name).read_bytes() for name in before} == before
+    assert read_complete(str(tmp_path / "fast"), "ds")["files"] == file_table([str(final / n) for n in before])
+
+
+def test_without_links_files_are_copied_and_flushed_to_disk(tmp_path, monkeypatch, capsys):
+    files = make_files(tmp_path / "results")
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd))
+
+    def no_links(src, dst, **kw):  # e.g. dest on another file system
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_links)
+    publish(files, str(tmp_path / "fast"), "ds", "v1")
+    for f in files:
+        copy = next((tmp_path / "fast" / "ds").glob(f"*/{Path(f).name}"))
+        assert copy.stat().st_ino != Path(f).stat().st_ino and copy.read_bytes() == Path(f).read_bytes()
+        assert any(p.endswith(f"/{Path(f).name}") for p in synced), f"{f} copied but not flushed"
+    assert "0 hard-linked, 3 copied" in capsys.readouterr().out
+    publish(make_files(tmp_path / "v2", tag="2"), str(tmp_path / "fast"), "ds", "v2", COPY)  # links off: the same
+    assert (tmp_path / "fast" / "ds" / "v2" / "ds-000000.tar").stat().st_ino != (tmp_path / "v2" / "ds-000000.tar").stat().st_ino
+
+
+def test_a_link_error_that_a_copy_would_not_mend_fails_the_publish(tmp_path, monkeypatch):
+    def failing_link(src, dst, **kw):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "link", failing_link)
+    with pytest.raises(OSError, match="Input/output error"):
+        publish(make_files(tmp_path / "results"), str(tmp_path / "fast"), "ds", "v1")
     assert os.listdir(tmp_path / "fast" / "ds") == []
 
 
@@ -262,6 +310,7 @@ def test_the_schema_takes_the_publish_keys_and_refuses_bad_values():
     good = config(keep_versions=3, verify="etag", multipart_chunksize="64MB", multipart_threshold=8388608, max_concurrent_requests=16)
     validate(good, schema=schema)
     assert PublishSettings.from_config(good["publish"]) == PublishSettings(3, "etag", 8388608, "64MB", 16)
-    for bad in ({"verify": "md5"}, {"keep_versions": 0}, {"multipart_chunksize": "64 megabytes"}, {"dedupe": "yes"}):
+    assert PublishSettings.from_config(config(hardlink=False)["publish"]) == COPY
+    for bad in ({"verify": "md5"}, {"keep_versions": 0}, {"multipart_chunksize": "64 megabytes"}, {"dedupe": "yes"}, {"hardlink": "no"}):
         with pytest.raises(WorkflowError):
             validate(config(**bad), schema=schema)
