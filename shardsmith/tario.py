@@ -6,6 +6,7 @@ renamed into place, so a killed job never leaves a truncated file at a final pat
 """
 
 import contextlib
+import hashlib
 import os
 import tarfile
 import tempfile
@@ -50,6 +51,32 @@ def _member_sort_key(ext: str) -> tuple[int, str]:
     return (MEMBER_ORDER.index(ext), "") if ext in MEMBER_ORDER else (len(MEMBER_ORDER), ext)
 
 
+# The fixed fields of a member header (mode 0644, uid/gid 0, mtime 0, regular file, ustar magic, no owner
+# names), as tarfile's USTAR_FORMAT writes them; only the name, the size and the checksum vary.
+_MODE_IDS = b"0000644\0" + b"0000000\0" * 2
+_MTIME = b"00000000000\0"
+_REST = (tarfile.REGTYPE + b"\0" * 100 + b"ustar\x0000").ljust(tarfile.BLOCKSIZE - 156, b"\0")
+_FIXED_SUM = sum(_MODE_IDS) + sum(_MTIME) + sum(_REST) + 8 * ord(" ")  # the checksum counts itself as spaces
+
+
+def ustar_header(name: str, size: int) -> bytes:
+    """The 512-byte header tarfile writes for a regular member with zeroed owner and time, five times faster.
+
+    Building TarInfo headers was a tenth of a shard's write time. Names over 100 bytes and members of 8 GiB
+    or more go through tarfile, which splits the name into prefix and name or refuses it.
+    """
+    raw = name.encode(tarfile.ENCODING, "surrogateescape")
+    if len(raw) > 100 or size >= 8**11:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode, info.uid, info.gid = size, 0, 0o644, 0, 0
+        info.uname = info.gname = ""
+        info.type = tarfile.REGTYPE
+        return info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
+    size_field = b"%011o\0" % size
+    checksum = _FIXED_SUM + sum(raw) + sum(size_field)
+    return raw.ljust(100, b"\0") + _MODE_IDS + size_field + _MTIME + b"%06o\0 " % checksum + _REST
+
+
 class ShardWriter:
     """Writes samples `{key}.{ext}` to a deterministic USTAR tar; call `close()` (or use `with`) to finish.
 
@@ -72,16 +99,9 @@ class ShardWriter:
         where = {}
         for ext in sorted(members, key=_member_sort_key):
             data = members[ext]
-            info = tarfile.TarInfo(f"{key}.{ext}")
-            info.size = len(data)
-            info.mtime = 0
-            info.mode = 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.type = tarfile.REGTYPE
             # header, data and padding in three writes: tarfile.addfile copies through 16 KiB chunks,
             # which cost a third of a download job's time on multi-MB originals
-            header = info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
+            header = ustar_header(f"{key}.{ext}", len(data))
             self._f.write(header)
             self._f.write(data)
             pad = -len(data) % tarfile.BLOCKSIZE
@@ -90,6 +110,26 @@ class ShardWriter:
             where[ext] = (self._offset + len(header), len(data))
             self._offset += len(header) + len(data) + pad
         return where
+
+    def copy_samples(self, src: BinaryIO, start: int, end: int, keys: list[str]) -> None:
+        """Append samples that a ShardWriter wrote to another tar, bytes [start, end) of `src`, as they are.
+
+        They are the bytes write() would produce for the same keys and members, copied in large blocks
+        instead of member by member.
+        """
+        for key in keys:
+            if key in self._keys:
+                raise ValueError(f"duplicate key in shard: {key}")
+            self._keys.add(key)
+        src.seek(start)
+        left = end - start
+        while left:
+            block = src.read(min(left, 1 << 20))
+            if not block:
+                raise OSError(f"{src.name}: short read at offset {end - left} ({left} bytes missing)")
+            self._f.write(block)
+            left -= len(block)
+        self._offset += end - start
 
     def close(self) -> None:
         """End-of-archive blocks, padded to a whole record: the same bytes tarfile.close() writes."""
@@ -101,6 +141,22 @@ class ShardWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class HashingWriter:
+    """Writes through to a file and hashes what passes: a file's digests without reading it back."""
+
+    def __init__(self, f: BinaryIO, algorithms: Iterable[str]) -> None:
+        self._f = f
+        self._hashes = {a: hashlib.new(a) for a in algorithms}
+
+    def write(self, data: bytes) -> int:
+        for h in self._hashes.values():
+            h.update(data)
+        return self._f.write(data)
+
+    def hexdigests(self) -> dict[str, str]:
+        return {a: h.hexdigest() for a, h in self._hashes.items()}
 
 
 def split_member_name(name: str) -> tuple[str, str] | None:

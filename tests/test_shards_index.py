@@ -7,6 +7,7 @@ import tarfile
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from conftest import jpeg_bytes
 
@@ -18,7 +19,7 @@ from shardsmith.process import SAMPLE_COLUMNS, process_part
 from shardsmith.resize import ResizeSettings
 from shardsmith.shards import plan_shards, write_shard
 from shardsmith.sources import plan_parts
-from shardsmith.tario import ShardWriter, atomic_open
+from shardsmith.tario import ShardWriter, atomic_open, read_member
 
 
 def members_of(key: str) -> dict[str, bytes]:
@@ -148,6 +149,40 @@ def test_write_shard_info_matches_the_file(built):
             "md5sum": hashlib.md5(data).hexdigest(), "sha256": hashlib.sha256(data).hexdigest(),
         }  # fmt: skip
         assert json.loads((built["work"] / f"{n}.info.json").read_text()) == info
+
+
+def per_member_shard(plan_path, part_tars) -> bytes:
+    """The shard written member by member from the plan: what write_shard's range copies must equal."""
+    buf = io.BytesIO()
+    with ShardWriter(buf) as w:
+        for row in pq.read_table(plan_path).to_pylist():
+            w.write(row["key"], {e: read_member(part_tars[row["part"]], row[f"{e}_offset"], row[f"{e}_size"]) for e in ("jpg", "txt", "json")})
+    return buf.getvalue()
+
+
+def test_write_shard_copies_runs_of_samples_as_byte_ranges_with_the_same_bytes(built):
+    tars = {k: p["tar"] for k, p in built["parts"].items()}
+    for n in built["names"]:  # shards across two parts, and one with a dropped duplicate (a1) between samples
+        assert (built["out"] / f"{n}.tar").read_bytes() == per_member_shard(built["work"] / "plan" / f"{n}.samples.parquet", tars)
+
+
+def test_write_shard_takes_samples_not_laid_out_back_to_back_member_by_member(tmp_path):
+    """A part tar from elsewhere, with a cls member between jpg and txt: every sample is copied member by member."""
+    part, rows = tmp_path / "p-000000.tar", []
+    with tarfile.open(part, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key in ["k0", "k1", "k2"]:
+            where = {}
+            for ext, data in [("jpg", members_of(key)["jpg"]), ("cls", b"3"), ("txt", members_of(key)["txt"]), ("json", members_of(key)["json"])]:
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                where[ext] = (tar.offset + tarfile.BLOCKSIZE, len(data))  # data follows its one-block header
+                tar.addfile(info, io.BytesIO(data))
+            rows.append({"key": key, "part": "p-000000", **{f"{e}_{n}": v for e in ("jpg", "txt", "json") for n, v in zip(("offset", "size"), where[e])}})
+    plan = tmp_path / "plan.parquet"
+    pd.DataFrame(rows).to_parquet(plan)
+    write_shard(str(plan), {"p-000000": str(part)}, str(tmp_path / "s.tar"), str(tmp_path / "s.json"))
+    assert (tmp_path / "s.tar").read_bytes() == per_member_shard(plan, {"p-000000": str(part)})
+    assert tar_members(tmp_path / "s.tar") == [(f"{k}.{e}", members_of(k)[e]) for k in ("k0", "k1", "k2") for e in ("jpg", "txt", "json")]
 
 
 def test_write_shard_is_byte_identical_on_rewrite(built, tmp_path):

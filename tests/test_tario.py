@@ -1,5 +1,6 @@
 """Deterministic USTAR writing, atomic files and safe reading of foreign tars."""
 
+import hashlib
 import io
 import os
 import tarfile
@@ -8,7 +9,16 @@ import time
 import pytest
 from conftest import tar_entry, write_tar
 
-from shardsmith.tario import ShardWriter, atomic_open, iter_tar_groups, read_member, split_member_name, write_samples
+from shardsmith.tario import (
+    HashingWriter,
+    ShardWriter,
+    atomic_open,
+    iter_tar_groups,
+    read_member,
+    split_member_name,
+    ustar_header,
+    write_samples,
+)
 
 SAMPLES = [
     ("k1", {"json": b'{"a": 1}', "txt": b"a caption", "jpg": b"\xff\xd8jpeg-1"}),
@@ -41,6 +51,37 @@ def test_members_are_plain_ustar_regular_files_with_zeroed_owner_and_time():
         assert data[m.offset + 257 : m.offset + 265] == b"ustar\x0000"  # POSIX ustar magic + version
         assert (m.type, m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) == (tarfile.REGTYPE, 0, 0, 0, "", "", 0o644)
         assert "PaxHeader" not in m.name
+
+
+def tarfile_header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o644, 0, 0, "", ""
+    return info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
+
+
+@pytest.mark.parametrize("name", ["k.jpg", "a" * 96 + ".jpg", "a" * 95 + ".json", "é" * 48 + ".txt", "d/" * 60 + "k.txt", "k\udcff.txt"])
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 10**9, 8**11 - 1])
+def test_member_headers_are_the_bytes_tarfile_writes(name, size):
+    assert ustar_header(name, size) == tarfile_header(name, size)
+
+
+def test_member_headers_tarfile_refuses_are_refused():
+    for name, size in (("a" * 101, 1), ("k.jpg", 8**11)):  # no prefix split possible; too large for ustar
+        with pytest.raises(ValueError):
+            tarfile_header(name, size)
+        with pytest.raises(ValueError):
+            ustar_header(name, size)
+
+
+def test_hashing_writer_gives_the_digests_of_what_it_wrote(tmp_path):
+    with open(tmp_path / "s.tar", "wb") as f:
+        out = HashingWriter(f, ("md5", "sha256"))
+        with ShardWriter(out) as w:
+            for key, members in SAMPLES:
+                w.write(key, members)
+    data = (tmp_path / "s.tar").read_bytes()
+    assert data == write_bytes()[0]
+    assert out.hexdigests() == {"md5": hashlib.md5(data).hexdigest(), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def test_members_of_a_sample_are_ordered_jpg_txt_json_then_others_sorted():
