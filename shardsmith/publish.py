@@ -495,26 +495,29 @@ def _publish_local(
     Path(store.root).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", suffix=".partial", dir=store.root))
     by_name = {Path(p).name: p for p in paths}
+    readable = 0o666 & ~_umask()  # read before the pool starts: reading os.umask sets it for the whole process
     try:
         # Files in parallel: copies to NFS or Lustre gain from several streams, and hashing (which releases
         # the GIL) from several cores.
         with ThreadPoolExecutor(max(1, threads)) as pool:
-            placed = {name: pool.submit(_place, by_name[name], tmp / name, hardlink) for name in table}
+            placed = {name: pool.submit(_place, by_name[name], tmp / name, hardlink, readable) for name in table}
             try:
                 linked = 0
                 for name, want in table.items():  # read back what landed on the destination
                     got, was_linked = placed[name].result()
                     if got != want:
-                        found = f"copy on {store.dest} has {got['size']} bytes with sha256 {got['sha256'][:12]}"
+                        found = f"the file on {store.dest} has {got['size']} bytes with sha256 {got['sha256'][:12]}"
                         raise PublishError(_mismatch(name, by_name[name], want, found))
                     linked += was_linked
             except BaseException:
                 pool.shutdown(cancel_futures=True)
                 raise
         print(f"{len(table)} files in place and read back: {linked} hard-linked, {len(table) - linked} copied")
+        _fsync_dir(tmp)  # the files' entries before the marker's
         atomic_write_text(tmp / MARKER, json.dumps(marker, indent=1, sort_keys=True) + "\n")
         os.chmod(tmp, 0o777 & ~_umask())
         os.rename(tmp, final)
+        _fsync_dir(store.root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -522,26 +525,38 @@ def _publish_local(
 
 
 # os.link fails with these where a copy still works: another file system, links not supported or not allowed
-_NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
+_NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
 
 
-def _place(src: str, dst: Path, hardlink: bool) -> tuple[dict, bool]:
+def _place(src: str, dst: Path, hardlink: bool, readable: int) -> tuple[dict, bool]:
     """Put `src` at `dst`; returns ({size, sha256} of what is there now, whether it is a hard link).
 
     A hard link where allowed: the workflow never changes a written file in place (it writes a new file and
-    renames it), so a link is as safe as a copy, takes no space and was flushed to disk when written. A copy
-    is flushed before the marker can be written, so a crash cannot leave a marker over missing data. Either
-    way the file is hashed as it is now, which also catches a source changed since it was hashed.
+    renames it), so the version keeps its bytes when the output is rebuilt; the link takes no space and was
+    flushed to disk when written. A link shares the source's permissions, so a source without the bits a
+    copy would get under the umask (`readable`) is copied instead. A copy is flushed to disk before the
+    marker is written. Either way the file is hashed as it is now, which also catches a source changed
+    since it was hashed.
     """
-    linked = hardlink and _link(src, dst)
+    linked = hardlink and os.stat(src).st_mode & readable == readable and _link(src, dst)
     if not linked:
         shutil.copyfile(src, dst)
-        fd = os.open(dst, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(dst)
     return {"size": os.path.getsize(dst), "sha256": sha256_file(dst)}, linked
+
+
+def _fsync(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: str | os.PathLike) -> None:
+    """Make renames and new entries in a folder durable (some file systems refuse: then there is nothing to do)."""
+    with contextlib.suppress(OSError):
+        _fsync(path)
 
 
 def _link(src: str, dst: Path) -> bool:
@@ -699,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--multipart-chunksize")
     p.add_argument("--max-concurrent-requests", type=int)
     p.add_argument("--no-hardlink", action="store_true", help="on a mounted path, always copy (default: hard-link where possible)")
+    p.add_argument("--threads", type=int, default=1, help="files placed and read back at once on a mounted path")
     _s3_args(p)
     s = sub.add_parser("show", help="print the complete versions and what latest names")
     s.add_argument("--dest", required=True)
@@ -710,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
             settings = PublishSettings(
                 a.keep_versions, a.verify, a.multipart_threshold, a.multipart_chunksize, a.max_concurrent_requests, not a.no_hardlink
             )
-            receipt = publish(a.files, a.dest, a.dataset, a.version, settings, _s3_settings(a))
+            receipt = publish(a.files, a.dest, a.dataset, a.version, settings, _s3_settings(a), threads=a.threads)
             print(f"published {a.dest.rstrip('/')}/{a.dataset}/{receipt['version']} ({len(receipt['files'])} files)")
         else:
             versions = complete_versions(a.dest, a.dataset, _s3_settings(a))

@@ -149,6 +149,7 @@ def test_without_links_files_are_copied_and_flushed_to_disk(tmp_path, monkeypatc
         assert copy.stat().st_ino != Path(f).stat().st_ino and copy.read_bytes() == Path(f).read_bytes()
         assert any(p.endswith(f"/{Path(f).name}") for p in synced), f"{f} copied but not flushed"
     assert "0 hard-linked, 3 copied" in capsys.readouterr().out
+    assert any(p.endswith(".partial") for p in synced)  # the folder's entries, before the marker
     publish(make_files(tmp_path / "v2", tag="2"), str(tmp_path / "fast"), "ds", "v2", COPY)  # links off: the same
     assert (tmp_path / "fast" / "ds" / "v2" / "ds-000000.tar").stat().st_ino != (tmp_path / "v2" / "ds-000000.tar").stat().st_ino
 
@@ -181,14 +182,18 @@ def test_hashes_recorded_when_written_are_not_computed_again_and_are_checked_on_
 
 
 def test_published_marker_and_latest_are_readable_by_other_users(tmp_path):
+    files = make_files(tmp_path / "results")
+    os.chmod(files[0], 0o600)  # a link would share this mode: that file is copied instead
     old = os.umask(0o022)
     try:
-        publish_local(make_files(tmp_path / "results"), str(tmp_path / "fast"), "ds", "v1")
+        publish_local(files, str(tmp_path / "fast"), "ds", "v1")
     finally:
         os.umask(old)
     root = tmp_path / "fast" / "ds"
     for p in [root / "latest", root / "v1", *(root / "v1").iterdir()]:
         assert p.stat().st_mode & 0o044 == 0o044, p.name
+    assert (root / "v1" / "ds-000000.tar").stat().st_ino != Path(files[0]).stat().st_ino
+    assert (root / "v1" / "ds-000001.tar").stat().st_ino == Path(files[1]).stat().st_ino
 
 
 def test_readers_see_only_complete_versions(tmp_path):
@@ -232,7 +237,7 @@ def test_retention_keeps_the_newest_versions_and_never_the_one_latest_names(tmp_
         publish(make_files(tmp_path / f"v{i}", tag=str(i)), dest, "ds", f"v{i}", now=T0 + dt.timedelta(hours=i))
     assert list(complete_versions(dest, "ds")) == ["v1", "v2", "v3"]
     # Re-publishing v1 points latest back at it; keeping 1 version then keeps v3 (newest) and v1 (latest).
-    receipt = publish(make_files(tmp_path / "v1", tag="1"), dest, "ds", "v1", PublishSettings(keep_versions=1))
+    receipt = publish(make_files(tmp_path / "v1-again", tag="1"), dest, "ds", "v1", PublishSettings(keep_versions=1))
     assert receipt["deleted"] == ["v2"] and receipt["unchanged"] is True
     assert list(complete_versions(dest, "ds")) == ["v1", "v3"] and latest_version(dest, "ds") == "v1"
     assert sorted(os.listdir(tmp_path / "fast" / "ds")) == ["latest", "v1", "v3"]  # no leftovers

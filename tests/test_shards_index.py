@@ -160,10 +160,17 @@ def per_member_shard(plan_path, part_tars) -> bytes:
     return buf.getvalue()
 
 
-def test_write_shard_copies_runs_of_samples_as_byte_ranges_with_the_same_bytes(built):
+def test_write_shard_copies_runs_of_samples_as_byte_ranges_with_the_same_bytes(built, tmp_path, monkeypatch):
     tars = {k: p["tar"] for k, p in built["parts"].items()}
     for n in built["names"]:  # shards across two parts, and one with a dropped duplicate (a1) between samples
         assert (built["out"] / f"{n}.tar").read_bytes() == per_member_shard(built["work"] / "plan" / f"{n}.samples.parquet", tars)
+    runs = []
+    real = ShardWriter.copy_samples
+    monkeypatch.setattr(ShardWriter, "copy_samples", lambda self, src, start, end, keys: runs.append(keys) or real(self, src, start, end, keys))
+    n = built["names"][1]  # a4 | b0 (part 2; a1 dropped after it) | b1 b2
+    write_shard(str(built["work"] / "plan" / f"{n}.samples.parquet"), tars, str(tmp_path / "s.tar"), str(tmp_path / "s.json"))
+    assert runs == [["a4"], ["b0"], ["b1", "b2"]]
+    assert (tmp_path / "s.tar").read_bytes() == (built["out"] / f"{n}.tar").read_bytes()
 
 
 def test_write_shard_takes_samples_not_laid_out_back_to_back_member_by_member(tmp_path):
