@@ -5,8 +5,9 @@
 Runs the demo workflow (config/config.yaml, embedding on, as `make demo` does) in a fresh folder with
 its inputs and tiny model generated there, `--rounds` times, and reports per round: wall time, jobs, the
 time with no job process alive (Snakemake's DAG building, checkpoint re-evaluation, scheduling) and job
-start-up (an interpreter loading Snakemake's preamble and what each job's script imports, over the cores). The figures
-use e2e_bench's measurement (process-tree sampling), so both benchmarks count overhead the same way.
+start-up (an interpreter loading Snakemake's preamble and what each job's script imports, over the cores).
+The figures use e2e_bench's measurement (process-tree sampling), so both benchmarks count overhead the same
+way.
 Raw figures go to bench/results/demo-overhead.json.
 """
 

@@ -82,13 +82,14 @@ def main() -> None:
     for _ in range(a.repeat):
         best["ceiling"] = min(best["ceiling"], timed(ceiling, blobs, s))
         best["shardsmith"] = min(best["shardsmith"], timed(ours, blobs, s))
+    ratio = round(best["ceiling"] / best["shardsmith"], 3)
     result = {
         "images": len(blobs),
         "max_side": a.max_side,
         "ceiling_img_per_s": round(len(blobs) / best["ceiling"], 1),
         "shardsmith_img_per_s": round(len(blobs) / best["shardsmith"], 1),
-        "ratio_of_ceiling": round(best["ceiling"] / best["shardsmith"], 3),
-        "target": verdict(round(best["ceiling"] / best["shardsmith"], 3)),
+        "ratio_of_ceiling": ratio,
+        "target": verdict(ratio),
         "pil": Image.__version__,
         "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(),

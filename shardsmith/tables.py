@@ -106,8 +106,8 @@ class ParquetAppender:
     until `close()`.
 
     The first table fixes the schema (a column all null in it is taken as text); later ones are cast to
-    it, so an empty or all-null part does not change a column's type. Without any rows, the file has `columns`, typed null (pandas reads them as
-    object columns, as it wrote them before).
+    it, so an empty or all-null part does not change a column's type. Without any rows, the file has
+    `columns`, typed null (pandas reads them as object columns, as it wrote them before).
     """
 
     def __init__(self, path: str | os.PathLike, columns: list[str]) -> None:

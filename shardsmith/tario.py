@@ -14,9 +14,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-MEMBER_ORDER = ("jpg", "txt", "json")
-_UMASK = os.umask(0)
-os.umask(_UMASK)  # fixed order within a sample; other extensions follow, sorted
+MEMBER_ORDER = ("jpg", "txt", "json")  # fixed order within a sample; other extensions follow, sorted
+_UMASK = os.umask(0)  # reading the umask means setting it: put it back at once
+os.umask(_UMASK)
 
 
 @contextlib.contextmanager
