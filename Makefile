@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SNAKEMAKE := $(VENV)/bin/snakemake
 CORES ?= 2
-CONFIG ?= config/config.yaml
+# the config of `make retry-failed` (e.g. make retry-failed CONFIG=my.yaml)
+CONFIG ?= config/demo.yaml
 
 .PHONY: setup demo demo-data demo-model test lint clean-demo retry-failed bench
 
@@ -18,8 +19,8 @@ demo-model: setup
 	@[ -f demo/models/tiny-clip.pt ] || $(PY) -m shardsmith.tinyclip demo/models
 
 demo: demo-data demo-model
-	$(SNAKEMAKE) --workflow-profile none --cores $(CORES)
-	@$(SNAKEMAKE) --workflow-profile none --cores 1 --quiet all --report demo/report.html && echo "report: demo/report.html"
+	$(SNAKEMAKE) --workflow-profile none --cores $(CORES) --configfile config/demo.yaml
+	@$(SNAKEMAKE) --workflow-profile none --cores 1 --configfile config/demo.yaml --quiet all --report demo/report.html && echo "report: demo/report.html"
 	@$(PY) -m shardsmith.summary demo/fast-storage/demo/$$(cat demo/fast-storage/demo/latest)
 
 test: setup
@@ -39,7 +40,7 @@ bench: setup
 	$(PY) bench/memory_scale.py
 
 lint: setup
-	$(SNAKEMAKE) --lint --workflow-profile none
+	$(SNAKEMAKE) --lint --workflow-profile none --configfile config/demo.yaml
 	$(VENV)/bin/snakefmt --check Snakefile rules/
 
 clean-demo:

@@ -3,7 +3,8 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# No configfile here: a run names its own (`--configfile my.yaml`; `make demo` names config/demo.yaml),
+# merged over the defaults of config/config.schema.yaml only.
 
 
 report: "report/workflow.rst"
@@ -24,6 +25,10 @@ rule all:
     input:
         get_final_outputs(),
         get_report_outputs(),
+
+
+onstart:
+    remove_leftovers_of_killed_runs()
 
 
 onsuccess:

@@ -2,7 +2,7 @@
 
     python bench/demo_overhead.py [--rounds 2]
 
-Runs the demo workflow (config/config.yaml, embedding on, as `make demo` does) in a fresh folder with
+Runs the demo workflow (config/demo.yaml, embedding on, as `make demo` does) in a fresh folder with
 its inputs and tiny model generated there, `--rounds` times, and reports per round: wall time, jobs, the
 time with no job process alive (Snakemake's DAG building, checkpoint re-evaluation, scheduling) and job
 start-up (an interpreter loading Snakemake's preamble and what each job's script imports, over the cores).
@@ -31,7 +31,7 @@ def run_demo(root: Path, cores: int) -> dict:
         subprocess.run([sys.executable, "-m", module, str(root / out)], check=True, capture_output=True)
     cmd = [
         str(VENV_BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(root),
-        "--configfile", str(REPO / "config" / "config.yaml"), "--workflow-profile", "none", "--cores", str(cores),
+        "--configfile", str(REPO / "config" / "demo.yaml"), "--workflow-profile", "none", "--cores", str(cores),
     ]  # fmt: skip
     run = measured(cmd, root / "snakemake.log")
     if run["returncode"] != 0:

@@ -243,7 +243,7 @@ def run_img2dataset(exe: Path, manifest: Path, out: Path, count: int, per_shard:
 
 
 def workflow_config(root: Path, manifest: Path, count: int, per_shard: int, parts: int = 2) -> dict:
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
     config.update(
         {
             "dataset": "bench",

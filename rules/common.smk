@@ -7,17 +7,29 @@ from snakemake.utils import validate
 
 sys.path.insert(0, workflow.basedir)  # the shardsmith package beside this Snakefile
 
-from shardsmith.config import check_config, schema_error_message
+from shardsmith.config import check_config, plain_data, schema_error_message
 from shardsmith.errors import ConfigError
 from shardsmith.summary import print_failure, print_success, stop_scheduler_timers
 
-try:  # Snakemake prints a schema error with the whole sub-schema; the user needs the key and the rule
+if not config:
+    sys.exit(
+        "shardsmith: no config given: run with --configfile my.yaml (make demo uses config/demo.yaml; "
+        "`python -m shardsmith new-config PATH... > my.yaml` writes one for your inputs)."
+    )
+# A JSON --configfile is loaded as OrderedDicts, which YAML writers and fingerprints treat as other data
+# than the same YAML config: plain dicts and lists from here on, so either format builds the same bytes.
+_plain_config = plain_data(config)
+config.clear()
+config.update(_plain_config)
+# Snakemake prints a schema error with the whole sub-schema; the user needs the key and the rule.
+# validate() also fills in every default the config leaves out.
+try:
     validate(config, schema="../config/config.schema.yaml")
 except WorkflowError as e:
     if os.environ.get("SHARDSMITH_DEBUG"):
         raise
-    files = ", ".join(map(str, workflow.configfiles)) or "the config"
-    hint = f"Fix it in {files}; config/config.schema.yaml describes every key."
+    files = ", ".join(map(str, workflow.configfiles)) or "the --config values"
+    hint = f"Fix it in {files}; config/config.schema.yaml describes every key and its default."
     sys.exit(f"shardsmith: config error: {schema_error_message(e)}\n  {hint}")
 try:
     check_config(config)
@@ -37,6 +49,7 @@ INDEX_FILES = [
     "stats.json",
 ]
 SOURCES = {s["name"]: s for s in config["sources"]}
+SCRATCH = f"{WORK}/tmp"  # jobs' scratch folders (not a node's /tmp): a killed job's are removed by the next run
 
 
 wildcard_constraints:
@@ -278,6 +291,18 @@ def get_report_outputs():
     if config["embed"]["enabled"]:
         outputs += rules.plot_embeddings.output
     return outputs
+
+
+def remove_leftovers_of_killed_runs():
+    """Remove the temporary names an earlier killed run left (shardsmith.leftovers); before any job starts."""
+    from shardsmith.leftovers import remove_leftovers
+
+    removed = remove_leftovers([RAW, WORK, OUT, LOGS])
+    dest = config["publish"]["dest"]
+    if dest and "://" not in dest:
+        removed += remove_leftovers([f"{dest}/{DATASET}"], depth=1)  # beside the versions, never inside one
+    if removed:
+        print(f"shardsmith: removed {len(removed)} temporary files or folders of a killed run ({removed[0]}, ...)")
 
 
 def get_published_dir():

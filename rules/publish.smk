@@ -38,6 +38,7 @@ rule publish_dataset:
     params:
         target=get_publish_target(),
         settings=config["publish"],
+        scratch=SCRATCH,
         s3=config["s3"],
     script:
         "../scripts/publish_dataset.py"

@@ -7,6 +7,7 @@ sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside
 import json
 from pathlib import Path
 
+from shardsmith.leftovers import use_scratch
 from shardsmith.logs import run_job
 from shardsmith.publish import PublishConflict, PublishError, PublishSettings, publish
 from shardsmith.s3 import S3Error, S3Settings
@@ -14,6 +15,7 @@ from shardsmith.tario import atomic_write_text
 
 
 def main() -> None:
+    use_scratch(snakemake.params.scratch)
     t = snakemake.params.target
     infos = [json.loads(Path(p).read_text()) for p in snakemake.input.infos]
     receipt = publish(

@@ -102,6 +102,15 @@ def check_paths(config: dict) -> None:
                 )
 
 
+def plain_data(value: object) -> object:
+    """`value` as plain dicts and lists (a JSON config arrives as OrderedDicts; YAML writers refuse those)."""
+    if isinstance(value, dict):
+        return {str(k): plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    return value
+
+
 def config_value(config: dict, dotted: str) -> object:
     node: object = config
     for part in dotted.split("."):

@@ -214,6 +214,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
     except OSError:
         shutil.copyfile(src, tmp)
     os.replace(tmp, dst)
+    # renaming a link onto another link of the same file does nothing (POSIX): the temporary name stays
+    tmp.unlink(missing_ok=True)
 
 
 def _reusable(prev: dict | None, rec: dict, retry: set[str]) -> bool:

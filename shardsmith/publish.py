@@ -45,6 +45,8 @@ MARKER = "_COMPLETE.json"
 LATEST = "latest"
 AUTO = "auto"
 BUILD_INFO = "build.json"
+CARD = "README.md"  # the dataset card (shardsmith.card): its title names the version
+DESCRIBES_THE_BUILD = (BUILD_INFO, CARD)  # not data: left out of the content fingerprint
 VERIFY_MODES = ("readback", "etag")
 _MiB = 1024**2
 _SIZE_SUFFIX = {"kb": 1024, "mb": _MiB, "gb": 1024**3, "tb": 1024**4, "kib": 1024, "mib": _MiB, "gib": 1024**3, "tib": 1024**4}
@@ -146,8 +148,9 @@ def _mismatch(name: str, source: str | os.PathLike, want: dict, got: str) -> str
 
 
 def content_fingerprint(table: dict[str, dict]) -> str:
-    """sha256 of the published data (names and sha256s), without build.json: same data, same fingerprint."""
-    data = {name: entry["sha256"] for name, entry in sorted(table.items()) if name != BUILD_INFO}
+    """sha256 of the published data (names and sha256s), without build.json and the card: same data, same
+    fingerprint, whatever the version is called and wherever it was built."""
+    data = {name: entry["sha256"] for name, entry in sorted(table.items()) if name not in DESCRIBES_THE_BUILD}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m shardsmith.refresh",
         description="Refresh a dataset: only new or changed parts run; a new version is published.",
         epilog="Other options are passed to snakemake (e.g. --config version=2026-11-22, --workflow-profile cluster).",
+        allow_abbrev=False,  # else `--config version=v2`, meant for snakemake, would be taken as --configfile
     )
     parser.add_argument("--configfile", required=True)
     parser.add_argument("--cores", type=int, default=1)
@@ -105,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         if code:
             break
     new = [log for log in snakemake_logs(args.directory) if log not in before]
-    print(summarize([job for log in new for job in jobs_run(log.read_text(errors="replace"))]), file=sys.stderr)
+    jobs = [job for log in new for job in jobs_run(log.read_text(errors="replace"))]
+    if code:
+        ran = f"; before that, {summarize(jobs).removeprefix('refresh: ')}" if jobs else ""
+        print(f"refresh: FAILED: snakemake exited with {code} (its messages are above){ran}", file=sys.stderr)
+    else:
+        print(summarize(jobs), file=sys.stderr)
     return code
 
 

@@ -415,7 +415,7 @@ def test_schema_keeps_embedding_off_by_default_and_the_demo_config_turns_it_on()
     assert set(config["embed"]) - {"enabled", "min_similarity", "save_embeddings"} == set(
         EmbedSettings.__dataclass_fields__
     )
-    demo = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    demo = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
     validate(demo, schema=schema)
     assert demo["embed"]["enabled"] and demo["embed"]["pretrained"] == f"demo/models/{NAME}.pt"
     assert demo["embed"]["model_config"] == f"demo/models/{NAME}.json"

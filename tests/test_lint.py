@@ -12,7 +12,7 @@ def test_snakemake_lint_is_clean(tmp_path):
     make_demo(tmp_path / "demo" / "data")
     cmd = [
         str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-        "--configfile", str(REPO / "config" / "config.yaml"), "--lint", "--workflow-profile", "none",
+        "--configfile", str(REPO / "config" / "demo.yaml"), "--lint", "--workflow-profile", "none",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -13,6 +13,7 @@ import pytest
 
 from shardsmith.publish import (
     BUILD_INFO,
+    CARD,
     MARKER,
     PublishConflict,
     PublishError,
@@ -221,6 +222,18 @@ def test_auto_version_is_date_and_content_and_unchanged_data_publishes_nothing(t
     grown = publish(make_files(tmp_path / "b", tag="new"), dest, "ds", "auto", now=T0 + dt.timedelta(days=1))
     assert grown["version"].startswith("2026-11-23-") and grown["previous"] == first["version"]
     assert latest_version(dest, "ds") == grown["version"]
+
+
+def test_auto_after_a_named_version_with_the_same_data_publishes_nothing(tmp_path):
+    dest = str(tmp_path / "fast")
+    named = make_files(tmp_path / "a")
+    Path(tmp_path / "a" / CARD).write_text("# ds v1\n")
+    publish([*named, str(tmp_path / "a" / CARD)], dest, "ds", "v1", now=T0)
+    rebuilt = make_files(tmp_path / "b")  # the same shards and index; only the card's title differs
+    Path(tmp_path / "b" / CARD).write_text("# ds\n\nThe version is named when published.\n")
+    again = publish([*rebuilt, str(tmp_path / "b" / CARD)], dest, "ds", "auto", now=T0 + dt.timedelta(days=1))
+    assert again["unchanged"] is True and again["version"] == "v1"
+    assert list(complete_versions(dest, "ds")) == ["v1"] and latest_version(dest, "ds") == "v1"
 
 
 def test_build_json_alone_does_not_make_new_data():

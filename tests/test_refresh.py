@@ -13,6 +13,7 @@ import pytest
 from shardsmith.dedupe import PublishedManifestError, already_published, published_records, write_exclusions
 from shardsmith.publish import publish
 from shardsmith.refresh import RERUN_TRIGGERS, jobs_run, refresh_commands, summarize
+from shardsmith.refresh import main as refresh_main
 from workflow_helpers import REPO
 
 SCHEDULE = REPO / "tools" / "schedule"
@@ -143,6 +144,18 @@ def test_refresh_sh_skips_while_another_refresh_holds_the_lock(tmp_path):
         assert time.monotonic() - started < 10
     assert proc.returncode == 0 and "another refresh holds" in proc.stdout and "skipping" in proc.stdout
     assert not (tmp_path / ".snakemake").exists()  # snakemake never started
+
+
+def test_a_failed_refresh_says_it_failed(tmp_path, capsys):
+    (tmp_path / "bad.yaml").write_text("dataset: Not A Name\n")
+    code = refresh_main(["--configfile", str(tmp_path / "bad.yaml"), "--directory", str(tmp_path), "--workflow-profile", "none"])
+    err = capsys.readouterr().err
+    assert code != 0 and "refresh: FAILED: snakemake exited with" in err and "nothing changed" not in err
+
+
+def test_snakemake_options_are_not_taken_as_abbreviations_of_the_wrappers_own():
+    with pytest.raises(SystemExit):  # --configfile is required: `--config` must not count as it
+        refresh_main(["--config", "version=v2"])
 
 
 def test_refresh_sh_needs_a_config():

@@ -48,7 +48,7 @@ def validation_reports(root: Path, config: dict) -> dict[str, dict]:
     return reports
 
 
-def refresh(root: Path, repo: Path) -> tuple[subprocess.CompletedProcess, list[tuple[str, dict]], str]:
+def refresh(root: Path, repo: Path, *options: str) -> tuple[subprocess.CompletedProcess, list[tuple[str, dict]], str]:
     """Run tools/schedule/refresh.sh of `repo` in `root`, as cron would; returns the jobs it ran and the log."""
     before = set(snakemake_logs(root))
     env = {
@@ -59,7 +59,7 @@ def refresh(root: Path, repo: Path) -> tuple[subprocess.CompletedProcess, list[t
         "AWS_ACCESS_KEY_ID": KEY_ID,
     }
     proc = subprocess.run(
-        [str(repo / "tools" / "schedule" / "refresh.sh"), "config.yaml", "--workflow-profile", "none"],
+        [str(repo / "tools" / "schedule" / "refresh.sh"), "config.yaml", "--workflow-profile", "none", *options],
         cwd=root, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     if proc.returncode != 0:
@@ -124,11 +124,13 @@ def refreshed(s3_server, tmp_path_factory):
     validated = validation_reports(root, config)
     time.sleep(1.1)  # mtimes have a resolution of a second on some file systems
     third, third_jobs, third_log = refresh(root, checkout(repo))  # the same workflow, checked out again
+    v3 = latest_version(dest, "demo", s3_server)
+    named, named_jobs, _ = refresh(root, repo, "--config", "version=v2")  # as the README and --help say
     return {
         "root": root, "dest": dest, "s3": s3_server, "v1": v1, "v2": v2, "added": added,
         "jobs": [first_jobs, second_jobs, third_jobs], "runs": [first, second, third], "third_log": third_log,
         "validated": validated, "validated_first": validated_first,
-        "v3": latest_version(dest, "demo", s3_server),
+        "v3": v3, "named": named, "named_jobs": named_jobs, "v_named": latest_version(dest, "demo", s3_server),
     }  # fmt: skip
 
 
@@ -205,3 +207,12 @@ def test_credentials_never_appear_in_logs_or_outputs(refreshed):
     assert len(texts) > 20
     for text in texts:
         assert SECRET not in text and KEY_ID not in text
+
+
+def test_config_values_given_to_the_refresh_wrapper_reach_snakemake(refreshed):
+    r = refreshed
+    assert r["v_named"] == "v2" and "v2" in complete_versions(r["dest"], "demo", r["s3"])
+    assert (r["root"] / "config.yaml").read_text().startswith("dataset: demo")  # the config file is untouched
+    assert "publish_dataset" in {rule for rule, _ in r["named_jobs"]} and "jobs ran" in r["named"].stderr
+    card = read_object(f"{r['dest']}/demo/v2/README.md", r["s3"]).decode()
+    assert card.startswith("# demo v2")

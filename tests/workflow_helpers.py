@@ -13,7 +13,7 @@ SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 
 def demo_config(data: Path, root: Path, **overrides) -> dict:
     """The demo config with inputs in `data` and every output folder under `root`."""
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
     config["paths"] = {k: str(root / k) for k in ("raw", "work", "output", "logs")}
     config["publish"] = {"dest": str(root / "fast-storage")}
     by_name = {s["name"]: s for s in config["sources"]}
