@@ -300,9 +300,11 @@ def remove_leftovers_of_killed_runs():
     removed = remove_leftovers([RAW, WORK, OUT, LOGS])
     dest = config["publish"]["dest"]
     if dest and "://" not in dest:
-        removed += remove_leftovers([f"{dest}/{DATASET}"], depth=1)  # beside the versions, never inside one
+        # beside the versions, never inside one
+        removed += remove_leftovers([f"{dest}/{DATASET}"], depth=1)
     if removed:
-        print(f"shardsmith: removed {len(removed)} temporary files or folders of a killed run ({removed[0]}, ...)")
+        n, first = len(removed), removed[0]
+        print(f"shardsmith: removed {n} temporary names a killed run left ({first}, ...)")
 
 
 def get_published_dir():
