@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from shardsmith.demo import make_demo
+from shardsmith.leftovers import find_leftovers
 from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
 
 pytestmark = pytest.mark.workflow
@@ -189,3 +190,4 @@ def test_killed_run_leaves_no_truncated_tar_and_rerun_completes(build, demo_data
     run_workflow(root, config, "--rerun-incomplete")
     for name in json.loads((out_dir(root1) / "sizes.json").read_text()):
         assert sha256(out_dir(root) / name) == sha256(out_dir(root1) / name)
+    assert find_leftovers([root]) == []  # the killed jobs' temporary files went with the rerun
