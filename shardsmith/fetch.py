@@ -3,9 +3,10 @@
 Used by download_part for one part. Worker threads each run one attempt at a time; the calling thread
 is the dispatcher and decides what runs when: at most `concurrency` attempts in all and
 `per_host_concurrency` per host, at most `per_host_rate` starts per second per host, backoff with jitter
-between attempts, and a Retry-After from a 429/503 pauses the whole host, not just the one URL. It stops
-at the part deadline: what is not done by then is reported as `deadline`, and the workers (daemon
-threads, bounded by their own timeouts) are left behind, so a stalled server never holds a job.
+between attempts, and a Retry-After from a 429/503 pauses every request of this job to that host, not just
+the one URL (other download jobs know nothing of it). It stops at the part deadline: what is not done by
+then is reported as `deadline`, and the workers (daemon threads, bounded by their own timeouts) are left
+behind, so a stalled server never holds a job.
 
 http(s) goes through urllib3 with redirects followed by hand (counted, and the X-Robots-Tag of the final
 response checked), s3:// through the AWS CLI (shardsmith.s3), plain paths and file:// from disk. Every
@@ -692,7 +693,7 @@ class _Dispatch:
             backoff = min(self.s.backoff_max_s, self.s.backoff_s * 2 ** (tries - 1)) * random.uniform(0.5, 1.5)
             if e.retry_after is not None:
                 pause = min(e.retry_after, self.s.retry_after_max_s)
-                host.not_before = max(host.not_before, now + pause)  # the whole host backs off
+                host.not_before = max(host.not_before, now + pause)  # this job's requests to the host back off
                 backoff = max(backoff, pause)
             due = now + backoff
             if due < self.f.deadline:

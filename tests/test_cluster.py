@@ -153,6 +153,10 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
         assert record["Partition"] == want["partition"], (rule, record)
         if want["cpus"]:
             assert int(record["ProcCnt"]) == want["cpus"], (rule, record)
+        shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+        comment = re.search(r"\bComment=(\S+)", shown)  # kept for MinJobAge=600 s; squeue -o %k shows it
+        assert comment and comment.group(1).startswith(f"rule_{rule}"), shown
+        if rule in ("download_part", "process_part", "embed_part", "write_shard"):  # one job per part or shard
+            assert re.fullmatch(rf"rule_{rule}_wildcards_[\w-]*\d{{6}}", comment.group(1)), comment.group(1)
         if want["gpu"]:
-            shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
-            assert "gpu" in shown.split("TresPerJob=")[-1].split()[0], shown  # kept for MinJobAge=600 s
+            assert "gpu" in shown.split("TresPerJob=")[-1].split()[0], shown
