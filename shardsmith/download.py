@@ -487,9 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m shardsmith.download retry-failed CONFIG`: see the README (Retrying failed downloads)."""
     import yaml
 
-    parser = argparse.ArgumentParser(prog="python -m shardsmith.download")
+    parser = argparse.ArgumentParser(prog="python -m shardsmith.download", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    retry = sub.add_parser("retry-failed", help="mark downloaded parts with retryable failures to be fetched again")
+    retry = sub.add_parser(
+        "retry-failed", help="mark downloaded parts with retryable failures to be fetched again", allow_abbrev=False
+    )
     retry.add_argument("config", help="the workflow's config file (relative paths are taken from the current folder)")
     retry.add_argument("--reasons", nargs="+", help="reasons to refetch (default: download.retry_reasons)")
     retry.add_argument("--dry-run", action="store_true", help="only list what would be refetched")

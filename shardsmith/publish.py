@@ -704,9 +704,13 @@ def _s3_settings(a: argparse.Namespace) -> S3Settings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shardsmith.publish", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m shardsmith.publish", description=__doc__.split("\n\n")[0], allow_abbrev=False
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("publish", help="publish files as {dest}/{dataset}/{version}/ and move latest")
+    p = sub.add_parser(
+        "publish", help="publish files as {dest}/{dataset}/{version}/ and move latest", allow_abbrev=False
+    )
     p.add_argument("files", nargs="+")
     p.add_argument("--dest", required=True)
     p.add_argument("--dataset", required=True)
@@ -719,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-hardlink", action="store_true", help="on a mounted path, always copy (default: hard-link where possible)")
     p.add_argument("--threads", type=int, default=1, help="files placed and read back at once on a mounted path")
     _s3_args(p)
-    s = sub.add_parser("show", help="print the complete versions and what latest names")
+    s = sub.add_parser("show", help="print the complete versions and what latest names", allow_abbrev=False)
     s.add_argument("--dest", required=True)
     s.add_argument("--dataset", required=True)
     _s3_args(s)
