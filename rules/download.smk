@@ -8,6 +8,10 @@ checkpoint plan_parts:
     params:
         sources=config["sources"],
         part_size=config["part_size"],
+        # remote manifests are read through the project's own clients, as images are
+        download=config["download"],
+        s3=config["s3"],
+        scratch=SCRATCH,
     script:
         "../scripts/plan_parts.py"
 

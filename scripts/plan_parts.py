@@ -4,12 +4,18 @@ import sys
 
 sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
 
+from shardsmith.fetch import Fetcher, FetchSettings
+from shardsmith.leftovers import use_scratch
 from shardsmith.logs import run_job
+from shardsmith.s3 import S3Settings
 from shardsmith.sources import plan_parts
 
 
 def main() -> None:
-    parts = plan_parts(snakemake.params.sources, snakemake.params.part_size, snakemake.output[0])
+    use_scratch(snakemake.params.scratch)  # remote manifests are copied there to be read
+    settings = FetchSettings.from_config({**snakemake.params.download, "part_deadline_s": None})
+    fetcher = Fetcher(settings, S3Settings(**snakemake.params.s3))
+    parts = plan_parts(snakemake.params.sources, snakemake.params.part_size, snakemake.output[0], fetcher)
     print(f"planned {len(parts)} parts of at most {snakemake.params.part_size} records")
 
 

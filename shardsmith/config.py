@@ -15,7 +15,7 @@ from braceexpand import braceexpand
 from shardsmith.errors import ConfigError
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
-_REMOTE = re.compile(r"^(https?|s3)://")
+REMOTE = re.compile(r"^(https?|s3)://")
 
 
 def _real(path: str) -> Path:
@@ -40,7 +40,7 @@ def expand_paths(pattern: str) -> list[str]:
     """
     out: list[str] = []
     for p in braceexpand(pattern):
-        if _GLOB_CHARS.search(p) and not _REMOTE.match(p):
+        if _GLOB_CHARS.search(p) and not REMOTE.match(p):
             out.extend(sorted(glob.glob(p)))
         else:
             out.append(p)
@@ -51,7 +51,7 @@ def output_dirs(config: dict) -> dict[str, str]:
     """The folders the workflow writes to, by config key."""
     dirs = {f"paths.{k}": config["paths"][k] for k in ("raw", "work", "output", "logs")}
     dest = config.get("publish", {}).get("dest")
-    if dest and not _REMOTE.match(dest):
+    if dest and not REMOTE.match(dest):
         dirs["publish.dest"] = dest
     return dirs
 
@@ -73,7 +73,7 @@ def check_paths(config: dict) -> None:
                 )
     for i, src in enumerate(config["sources"]):
         where = f"sources[{i}] ({src['name']})"
-        if _REMOTE.match(src["path"]):
+        if REMOTE.match(src["path"]):
             continue
         if src["type"] == "folder":
             src_dir = _real(src["path"])
@@ -81,7 +81,7 @@ def check_paths(config: dict) -> None:
                 raise ConfigError(f"{where}.path: folder {src['path']} does not exist.")
         else:
             src_dir = _real(static_dir(src["path"]))
-            local = [p for p in expand_paths(src["path"]) if not _REMOTE.match(p)]
+            local = [p for p in expand_paths(src["path"]) if not REMOTE.match(p)]
             if not local:
                 raise ConfigError(f"{where}.path: no file matches {src['path']}.")
             missing = [p for p in local if not os.path.exists(p)]

@@ -18,8 +18,9 @@ _RANDOM = r"[a-z0-9_]{8}"  # tempfile.mkstemp / mkdtemp's random part
 TEMP_FILE = re.compile(rf"^\..+\.(?:{_RANDOM}|\d+)\.tmp$")
 # publish's `.{version}.{random}.partial` / `.deleting`, and the `.spill-{random}` folders of bins
 TEMP_DIR = re.compile(rf"^(?:\..+\.{_RANDOM}\.(?:partial|deleting)|\.spill-{_RANDOM})$")
-# scratch folders of publish_dataset (staging, read-back, S3 state, a private AWS CLI config), in {work}/tmp
-SCRATCH_DIR = re.compile(rf"^shardsmith-(?:publish|readback|state|aws)-{_RANDOM}$")
+# jobs' scratch folders in {work}/tmp: publish_dataset's (staging, read-back, S3 state, a private AWS CLI
+# config) and plan_parts' copies of remote manifests
+SCRATCH_DIR = re.compile(rf"^shardsmith-(?:publish|readback|state|aws|manifest)-{_RANDOM}$")
 
 
 def find_leftovers(folders: list[str | os.PathLike], depth: int | None = None) -> list[Path]:

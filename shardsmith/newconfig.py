@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-from shardsmith.config import check_config, expand_paths
+from shardsmith.config import REMOTE, check_config, expand_paths
 from shardsmith.download import member_fields, read_sidecars
 from shardsmith.errors import ConfigError
 from shardsmith.fetch import sniff_image
@@ -58,7 +58,6 @@ TEXT_MEMBERS = ("txt", "text", "caption")  # tar members / sidecars that hold a 
 _URL = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*://\S+|\.{0,2}/\S+|~/\S+|[^\s/]+(?:/[^\s/]+)+)$")
 _WORDS = re.compile(r"[^\W\d_]{2,}\S*\s+\S")  # a word of letters, a space, more text
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
-_REMOTE = re.compile(r"^(https?|s3)://")
 
 
 class InputError(Exception):
@@ -544,7 +543,7 @@ def inspect_manifest(path: str, name: str, opts: Options) -> Inspected:
     caption, caption_why = choose_caption(cols, url, opts.caption_column)
     if caption is url:
         raise InputError(f"the URL and the caption cannot be the same column ({url.label})")
-    notes = remote_manifest_notes(first, fmt) + relative_path_notes(url)
+    notes = relative_path_notes(url)
     if table.header is None:
         names = ["url" if c is url else "caption" if c is caption else f"col{c.position}" for c in cols]
         source["columns"] = names
@@ -573,20 +572,6 @@ def relative_path_notes(url: Column) -> list[str]:
         f"{len(relative)} of {len(url.values)} sampled URLs are relative paths (e.g. {short(relative[0])}): "
         "the workflow opens them from the folder snakemake runs in (its --directory)"
     ]
-
-
-def remote_manifest_notes(path: str, fmt: str) -> list[str]:
-    """What the workflow's manifest reader (pandas, pyarrow) does with a remote manifest, where it differs."""
-    if path.startswith(("http://", "https://")) and fmt == "parquet":
-        return ["the workflow cannot read a parquet manifest over http(s) yet: copy it to a local path and use that"]
-    if path.startswith("s3://") and fmt != "parquet":
-        return [f"the workflow cannot read a {fmt} manifest on S3 yet: copy it to a local path and use that"]
-    if path.startswith("s3://"):
-        return [
-            "the workflow reads this parquet with pyarrow's own S3 client: it takes the endpoint from "
-            "AWS_ENDPOINT_URL and credentials from the AWS environment, not from the s3 section"
-        ]
-    return []
 
 
 # --- folders and shards ---------------------------------------------------------------------------------
@@ -710,9 +695,9 @@ def inspect_shards(path: str, name: str, opts: Options) -> Inspected:
 
 def input_kind(path: str) -> str:
     """folder, shards (a .tar, or a brace pattern of anything but manifest files) or manifest (anything else)."""
-    if not _REMOTE.match(path) and os.path.isdir(path):
+    if not REMOTE.match(path) and os.path.isdir(path):
         return "folder"
-    plain = (urlparse(path).path if _REMOTE.match(path) else path).removesuffix(".gz")
+    plain = (urlparse(path).path if REMOTE.match(path) else path).removesuffix(".gz")
     if plain.endswith((".tar", ".tgz")):
         return "shards"
     if re.search(r"\.(parquet|csv|tsv|jsonl|ndjson)$", plain, flags=re.I):
@@ -722,7 +707,7 @@ def input_kind(path: str) -> str:
 
 def source_name(path: str) -> str:
     """A source name from a path's stem (the folder's name for `laion/*.parquet`): [a-z0-9_], 32 at most."""
-    plain = (urlparse(path).path if _REMOTE.match(path) else path).rstrip("/")
+    plain = (urlparse(path).path if REMOTE.match(path) else path).rstrip("/")
     stem = plain[: min((i for i, c in enumerate(plain) if c in "{*?["), default=len(plain))]
     base = re.sub(r"(\.(tar|tgz|parquet|csv|tsv|jsonl|ndjson|json))?(\.gz)?$", "", os.path.basename(stem), flags=re.I)
     name = sanitise(base) or sanitise(os.path.basename(os.path.dirname(stem)))
@@ -746,7 +731,7 @@ def unique_names(names: list[str]) -> list[str]:
 
 def local_input(path: str) -> str:
     """Local paths made absolute, so the config runs from any folder; URLs as given."""
-    return path if _REMOTE.match(path) else os.path.abspath(os.path.expanduser(path.removeprefix("file://")))
+    return path if REMOTE.match(path) else os.path.abspath(os.path.expanduser(path.removeprefix("file://")))
 
 
 INSPECTORS = {"manifest": inspect_manifest, "folder": inspect_folder, "shards": inspect_shards}

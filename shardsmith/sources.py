@@ -5,30 +5,44 @@ streamed in chunks; nothing holds a whole manifest in memory. Parts never span t
 manifest that grows by a new file only adds parts.
 """
 
+import contextlib
 import csv
 import json
 import math
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlsplit
 
 import pandas as pd
 import pyarrow.parquet as pq
 
-from shardsmith.config import expand_paths, static_dir
+from shardsmith.config import REMOTE, expand_paths, static_dir
 from shardsmith.errors import ConfigError
 from shardsmith.keys import make_key
+
+if TYPE_CHECKING:
+    from shardsmith.fetch import Fetcher
 
 DEFAULT_IMAGE_EXTENSIONS = ["jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"]  # as in the schema
 RECORD_COLUMNS = ["rid", "source", "source_id", "url", "key", "fields"]
 _FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
 
+def _file_name(path: str) -> str:
+    """The file name of a local path or of a URL's path (without its query)."""
+    return os.path.basename(unquote(urlsplit(path).path) if REMOTE.match(path) else path)
+
+
 def manifest_format(path: str, declared: str = "auto") -> str:
     """Format of a manifest file: the declared one, else from its name (`.gz` is looked through)."""
     if declared != "auto":
         return declared
-    name = path[:-3] if path.endswith(".gz") else path
+    name = _file_name(path)
+    name = name[:-3] if name.endswith(".gz") else name
     fmt = _FORMATS.get(os.path.splitext(name)[1].lower())
     if not fmt:
         raise ConfigError(f"cannot tell the format of manifest {path}; set format: parquet, csv, tsv or jsonl.")
@@ -62,8 +76,31 @@ def _plain(value: object) -> object:
     return value
 
 
+@contextlib.contextmanager
+def readable_manifest(path: str, fetcher: "Fetcher | None" = None) -> Iterator[str]:
+    """A local file to read the manifest at `path` from: the path itself, or for an http(s) or s3 URL a copy
+    streamed into a temporary folder through the project's own clients (the download and s3 settings,
+    timeouts and proxies apply as to images; pandas and pyarrow would read URLs through other clients, or
+    not at all). The copy keeps the URL's file name, so the format and compression are told as for a file."""
+    if not REMOTE.match(path):
+        yield path
+        return
+    from shardsmith.fetch import AttemptError, Fetcher, FetchSettings, StreamError, open_stream_url
+    from shardsmith.s3 import S3Error
+
+    fetcher = fetcher or Fetcher(FetchSettings(part_deadline_s=None), log=lambda _: None)
+    with tempfile.TemporaryDirectory(prefix="shardsmith-manifest-") as tmp:
+        local = os.path.join(tmp, _file_name(path) or "manifest")
+        try:
+            with open_stream_url(path, fetcher) as (stream, _, _), open(local, "wb") as f:
+                shutil.copyfileobj(stream, f, 1 << 20)
+        except (AttemptError, StreamError, S3Error) as e:
+            raise ConfigError(f"manifest {path} cannot be read: {e.reason}: {e.detail}") from None
+        yield local
+
+
 def iter_manifest_chunks(path: str, src: dict, chunk: int) -> Iterator[pd.DataFrame]:
-    """Stream a manifest as DataFrames of at most `chunk` rows."""
+    """Stream a (local) manifest as DataFrames of at most `chunk` rows."""
     fmt = manifest_format(path, src.get("format", "auto"))
     if fmt == "parquet":
         for batch in pq.ParquetFile(path).iter_batches(batch_size=chunk):
@@ -94,32 +131,33 @@ def _check_columns(path: str, src: dict, columns: list[str]) -> None:
             raise ConfigError(f"manifest {path} has no column '{col}' ({key}); its columns are {columns}{hint}.")
 
 
-def iter_manifest_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
+def iter_manifest_parts(src: dict, part_size: int, fetcher: "Fetcher | None" = None) -> Iterator[list[dict]]:
     """Records of a manifest source, as lists of at most part_size; a new file starts a new part."""
     url_col = src.get("url_column", "url")
     for path in expand_paths(src["path"]):
         stem = path_stem(path, src["path"])
         row = 0
         part: list[dict] = []
-        for df in iter_manifest_chunks(path, src, part_size):
-            _check_columns(path, src, list(df.columns))
-            carry = src.get("carry_columns") or list(df.columns)
-            for rec in df.to_dict("records"):
-                fields = {c: _plain(rec.get(c)) for c in carry}
-                ident = _plain(rec[src["key_column"]]) if src.get("key_column") else None
-                part.append(
-                    {
-                        "source_id": f"{path}:{row + 1}",
-                        "url": "" if rec[url_col] is None else str(_plain(rec[url_col]) or ""),
-                        "key": make_key(src["name"], str(ident)) if ident is not None else make_key(src["name"], stem, f"{row:09d}"),
-                        "fields": json.dumps(fields, sort_keys=True, ensure_ascii=False, default=str),
-                        **({"hash": str(_plain(rec[src["hash_column"]]) or "")} if src.get("hash_column") else {}),
-                    }
-                )
-                row += 1
-                if len(part) == part_size:
-                    yield part
-                    part = []
+        with readable_manifest(path, fetcher) as local:
+            for df in iter_manifest_chunks(local, src, part_size):
+                _check_columns(path, src, list(df.columns))
+                carry = src.get("carry_columns") or list(df.columns)
+                for rec in df.to_dict("records"):
+                    fields = {c: _plain(rec.get(c)) for c in carry}
+                    ident = _plain(rec[src["key_column"]]) if src.get("key_column") else None
+                    part.append(
+                        {
+                            "source_id": f"{path}:{row + 1}",
+                            "url": "" if rec[url_col] is None else str(_plain(rec[url_col]) or ""),
+                            "key": make_key(src["name"], str(ident)) if ident is not None else make_key(src["name"], stem, f"{row:09d}"),
+                            "fields": json.dumps(fields, sort_keys=True, ensure_ascii=False, default=str),
+                            **({"hash": str(_plain(rec[src["hash_column"]]) or "")} if src.get("hash_column") else {}),
+                        }
+                    )
+                    row += 1
+                    if len(part) == part_size:
+                        yield part
+                        part = []
         if part:
             yield part
 
@@ -163,8 +201,13 @@ def iter_shard_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
 ITERATORS = {"manifest": iter_manifest_parts, "folder": iter_folder_parts, "shards": iter_shard_parts}
 
 
-def plan_parts(sources: list[dict], part_size: int, out_dir: str | os.PathLike) -> list[str]:
-    """Write `{out_dir}/{part}.parquet` for every part of every source; returns the part ids in order."""
+def plan_parts(
+    sources: list[dict], part_size: int, out_dir: str | os.PathLike, fetcher: "Fetcher | None" = None
+) -> list[str]:
+    """Write `{out_dir}/{part}.parquet` for every part of every source; returns the part ids in order.
+
+    `fetcher` reads remote manifests (see readable_manifest); by default with the schema's download settings.
+    """
     from shardsmith.tario import atomic_open
 
     out_dir = Path(out_dir)
@@ -172,7 +215,8 @@ def plan_parts(sources: list[dict], part_size: int, out_dir: str | os.PathLike) 
     part_ids: list[str] = []
     for src in sources:
         n = 0
-        for records in ITERATORS[src["type"]](src, part_size):
+        parts = iter_manifest_parts(src, part_size, fetcher) if src["type"] == "manifest" else ITERATORS[src["type"]](src, part_size)
+        for records in parts:
             part_id = f"{src['name']}-{n:06d}"
             df = pd.DataFrame(records)
             df.insert(0, "rid", range(len(df)))

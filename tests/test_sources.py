@@ -1,5 +1,6 @@
 """Planning: every source split deterministically into part parquets of records."""
 
+import gzip
 import json
 
 import pandas as pd
@@ -8,6 +9,8 @@ import pytest
 from shardsmith.errors import ConfigError
 from shardsmith.keys import make_key
 from shardsmith.sources import RECORD_COLUMNS, plan_parts
+from httpserver import Reply, http_server  # noqa: F401 - fixture
+from servers import s3_bucket, s3_server  # noqa: F401 - fixtures
 
 
 def manifest(name: str, path, **extra) -> dict:
@@ -179,3 +182,33 @@ def test_a_source_without_records_is_a_config_error(tmp_path, kind):
     src = {"name": "nothing", "type": kind, "path": str(tmp_path / ("empty" if kind == "folder" else "m.csv"))}
     with pytest.raises(ConfigError, match="nothing .* has no records"):
         plan(tmp_path, {"url_column": "url", **src} if kind == "manifest" else src)
+
+
+def test_remote_manifests_are_read_through_the_projects_own_clients(tmp_path, http_server, s3_server, s3_bucket):
+    from shardsmith.fetch import Fetcher, FetchSettings
+    from shardsmith.s3 import run
+
+    rows = pd.DataFrame({"url": ["http://x/a.jpg", "http://x/b.jpg"], "caption": ["a cat", "a dog"]})
+    rows.to_parquet(tmp_path / "m.parquet", index=False)
+    parquet_url = http_server.route("/data/m.parquet?sig=abc", Reply(body=(tmp_path / "m.parquet").read_bytes()))
+    (tmp_path / "m.tsv.gz").write_bytes(gzip.compress(b"a bird\thttp://x/c.jpg\nthe sea\thttp://x/d.jpg\n"))
+    run(s3_server, "s3", "cp", str(tmp_path / "m.tsv.gz"), f"s3://{s3_bucket}/cc3m/m.tsv.gz")
+    fetcher = Fetcher(FetchSettings(), s3_server, log=lambda _: None)
+    sources = [
+        manifest("web", parquet_url),  # parquet over http, format told from the URL's path, query aside
+        manifest("bucket", f"s3://{s3_bucket}/cc3m/m.tsv.gz", columns=["caption", "url"]),  # gzipped TSV on S3
+    ]
+    ids = plan_parts(sources, 100, tmp_path / "parts", fetcher)
+    web, bucket = (pd.read_parquet(tmp_path / "parts" / f"{i}.parquet") for i in ids)
+    assert list(web["url"]) == ["http://x/a.jpg", "http://x/b.jpg"] and http_server.count("/data/m.parquet?sig=abc") == 1
+    assert [f["caption"] for f in fields(bucket)] == ["a bird", "the sea"]
+    assert list(bucket["source_id"]) == [f"s3://{s3_bucket}/cc3m/m.tsv.gz:1", f"s3://{s3_bucket}/cc3m/m.tsv.gz:2"]
+    assert not list(tmp_path.glob("**/shardsmith-manifest-*"))  # the copies are gone
+
+
+def test_a_remote_manifest_that_cannot_be_read_is_a_one_line_config_error(tmp_path, http_server):
+    from shardsmith.fetch import Fetcher, FetchSettings
+
+    fetcher = Fetcher(FetchSettings(retries=0), log=lambda _: None)
+    with pytest.raises(ConfigError, match=r"manifest http://127\.0\.0\.1:\d+/gone\.tsv cannot be read: not_found"):
+        plan_parts([manifest("web", http_server.url("/gone.tsv"))], 100, tmp_path / "parts", fetcher)
