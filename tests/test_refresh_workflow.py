@@ -125,12 +125,13 @@ def refreshed(s3_server, tmp_path_factory):
     time.sleep(1.1)  # mtimes have a resolution of a second on some file systems
     third, third_jobs, third_log = refresh(root, checkout(repo))  # the same workflow, checked out again
     v3 = latest_version(dest, "demo", s3_server)
+    versions = list(complete_versions(dest, "demo", s3_server))
     named, named_jobs, _ = refresh(root, repo, "--config", "version=v2")  # as the README and --help say
     return {
         "root": root, "dest": dest, "s3": s3_server, "v1": v1, "v2": v2, "added": added,
         "jobs": [first_jobs, second_jobs, third_jobs], "runs": [first, second, third], "third_log": third_log,
         "validated": validated, "validated_first": validated_first,
-        "v3": v3, "named": named, "named_jobs": named_jobs, "v_named": latest_version(dest, "demo", s3_server),
+        "v3": v3, "versions": versions, "named": named, "named_jobs": named_jobs, "v_named": latest_version(dest, "demo", s3_server),
     }  # fmt: skip
 
 
@@ -160,7 +161,7 @@ def test_the_refresh_runs_only_the_new_and_grown_parts(refreshed):
 def test_the_new_version_holds_old_plus_new_records_without_duplicates(refreshed):
     r = refreshed
     assert r["v1"] and r["v2"] and r["v1"] != r["v2"]
-    assert list(complete_versions(r["dest"], "demo", r["s3"])) == [r["v1"], r["v2"]]
+    assert r["versions"] == [r["v1"], r["v2"]]  # before the refresh that names its version
     old, new = published_table(r, r["v1"], "manifest.parquet"), published_table(r, r["v2"], "manifest.parquet")
     assert set(old["source_id"]) <= set(new["source_id"])  # every published record stays
     added = new[~new["source_id"].isin(old["source_id"])]
@@ -211,7 +212,7 @@ def test_credentials_never_appear_in_logs_or_outputs(refreshed):
 
 def test_config_values_given_to_the_refresh_wrapper_reach_snakemake(refreshed):
     r = refreshed
-    assert r["v_named"] == "v2" and "v2" in complete_versions(r["dest"], "demo", r["s3"])
+    assert r["v_named"] == "v2" and list(complete_versions(r["dest"], "demo", r["s3"])) == [*r["versions"], "v2"]
     assert (r["root"] / "config.yaml").read_text().startswith("dataset: demo")  # the config file is untouched
     assert "publish_dataset" in {rule for rule, _ in r["named_jobs"]} and "jobs ran" in r["named"].stderr
     card = read_object(f"{r['dest']}/demo/v2/README.md", r["s3"]).decode()
