@@ -238,9 +238,25 @@ def get_validation_reports(wildcards):
     return expand(rules.write_shard.output.report, shard=get_shard_ids())
 
 
+def get_shard_members(wildcards):
+    return expand(rules.write_shard.output.members, shard=get_shard_ids())
+
+
+def get_loader_files(wildcards):
+    """Published beside the shards for NVIDIA DALI (an index per shard) and Megatron-Energon (an index per
+    shard and .nv-meta/): shardsmith.dali, shardsmith.energon."""
+    shards = get_shard_ids()
+    return [
+        *expand(rules.write_shard.output.dali_index, shard=shards),
+        *expand(rules.write_shard.output.energon_index, shard=shards),
+        *rules.write_energon_meta.output,
+    ]
+
+
 def get_publish_files(wildcards):
     return [
         *get_shards(wildcards),
+        *get_loader_files(wildcards),
         *rules.index_shards.output,
         rules.validate_dataset.output[0],
         *get_embed_outputs(wildcards),

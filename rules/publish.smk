@@ -37,6 +37,7 @@ rule publish_dataset:
     threads: 2  # files are placed and read back two at a time (cluster profile: cpus_per_task 2)
     params:
         target=get_publish_target(),
+        names_from=OUT,  # a file is published under its path in the output folder (.nv-meta/index.sqlite)
         settings=config["publish"],
         scratch=SCRATCH,
         s3=config["s3"],

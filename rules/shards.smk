@@ -29,6 +29,12 @@ rule write_shard:
         # the shard re-read from disk with OpenCLIP's reader and filter (shardsmith.validate), in the same
         # job: a job of its own cost a start-up per batch and a step on every run's critical path
         report=f"{WORK}/validate/{DATASET}-{{shard}}.json",
+        # where each member landed, recorded as written: the loaders' indexes are made from it
+        members=f"{WORK}/shards/{DATASET}-{{shard}}.members.parquet",
+        # NVIDIA DALI's index (shardsmith.dali) and Megatron-Energon's (shardsmith.energon), checked
+        # against the shard as re-read, with it
+        dali_index=f"{OUT}/{DATASET}-{{shard}}.idx",
+        energon_index=f"{OUT}/{DATASET}-{{shard}}.tar.idx",
     log:
         f"{LOGS}/write_shard/{{shard}}.log",
     conda:
@@ -57,3 +63,25 @@ rule index_shards:
         layout=get_shard_layout(),
     script:
         "../scripts/index_shards.py"
+
+
+# Megatron-Energon's .nv-meta/ (what `energon prepare` writes), from the member tables: no tar is read again.
+rule write_energon_meta:
+    input:
+        members=get_shard_members,
+        plan_dir=ancient(rules.plan_shards.output[0]),  # see validate_dataset
+    output:
+        info=f"{OUT}/.nv-meta/.info.json",
+        dataset=f"{OUT}/.nv-meta/dataset.yaml",
+        index=f"{OUT}/.nv-meta/index.sqlite",
+        split=f"{OUT}/.nv-meta/split.yaml",
+        uuid=f"{OUT}/.nv-meta/index.uuid",
+    log:
+        f"{LOGS}/write_energon_meta.log",
+    priority: 1  # on the way to publish_dataset: ahead of the report jobs
+    conda:
+        "../envs/shards.yaml"
+    params:
+        val_shards=config["loaders"]["energon_val_shards"],
+    script:
+        "../scripts/write_energon_meta.py"

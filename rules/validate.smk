@@ -4,6 +4,7 @@ rule validate_dataset:
         reports=get_validation_reports,
         sizes=f"{OUT}/sizes.json",
         manifest=f"{OUT}/manifest.parquet",
+        energon_info=f"{OUT}/.nv-meta/.info.json",  # .nv-meta/ is checked against sizes.json
         # a direct dependency on the checkpoint, so the shard list is read again when plan_shards
         # reruns within a run; ancient: that alone triggers nothing
         plan_dir=ancient(rules.plan_shards.output[0]),

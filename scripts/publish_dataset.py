@@ -27,6 +27,7 @@ def main() -> None:
         s3=S3Settings(**snakemake.params.s3),
         known={i["shard"]: {"size": i["filesize"], "sha256": i["sha256"]} for i in infos},  # hashed by write_shard
         threads=snakemake.threads,
+        names_from=snakemake.params.names_from,  # .nv-meta/ keeps its folder in the version
     )
     atomic_write_text(snakemake.output[0], json.dumps(receipt, indent=1, sort_keys=True) + "\n")
     where = f"{t['dest'].rstrip('/')}/{t['dataset']}/{receipt['version']}"

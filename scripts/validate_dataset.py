@@ -17,6 +17,7 @@ def main() -> None:
         snakemake.input.manifest,
         min_shards=snakemake.params.min_shards,
         tmp=str(Path(snakemake.output[0]).parent),  # beside the outputs, not in a node's small /tmp
+        energon_dir=str(Path(snakemake.input.energon_info).parent.parent),  # the folder .nv-meta/ is in
     )
     write_json(snakemake.output[0], summary)
     print(f"valid: {summary['samples']} samples in {summary['shards']} shards, read with {summary['loader']}")

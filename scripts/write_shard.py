@@ -1,4 +1,5 @@
-"""Rule glue for write_shard: logic in shardsmith.shards (writing) and shardsmith.validate (re-reading)."""
+"""Rule glue for write_shard: logic in shardsmith.shards (writing), shardsmith.dali and shardsmith.energon (the
+loaders' per-shard indexes) and shardsmith.validate (re-reading)."""
 
 import sys
 
@@ -6,27 +7,34 @@ sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside
 
 from pathlib import Path
 
+from shardsmith import dali, energon
 from shardsmith.logs import run_job
-from shardsmith.shards import write_shard
+from shardsmith.shards import read_members, write_shard
 from shardsmith.validate import validate_shard, write_json
 
 
 def main() -> None:
+    out = snakemake.output
     parts = {Path(p).name.split(".")[0]: p for p in snakemake.input.parts}
-    info = write_shard(snakemake.input.plan, parts, snakemake.output.tar, snakemake.output.info)
+    info = write_shard(snakemake.input.plan, parts, out.tar, out.info, out.members)
     print(f"{info['shard']}: {info['nsamples']} samples, {info['filesize']} bytes")
+    members = read_members(out.members)
+    dali.write_index(out.dali_index, members)
+    energon.write_tar_index(out.energon_index, members)
     resize = snakemake.params.resize
     report = validate_shard(
-        snakemake.output.tar,
+        out.tar,
         snakemake.input.plan,
         resize["max_side"],
         resize["max_pixels"],
         snakemake.params.decode_per_shard,
+        dali_index=out.dali_index,
+        energon_index=out.energon_index,
     )
-    write_json(snakemake.output.report, report)  # problems fail validate_dataset, with every shard's listed
+    write_json(out.report, report)  # problems fail validate_dataset, with every shard's listed
     print(
         f"{report['shard']}: {report['passed']} of {report['groups']} samples pass {report['loader']}'s reader and "
-        f"filter, {report['decoded']} images decoded again"
+        f"filter, {report['decoded']} images decoded again; DALI and Energon indexes checked against the tar"
     )
     for problem in report["problems"]:
         print(f"  problem: {problem}")

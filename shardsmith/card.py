@@ -130,6 +130,30 @@ def _clip_section(emb: dict) -> list[str]:
     return lines + [""]
 
 
+def _other_loaders(shards: list[str], config: dict) -> list[str]:
+    """NVIDIA DALI and Megatron-Energon read the same folder through the index files beside the shards."""
+    from shardsmith import dali, energon
+
+    val = (config.get("loaders") or {}).get("energon_val_shards", 0)
+    split = f"the last {val} shards are the `val` split, the rest `train`" if val else "every shard is in the `train` split"
+    return [
+        "With NVIDIA DALI (`fn.readers.webdataset`; each shard's `.idx` saves DALI a scan of every tar at start-up):",
+        "",
+        "```python",
+        dali.reader_snippet(shards),
+        "```",
+        "",
+        f"With Megatron-Energon (`.nv-meta/` and each shard's `.tar.idx` are what `energon prepare` writes; {split}):",
+        "",
+        "```python",
+        energon.loader_snippet(val),
+        "```",
+        "",
+        "`energon lint . --split-parts train` checks the prepared dataset with energon's own reader.",
+        "",
+    ]
+
+
 def card_text(
     config: dict,
     stats: dict,
@@ -181,6 +205,7 @@ def card_text(
             f"`--train-data 'pipe:aws s3 cp s3://BUCKET/PREFIX/{brace_pattern(shards)} -'`. OpenCLIP needs at least",
             f"workers x GPUs shards; this version has {len(shards)}. `sizes.json` gives the sample count per shard.",
             "",
+            *_other_loaders(shards, config),
         ]
     out += ["## Counts", ""]
     out += _table(["step", "records left", "rejected here"], [[s, left, d or ""] for s, left, d in funnel(stats)])
@@ -231,6 +256,8 @@ def card_text(
     files = [
         [f"`{brace_pattern(shards)}`" if shards else "(no shards)", "the shards"],
         ["`sizes.json`", "samples per shard (OpenCLIP reads it for epoch accounting)"],
+        ["`*.idx`", "NVIDIA DALI's index per shard (`fn.readers.webdataset(index_paths=...)`)"],
+        ["`*.tar.idx`, `.nv-meta/`", "Megatron-Energon's per-shard sample offsets, dataset type, splits and sample index"],
         ["`wids-index.json`", "wids shard index: url, nsamples, md5sum, filesize per shard"],
         ["`manifest.parquet`", "one row per sample: key, shard, source, URL, sizes, bytes, sha256, caption length"],
         ["`rejected.parquet`", "one row per rejected record, with stage, reason and detail"],

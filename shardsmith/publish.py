@@ -110,26 +110,47 @@ def sha256_file(path: str | os.PathLike) -> str:
     return hash_file(path)["sha256"]
 
 
-def file_table(paths: list[str], known: dict[str, dict] | None = None) -> dict[str, dict]:
-    """{basename: {size, sha256}} of the files to publish, sorted by name.
+def publish_names(paths: list[str], names_from: str | os.PathLike | None = None) -> dict[str, str]:
+    """{name in the version: path} of the files to publish, sorted by name.
+
+    A file's name is its basename, or with `names_from` its path relative to that folder when it lies
+    inside it: `.nv-meta/index.sqlite` is published as that sub-folder and file of the version (on S3, that
+    key below the version prefix). Names are relative, with `/` between parts and no `.` or `..` part.
+    """
+    base = Path(os.path.abspath(names_from)) if names_from is not None else None
+    named: dict[str, str] = {}
+    for p in paths:
+        where = Path(os.path.abspath(p))
+        name = where.relative_to(base).as_posix() if base is not None and where.is_relative_to(base) else where.name
+        if name in named:
+            raise ValueError("two files to publish share a name")
+        named[name] = p
+    for name in named:
+        parts = name.split("/")
+        if any(part in ("", ".", "..") for part in parts) or "\\" in name:
+            raise ValueError(f"{name!r} cannot be published: names are relative paths without '.' or '..' parts")
+    if any(name.rsplit("/", 1)[-1] in (MARKER, LATEST) for name in named):  # in a sub-folder too: S3 state reads */MARKER
+        raise ValueError(f"{MARKER} and {LATEST} are written by publishing, not published from the inputs")
+    return dict(sorted(named.items()))
+
+
+def file_table(
+    paths: list[str], known: dict[str, dict] | None = None, names_from: str | os.PathLike | None = None
+) -> dict[str, dict]:
+    """{name: {size, sha256}} of the files to publish, sorted by name (publish_names names them).
 
     `known` gives {size, sha256} recorded when a file was written (write_shard hashes every shard): such a
     file is not read and hashed a second time. Only a publish that reads back what lands on the destination
     and checks it against these hashes may pass them (see publish); a file whose size is no longer the
     recorded one is refused here.
     """
-    names = [Path(p).name for p in paths]
-    if len(set(names)) != len(names):
-        raise ValueError("two files to publish share a name")
-    if MARKER in names or LATEST in names:
-        raise ValueError(f"{MARKER} and {LATEST} are written by publishing, not published from the inputs")
     known = known or {}
     table = {}
-    for p in sorted(paths, key=lambda p: Path(p).name):
-        size, recorded = os.path.getsize(p), known.get(Path(p).name)
+    for name, p in publish_names(paths, names_from).items():
+        size, recorded = os.path.getsize(p), known.get(name)
         if recorded and recorded["size"] != size:
-            raise PublishError(_changed(Path(p).name, p))
-        table[Path(p).name] = {"size": size, "sha256": recorded["sha256"] if recorded else sha256_file(p)}
+            raise PublishError(_changed(name, p))
+        table[name] = {"size": size, "sha256": recorded["sha256"] if recorded else sha256_file(p)}
     return table
 
 
@@ -488,7 +509,7 @@ def _conflict(where: str, version: str) -> PublishConflict:
 
 
 def _publish_local(
-    paths: list[str], table: dict, store: LocalStore, version: str, marker: dict, old: dict | None, hardlink: bool, threads: int
+    by_name: dict[str, str], table: dict, store: LocalStore, version: str, marker: dict, old: dict | None, hardlink: bool, threads: int
 ) -> dict:
     final = Path(store.where(version))
     if final.exists():
@@ -497,9 +518,11 @@ def _publish_local(
         return old
     Path(store.root).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{version}.", suffix=".partial", dir=store.root))
-    by_name = {Path(p).name: p for p in paths}
     readable = 0o666 & ~_umask()  # read before the pool starts: reading os.umask sets it for the whole process
+    folders = sorted({tmp / name.rsplit("/", 1)[0] for name in table if "/" in name})  # .nv-meta/
     try:
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
         # Files in parallel: copies to NFS or Lustre gain from several streams, and hashing (which releases
         # the GIL) from several cores.
         with ThreadPoolExecutor(max(1, threads)) as pool:
@@ -516,6 +539,8 @@ def _publish_local(
                 pool.shutdown(cancel_futures=True)
                 raise
         print(f"{len(table)} files in place and read back: {linked} hard-linked, {len(table) - linked} copied")
+        for folder in folders:
+            _fsync_dir(folder)
         _fsync_dir(tmp)  # the files' entries before the marker's
         atomic_write_text(tmp / MARKER, json.dumps(marker, indent=1, sort_keys=True) + "\n")
         os.chmod(tmp, 0o777 & ~_umask())
@@ -579,17 +604,18 @@ def _umask() -> int:
 
 
 def _publish_s3(
-    paths: list[str], table: dict, store: S3Store, version: str, marker: dict, old: dict | None, settings: PublishSettings
+    named: dict[str, str], table: dict, store: S3Store, version: str, marker: dict, old: dict | None, settings: PublishSettings
 ) -> dict:
     if old is not None:
         if old["files"] != table:
             raise _conflict(store.where(version), version)
         return old
-    by_name = {Path(p).name: os.path.abspath(p) for p in paths}
+    by_name = {name: os.path.abspath(p) for name, p in named.items()}
     url = store.where(version) + "/"
     total = sum(e["size"] for e in table.values())
     with cli_config(settings, store.s3), tempfile.TemporaryDirectory(prefix="shardsmith-publish-") as stage:
         for name, path in by_name.items():
+            Path(stage, name).parent.mkdir(parents=True, exist_ok=True)  # .nv-meta/x: the key {version}/.nv-meta/x
             os.symlink(path, Path(stage, name))  # sync follows links: one CLI run, parallel multipart uploads
         started = time.monotonic()
         # --delete: objects of an earlier killed attempt that are not part of this content go away
@@ -640,12 +666,14 @@ def publish(
     now: dt.datetime | None = None,
     known: dict[str, dict] | None = None,
     threads: int = 1,
+    names_from: str | os.PathLike | None = None,
 ) -> dict:
     """Publish files as `{dest}/{dataset}/{version}/` and point `latest` at it; returns the receipt.
 
     The receipt is the version's marker plus `dest`, `unchanged` (nothing new was published) and `deleted`
     (versions removed by retention). `known`: {name: {size, sha256}} already recorded (see file_table).
-    `threads`: files placed and read back at once on a mounted path.
+    `threads`: files placed and read back at once on a mounted path. `names_from`: a folder; files inside
+    it keep their path relative to it (sub-folders included), others their basename (publish_names).
     """
     if settings.verify not in VERIFY_MODES:
         raise ValueError(f"publish.verify must be one of {VERIFY_MODES}, not {settings.verify!r}")
@@ -653,7 +681,8 @@ def publish(
     store = open_store(dest, dataset, s3)
     if isinstance(store, S3Store) and settings.verify == "etag":
         known = None  # ETags are checked against the files as they are now: their sha256 must be too
-    table = file_table(paths, known)
+    named = publish_names(paths, names_from)
+    table = file_table(paths, known, names_from)
     previous, markers = store.state()
     if version == AUTO:
         current = markers.get(previous) if previous else None
@@ -670,9 +699,9 @@ def publish(
         "previous": previous,
     }
     if isinstance(store, S3Store):
-        committed = _publish_s3(paths, table, store, version, marker, markers.get(version), settings)
+        committed = _publish_s3(named, table, store, version, marker, markers.get(version), settings)
     else:
-        committed = _publish_local(paths, table, store, version, marker, markers.get(version), settings.hardlink, threads)
+        committed = _publish_local(named, table, store, version, marker, markers.get(version), settings.hardlink, threads)
     unchanged = committed is not marker
     if unchanged:
         print(f"{store.where(version)} is already published with this content: nothing to upload")
@@ -722,6 +751,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-concurrent-requests", type=int)
     p.add_argument("--no-hardlink", action="store_true", help="on a mounted path, always copy (default: hard-link where possible)")
     p.add_argument("--threads", type=int, default=1, help="files placed and read back at once on a mounted path")
+    p.add_argument("--names-from", help="a folder: files inside it are published under their path relative to it (default: basenames)")
     _s3_args(p)
     s = sub.add_parser("show", help="print the complete versions and what latest names", allow_abbrev=False)
     s.add_argument("--dest", required=True)
@@ -733,7 +763,9 @@ def main(argv: list[str] | None = None) -> int:
             settings = PublishSettings(
                 a.keep_versions, a.verify, a.multipart_threshold, a.multipart_chunksize, a.max_concurrent_requests, not a.no_hardlink
             )
-            receipt = publish(a.files, a.dest, a.dataset, a.version, settings, _s3_settings(a), threads=a.threads)
+            receipt = publish(
+                a.files, a.dest, a.dataset, a.version, settings, _s3_settings(a), threads=a.threads, names_from=a.names_from
+            )
             print(f"published {a.dest.rstrip('/')}/{a.dataset}/{receipt['version']} ({len(receipt['files'])} files)")
         else:
             versions = complete_versions(a.dest, a.dataset, _s3_settings(a))

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from shardsmith.errors import REJECT_COLUMNS
 from shardsmith.tables import ParquetAppender, Spill, bins_for, key_bins, num_rows, spill_folder
-from shardsmith.tario import HashingWriter, ShardWriter, atomic_open, atomic_write_text, read_at
+from shardsmith.tario import MEMBER_ORDER, HashingWriter, ShardWriter, TarMember, atomic_open, atomic_write_text, read_at
 
 if TYPE_CHECKING:  # pandas is imported where planning needs it: a write_shard job starts 0.3 s sooner without it
     import pandas as pd
@@ -183,23 +183,44 @@ def plan_shards(
     return names
 
 
-def write_shard(plan_path: str, part_tars: dict[str, str], out_tar: str, out_info: str) -> dict:
+MEMBERS = pa.schema([("key", pa.string()), ("ext", pa.string()), ("offset", pa.int64()), ("size", pa.int64())])
+
+
+def write_members(path: str | os.PathLike, members: list[TarMember]) -> None:
+    """A shard's member table (key, ext, data offset, size; in tar order): what the loaders' indexes are made of."""
+    columns = list(zip(*members, strict=True)) if members else [[], [], [], []]
+    table = pa.Table.from_arrays([pa.array(c, t) for c, t in zip(columns, MEMBERS.types, strict=True)], schema=MEMBERS)
+    with atomic_open(path) as f:
+        pq.write_table(table, f)
+
+
+def read_members(path: str | os.PathLike) -> list[TarMember]:
+    t = pq.read_table(path, schema=MEMBERS).to_pydict()
+    return [TarMember(*row) for row in zip(t["key"], t["ext"], t["offset"], t["size"], strict=True)]
+
+
+def write_shard(plan_path: str, part_tars: dict[str, str], out_tar: str, out_info: str, out_members: str | None = None) -> dict:
     """Copy the planned samples from the processed part tars into one deterministic shard.
 
     process_part wrote each sample's members back to back with the shard's own header format, so runs of
     samples that lie one after another in a part (the usual case: nothing dropped between them) are copied
-    as byte ranges; the rest member by member. Either way the bytes are the same.
+    as byte ranges; the rest member by member. Either way the bytes are the same. `out_members` gets where
+    each member landed in the shard (write_members), known as it is written: the loaders' indexes need it.
     """
     plan = pq.ParquetFile(plan_path).read().to_pylist()
+    members: list[TarMember] = []
     with contextlib.ExitStack() as stack:
         out = HashingWriter(stack.enter_context(atomic_open(out_tar)), ("md5", "sha256"))  # hashed as written
         tar = stack.enter_context(ShardWriter(out))
         needed = {row["part"] for row in plan}
         sources = {part: stack.enter_context(open(path, "rb")) for part, path in part_tars.items() if part in needed}
-        run: list = []  # [part, start, end, keys] of samples still to copy as one range
+        run: list = []  # [part, start, end, keys, rows] of samples still to copy as one range
 
         def copy_run() -> None:
             if run:
+                base = tar.offset - run[1]  # a part offset in the range + base = the shard offset
+                for r in run[4]:
+                    members.extend(TarMember(r["key"], e, r[f"{e}_offset"] + base, r[f"{e}_size"]) for e in MEMBER_ORDER)
                 tar.copy_samples(sources[run[0]], run[1], run[2], run[3])
                 run.clear()
 
@@ -208,14 +229,16 @@ def write_shard(plan_path: str, part_tars: dict[str, str], out_tar: str, out_inf
             if span is None:  # not laid out as process_part writes: member by member
                 copy_run()
                 src = sources[row["part"]]
-                members = {ext: read_at(src, row[f"{ext}_offset"], row[f"{ext}_size"]) for ext in ("jpg", "txt", "json")}
-                tar.write(row["key"], members)
+                data = {ext: read_at(src, row[f"{ext}_offset"], row[f"{ext}_size"]) for ext in MEMBER_ORDER}
+                where = tar.write(row["key"], data)
+                members.extend(sorted((TarMember(row["key"], e, o, n) for e, (o, n) in where.items()), key=lambda m: m.offset))
             elif run and run[0] == row["part"] and run[2] == span[0]:
                 run[2] = span[1]
                 run[3].append(row["key"])
+                run[4].append(row)
             else:
                 copy_run()
-                run.extend([row["part"], span[0], span[1], [row["key"]]])
+                run.extend([row["part"], span[0], span[1], [row["key"]], [row]])
         copy_run()
     digests = out.hexdigests()
     info = {
@@ -226,6 +249,8 @@ def write_shard(plan_path: str, part_tars: dict[str, str], out_tar: str, out_inf
         "sha256": digests["sha256"],
     }
     atomic_write_text(out_info, json.dumps(info, indent=1, sort_keys=True) + "\n")
+    if out_members is not None:
+        write_members(out_members, members)
     return info
 
 

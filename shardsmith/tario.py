@@ -12,7 +12,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 MEMBER_ORDER = ("jpg", "txt", "json")  # fixed order within a sample; other extensions follow, sorted
 _UMASK = os.umask(0)  # reading the umask means setting it: put it back at once
@@ -20,22 +20,33 @@ os.umask(_UMASK)
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]:
-    """Open a temporary file beside `path`; rename it over `path` only when the block ends without error."""
+def atomic_path(path: str | os.PathLike, fsync: bool = True) -> Iterator[Path]:
+    """A temporary path beside `path` (`.{name}.{random}.tmp`), renamed over `path` only when the block ends
+    without error (and flushed to disk first, unless the caller did). For writers that need a path (SQLite)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; readers (training jobs) may be other users
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; readers (training jobs) may be other users
     try:
-        with os.fdopen(fd, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
+        if fsync:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb") -> Iterator[BinaryIO]:
+    """Open a temporary file beside `path`; rename it over `path` only when the block ends without error."""
+    with atomic_path(path, fsync=False) as tmp, open(tmp, mode) as f:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -77,6 +88,20 @@ def ustar_header(name: str, size: int) -> bytes:
     return raw.ljust(100, b"\0") + _MODE_IDS + size_field + _MTIME + b"%06o\0 " % checksum + _REST
 
 
+class TarMember(NamedTuple):
+    """Where a sample's member lies in a tar: its data offset and size (its header is the block before)."""
+
+    key: str
+    ext: str
+    offset: int
+    size: int
+
+
+def member_end(m: TarMember) -> int:
+    """The offset just past a member's data and its padding: where the next header starts."""
+    return m.offset + m.size + (-m.size % tarfile.BLOCKSIZE)
+
+
 class ShardWriter:
     """Writes samples `{key}.{ext}` to a deterministic USTAR tar; call `close()` (or use `with`) to finish.
 
@@ -110,6 +135,11 @@ class ShardWriter:
             where[ext] = (self._offset + len(header), len(data))
             self._offset += len(header) + len(data) + pad
         return where
+
+    @property
+    def offset(self) -> int:
+        """Bytes written so far: where the next sample's first header goes."""
+        return self._offset
 
     def copy_samples(self, src: BinaryIO, start: int, end: int, keys: list[str]) -> None:
         """Append samples that a ShardWriter wrote to another tar, bytes [start, end) of `src`, as they are.

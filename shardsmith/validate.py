@@ -27,8 +27,9 @@ from types import ModuleType
 
 import pyarrow.parquet as pq
 
+from shardsmith import dali, energon
 from shardsmith.tables import repeated_keys
-from shardsmith.tario import atomic_write_text
+from shardsmith.tario import TarMember, atomic_write_text
 
 MEMBER_NAME = re.compile(r"^[A-Za-z0-9_-]+\.(jpg|txt|json)$")
 
@@ -135,13 +136,40 @@ def spread(n: int, k: int | None) -> set[int] | None:
     return {round(j * (n - 1) / (k - 1)) for j in range(k)}
 
 
-def validate_shard(shard: str, plan_path: str, max_side: int | None, max_pixels: int, decode_per_shard: int | None = None) -> dict:
+def loader_members(members: list[tarfile.TarInfo]) -> list[TarMember]:
+    """The regular members of a tar as DALI and Energon group them: the key ends at the basename's first dot."""
+    out = []
+    for info in members:
+        if info.isreg():
+            folder, _, base = info.name.rpartition("/")
+            stem, _, ext = base.partition(".")
+            out.append(TarMember(f"{folder}/{stem}" if folder else stem, ext, info.offset_data, info.size))
+    return out
+
+
+def check_loader_indexes(members: list[tarfile.TarInfo], dali_index: str | None, energon_index: str | None) -> list[str]:
+    """The shard's DALI and Energon index files, parsed as those loaders parse them, against the tar as read."""
+    found = loader_members(members)
+    problems = dali.check_index(dali_index, found) if dali_index else []
+    return problems + (energon.check_tar_index(energon_index, found) if energon_index else [])
+
+
+def validate_shard(
+    shard: str,
+    plan_path: str,
+    max_side: int | None,
+    max_pixels: int,
+    decode_per_shard: int | None = None,
+    dali_index: str | None = None,
+    energon_index: str | None = None,
+) -> dict:
     """Problems found in one shard (an empty list when it is good).
 
     Every sample group is read with OpenCLIP's tarfile_to_samples_nothrow and filter_no_caption_or_no_image,
     and its image bytes must be the ones process_part decoded and checked (sha256 from the plan), so every
     image is known to decode to an RGB image of the planned size. `decode_per_shard` images (None: all) are
     decoded again with webdataset's decode("pilrgb"), as OpenCLIP does, as a second line of defence.
+    The DALI and Energon index files given must point at every member and sample of the tar as read.
     """
     problems: list[str] = []
     name = Path(shard).name
@@ -158,6 +186,7 @@ def validate_shard(shard: str, plan_path: str, max_side: int | None, max_pixels:
             problems.append(f"{name}: member {info.name} is not a regular file")
         elif not MEMBER_NAME.match(info.name) or len(info.name.encode()) > 100:
             problems.append(f"{name}: member name {info.name!r} is not key.(jpg|txt|json) within 100 bytes")
+    problems += check_loader_indexes(members, dali_index, energon_index)
     rows, loader = read_like_openclip(shard, spread(len(plan_keys), decode_per_shard))
     samples = [r for r in rows if r["kept"] and "decode_error" not in r]
     keys = [s["__key__"] for s in samples]
@@ -191,8 +220,13 @@ def validate_shard(shard: str, plan_path: str, max_side: int | None, max_pixels:
     return {"shard": name, "loader": loader, "groups": len(rows), "passed": len(samples), "decoded": decoded, "problems": problems}
 
 
-def check_dataset(reports: list[str], sizes_path: str, manifest_path: str, min_shards: int, tmp: str | None = None) -> dict:
-    """Combine the shard reports with dataset-wide checks; raise ValidationFailed with a readable report."""
+def check_dataset(
+    reports: list[str], sizes_path: str, manifest_path: str, min_shards: int, tmp: str | None = None, energon_dir: str | None = None
+) -> dict:
+    """Combine the shard reports with dataset-wide checks; raise ValidationFailed with a readable report.
+
+    `energon_dir`: the dataset folder whose `.nv-meta/` is checked against sizes.json (shardsmith.energon).
+    """
     shard_reports = [json.loads(Path(p).read_text()) for p in reports]
     sizes = json.loads(Path(sizes_path).read_text())
     problems = [p for r in shard_reports for p in r["problems"]]
@@ -209,6 +243,8 @@ def check_dataset(reports: list[str], sizes_path: str, manifest_path: str, min_s
             f"{len(shard_reports)} shards, fewer than validate.min_shards={min_shards}: OpenCLIP needs at least "
             "workers x GPUs shards; lower samples_per_shard"
         )
+    if energon_dir is not None and shard_reports:
+        problems += energon.check_meta(energon_dir, sizes)
     total = sum(r["passed"] for r in shard_reports)
     if total == 0:
         problems.append("no sample was published: every input record was rejected (see rejected.parquet)")
@@ -219,6 +255,8 @@ def check_dataset(reports: list[str], sizes_path: str, manifest_path: str, min_s
         "samples": total,
         "problems": problems,
     }
+    if energon_dir is not None:  # each shard's DALI and Energon index was checked by write_shard
+        summary["loader_indexes"] = {"dali": f"{dali.INDEX_VERSION} per shard", "energon": f"{energon.META} of energon {energon.FORMAT_VERSION}"}
     if problems:
         shown = "\n".join(f"  - {p}" for p in problems[:50])
         more = f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else ""

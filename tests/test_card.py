@@ -84,6 +84,22 @@ def test_card_command_trains_on_exactly_the_shards_in_sizes_json(tmp_path):
     assert card.startswith("# ds v3\n")
 
 
+def test_card_shows_dali_and_energon_code_for_exactly_these_shards_and_splits():
+    import ast
+
+    for val, split in ((0, "every shard is in the `train` split"), (1, "the last 1 shards are the `val` split")):
+        card = card_text(config(loaders={"energon_val_shards": val}), STATS, SIZES, LOADER, versions={"shardsmith": "0.1.0"})
+        dali_code, energon_code = re.findall(r"```python\n(.*?)\n```", card, re.S)
+        namespace: dict = {}
+        shards_line = next(line for line in dali_code.splitlines() if line.startswith("shards = "))
+        exec(shards_line, namespace)  # noqa: S102 - the card's own line
+        assert [f"{s}.tar" for s in namespace["shards"]] == sorted(SIZES)
+        assert "index_paths=" in dali_code and "fn.readers.webdataset(" in dali_code
+        assert "get_train_dataset(" in energon_code and ('split_part="val"' in energon_code) == bool(val)
+        ast.parse(dali_code), ast.parse(energon_code)
+        assert split in card and "`energon lint . --split-parts train`" in card
+
+
 def test_card_states_counts_rejections_sources_fingerprint_and_no_build_paths():
     c = config()
     card = card_text(c, STATS, SIZES, LOADER, versions={"shardsmith": "0.1.0", "pandas": "3.1.1"})

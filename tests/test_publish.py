@@ -265,6 +265,51 @@ def test_two_files_with_one_name_or_a_reserved_name_are_refused(tmp_path):
         file_table([str(tmp_path / "latest")])
 
 
+def make_nested(folder) -> list[str]:
+    """A dataset folder with a sub-folder to publish as one (Energon's .nv-meta/)."""
+    files = make_files(folder)
+    (folder / ".nv-meta").mkdir()
+    for name, data in {"split.yaml": b"split_parts: {}\n", "index.sqlite": b"SQLite format 3\0"}.items():
+        (folder / ".nv-meta" / name).write_bytes(data)
+        files.append(str(folder / ".nv-meta" / name))
+    return files
+
+
+@pytest.mark.parametrize("hardlink", [True, False])
+def test_files_in_a_sub_folder_are_published_in_that_sub_folder_of_the_version(tmp_path, hardlink):
+    files = make_nested(tmp_path / "out")
+    settings = PublishSettings(hardlink=hardlink)
+    marker = publish(files, str(tmp_path / "fast"), "ds", "v1", settings, names_from=tmp_path / "out")
+    final = tmp_path / "fast" / "ds" / "v1"
+    names = {".nv-meta/index.sqlite", ".nv-meta/split.yaml", "ds-000000.tar", "ds-000001.tar", "sizes.json"}
+    assert set(marker["files"]) == names
+    assert set(snapshot(final)) == names | {MARKER}
+    for name in names:
+        assert (final / name).read_bytes() == (tmp_path / "out" / name).read_bytes()
+        assert marker["files"][name]["sha256"] == hashlib.sha256((final / name).read_bytes()).hexdigest()
+    again = publish(files, str(tmp_path / "fast"), "ds", "v1", settings, names_from=tmp_path / "out")
+    assert again["unchanged"] is True  # the same names and content: a no-op
+    # without names_from two files named split.yaml in different folders would collide; with it they do not
+    other = tmp_path / "out" / "split.yaml"
+    other.write_text("x")
+    assert ".nv-meta/split.yaml" in file_table([*files, str(other)], names_from=tmp_path / "out")
+    with pytest.raises(ValueError, match="share a name"):
+        file_table([*files, str(other)])
+
+
+def test_a_file_outside_names_from_keeps_its_basename_and_unsafe_names_are_refused(tmp_path):
+    files = make_nested(tmp_path / "out")
+    elsewhere = tmp_path / "work" / "build.json"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("{}")
+    table = file_table([*files, str(elsewhere)], names_from=tmp_path / "out")
+    assert "build.json" in table and ".nv-meta/split.yaml" in table
+    (tmp_path / "out" / "sub").mkdir()
+    (tmp_path / "out" / "sub" / MARKER).write_text("{}")
+    with pytest.raises(ValueError, match="written by publishing"):  # not even in a sub-folder
+        file_table([str(tmp_path / "out" / "sub" / MARKER)], names_from=tmp_path / "out")
+
+
 def test_human_sizes_read_like_the_aws_cli():
     assert human_bytes(123) == 123 and human_bytes("5MB") == 5 * 1024**2 == human_bytes("5MiB")
     assert human_bytes("1GB") == 1024**3 and human_bytes("4096") == 4096

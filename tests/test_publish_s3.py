@@ -125,6 +125,25 @@ def test_publish_uploads_verifies_then_marks_complete_then_moves_latest(s3_serve
     assert out.startswith("v1\t") and out.rstrip().endswith("<- latest")
 
 
+def test_files_in_a_sub_folder_get_keys_in_that_sub_prefix_and_are_verified(s3_server, s3_bucket, tmp_path):
+    dest = f"s3://{s3_bucket}/datasets"
+    folder = tmp_path / "out"
+    files = make_files(folder)
+    (folder / ".nv-meta").mkdir()
+    for name in ("split.yaml", "index.sqlite"):
+        (folder / ".nv-meta" / name).write_bytes(f"{name} of energon\n".encode())
+        files.append(str(folder / ".nv-meta" / name))
+    receipt = publish(files, dest, "ds", "v1", s3=s3_server, names_from=folder)
+    names = {"ds-000000.tar", "ds-000001.tar", "sizes.json", ".nv-meta/split.yaml", ".nv-meta/index.sqlite"}
+    assert set(receipt["files"]) == names
+    assert set(objects(s3_server, s3_bucket)) == {f"datasets/ds/v1/{n}" for n in names | {MARKER}} | {"datasets/ds/latest"}
+    for name in names:
+        assert read_object(f"{dest}/ds/v1/{name}", s3_server) == (folder / name).read_bytes()
+    before = objects(s3_server, s3_bucket)
+    assert publish(files, dest, "ds", "v1", s3=s3_server, names_from=folder)["unchanged"] is True
+    assert objects(s3_server, s3_bucket) == before
+
+
 def test_republishing_the_same_version_changes_no_object(s3_server, s3_bucket, tmp_path):
     dest = seed(tmp_path, s3_server, s3_bucket, {"v1": ""})
     before = objects(s3_server, s3_bucket)

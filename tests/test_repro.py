@@ -76,13 +76,15 @@ def two_builds(tmp_path_factory):
 
 
 def files(folder) -> dict[str, str]:
-    return {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    """{path relative to folder: sha256} of every file, sub-folders (Energon's .nv-meta/) included."""
+    return {str(p.relative_to(folder)): sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_every_output_file_is_byte_identical(two_builds):
     a, b = two_builds
     out_a, out_b = files(a / "output" / "demo"), files(b / "output" / "demo")
     assert {"manifest.parquet", "rejected.parquet", "sizes.json", "wids-index.json", "build.json", "README.md"} <= set(out_a)
+    assert {".nv-meta/index.sqlite", ".nv-meta/index.uuid", "demo-000000.idx", "demo-000000.tar.idx"} <= set(out_a)
     assert sum(name.endswith(".tar") for name in out_a) >= 2
     assert out_a == out_b
 

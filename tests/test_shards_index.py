@@ -17,9 +17,9 @@ from shardsmith.errors import REJECT_COLUMNS
 from shardsmith.index import MANIFEST_COLUMNS, LedgerMismatch, build_index, rejected_by_source
 from shardsmith.process import SAMPLE_COLUMNS, process_part
 from shardsmith.resize import ResizeSettings
-from shardsmith.shards import plan_shards, write_shard
+from shardsmith.shards import plan_shards, read_members, write_shard
 from shardsmith.sources import plan_parts
-from shardsmith.tario import ShardWriter, atomic_open, read_member
+from shardsmith.tario import ShardWriter, TarMember, atomic_open, read_member
 
 
 def members_of(key: str) -> dict[str, bytes]:
@@ -173,11 +173,11 @@ def test_write_shard_copies_runs_of_samples_as_byte_ranges_with_the_same_bytes(b
     assert (tmp_path / "s.tar").read_bytes() == (built["out"] / f"{n}.tar").read_bytes()
 
 
-def test_write_shard_takes_samples_not_laid_out_back_to_back_member_by_member(tmp_path):
-    """A part tar from elsewhere, with a cls member between jpg and txt: every sample is copied member by member."""
+def part_from_elsewhere(tmp_path, keys: list[str]):
+    """A part tar with a cls member between jpg and txt, and its plan: (part, plan)."""
     part, rows = tmp_path / "p-000000.tar", []
     with tarfile.open(part, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for key in ["k0", "k1", "k2"]:
+        for key in keys:
             where = {}
             for ext, data in [("jpg", members_of(key)["jpg"]), ("cls", b"3"), ("txt", members_of(key)["txt"]), ("json", members_of(key)["json"])]:
                 info = tarfile.TarInfo(f"{key}.{ext}")
@@ -187,9 +187,30 @@ def test_write_shard_takes_samples_not_laid_out_back_to_back_member_by_member(tm
             rows.append({"key": key, "part": "p-000000", **{f"{e}_{n}": v for e in ("jpg", "txt", "json") for n, v in zip(("offset", "size"), where[e])}})
     plan = tmp_path / "plan.parquet"
     pd.DataFrame(rows).to_parquet(plan)
+    return part, plan
+
+
+def test_write_shard_takes_samples_not_laid_out_back_to_back_member_by_member(tmp_path):
+    """A part tar from elsewhere, with a cls member between jpg and txt: every sample is copied member by member."""
+    part, plan = part_from_elsewhere(tmp_path, ["k0", "k1", "k2"])
     write_shard(str(plan), {"p-000000": str(part)}, str(tmp_path / "s.tar"), str(tmp_path / "s.json"))
     assert (tmp_path / "s.tar").read_bytes() == per_member_shard(plan, {"p-000000": str(part)})
     assert tar_members(tmp_path / "s.tar") == [(f"{k}.{e}", members_of(k)[e]) for k in ("k0", "k1", "k2") for e in ("jpg", "txt", "json")]
+
+
+def members_as_read(path) -> list[TarMember]:
+    with tarfile.open(path) as tar:
+        return [TarMember(*m.name.split(".", 1), m.offset_data, m.size) for m in tar]
+
+
+def test_write_shard_records_where_every_member_landed_for_range_copies_and_member_writes(built, tmp_path):
+    tars = {k: p["tar"] for k, p in built["parts"].items()}
+    for n in built["names"]:  # byte ranges across parts, and a range broken by a dropped duplicate
+        write_shard(str(built["work"] / "plan" / f"{n}.samples.parquet"), tars, str(tmp_path / "s.tar"), str(tmp_path / "s.json"), str(tmp_path / "m.parquet"))
+        assert read_members(tmp_path / "m.parquet") == members_as_read(tmp_path / "s.tar")
+    part, plan = part_from_elsewhere(tmp_path, ["k0", "k1"])  # written member by member
+    write_shard(str(plan), {"p-000000": str(part)}, str(tmp_path / "t.tar"), str(tmp_path / "t.json"), str(tmp_path / "t.parquet"))
+    assert read_members(tmp_path / "t.parquet") == members_as_read(tmp_path / "t.tar")
 
 
 def test_write_shard_is_byte_identical_on_rewrite(built, tmp_path):

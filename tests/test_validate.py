@@ -227,3 +227,38 @@ def test_when_the_source_no_longer_matches_the_module_is_imported_whole(monkeypa
         assert loader == "open_clip_train.data"
     finally:
         validate._openclip_stages.cache_clear()
+
+
+def test_the_loaders_indexes_are_checked_against_the_shard_as_read(tmp_path):
+    from shardsmith import dali, energon
+    from shardsmith.validate import loader_members
+
+    tar, plan, _ = make_shard(tmp_path, "ds-000000", good(3))
+    other, _, _ = make_shard(tmp_path, "ds-000001", good(3, prefix="longer-key-"))
+    with tarfile.open(tar) as t:
+        members = loader_members(t.getmembers())
+    with tarfile.open(other) as t:
+        stale = loader_members(t.getmembers())  # the indexes of another shard: right format, wrong offsets
+    idx, tidx = tmp_path / "ds-000000.idx", tmp_path / "ds-000000.tar.idx"
+    dali.write_index(idx, members)
+    energon.write_tar_index(tidx, members)
+    good_report = validate_shard(tar, plan, 512, 25_000_000, dali_index=str(idx), energon_index=str(tidx))
+    assert good_report["problems"] == []
+    dali.write_index(idx, stale)
+    energon.write_tar_index(tidx, stale[:-3])
+    problems = validate_shard(tar, plan, 512, 25_000_000, dali_index=str(idx), energon_index=str(tidx))["problems"]
+    assert [p.split(":")[0] for p in problems] == ["ds-000000.idx", "ds-000000.tar.idx"]
+
+
+def test_the_dataset_check_reads_energons_meta_against_sizes_json(tmp_path):
+    from shardsmith import energon
+    from shardsmith.tario import TarMember
+
+    files = dataset_files(tmp_path, {"ds-000000.tar": 2, "ds-000001.tar": 1}, [report("ds-000000.tar", 2), report("ds-000001.tar", 1)])
+    layout = {"ds-000000.tar": ["k0", "k1"], "ds-000001.tar": ["k2"]}
+    energon.write_meta(tmp_path, [(n, [TarMember(k, e, 512 + 2048 * i + 1024 * j, 10) for i, k in enumerate(keys) for j, e in enumerate(("jpg", "txt"))]) for n, keys in layout.items()])
+    summary = check_dataset(*files, min_shards=1, energon_dir=str(tmp_path))
+    assert summary["ok"] and summary["loader_indexes"]["energon"] == f".nv-meta of energon {energon.FORMAT_VERSION}"
+    files = dataset_files(tmp_path, {"ds-000000.tar": 2, "ds-000001.tar": 2}, [report("ds-000000.tar", 2), report("ds-000001.tar", 2)])
+    with pytest.raises(ValidationFailed, match="shard_counts differ from sizes.json"):
+        check_dataset(*files, min_shards=1, energon_dir=str(tmp_path))

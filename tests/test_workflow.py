@@ -1,7 +1,9 @@
 """The whole workflow, run with snakemake on the generated demo data, checked as a user would."""
 
+import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import tarfile
@@ -11,12 +13,15 @@ import pandas as pd
 import pytest
 import yaml
 
+from loader_helpers import read_with_dali, read_with_energon
+from shardsmith import dali, energon
 from shardsmith.demo import make_demo
 from shardsmith.leftovers import find_leftovers
 from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
 
 pytestmark = pytest.mark.workflow
-PUBLISHED_FILES = {"sizes.json", "wids-index.json", "manifest.parquet", "rejected.parquet", "stats.json", "validation.json"}
+PUBLISHED_FILES = {"sizes.json", "wids-index.json", "manifest.parquet", "rejected.parquet", "stats.json", "validation.json",
+                   *energon.META_FILES}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +126,73 @@ def test_published_version_is_complete_and_latest_written(build):
         assert sha256(base / "v1" / name) == entry["sha256"]
         assert sha256(out_dir(root) / name) == entry["sha256"]
     assert PUBLISHED_FILES <= set(marker["files"])
+    shards = [n for n in marker["files"] if n.endswith(".tar")]
+    assert {dali.index_name(n) for n in shards} | {energon.tar_index_name(n) for n in shards} <= set(marker["files"])
+
+
+def published_version(root):
+    base = root / "fast-storage" / "demo"
+    return base / (base / "latest").read_text().strip()
+
+
+def test_published_loader_indexes_follow_dali_and_energon_formats(build):
+    """Runs everywhere, DALI and Energon installed or not: the published files, read as those loaders read them."""
+    from shardsmith.validate import loader_members
+
+    version = published_version(build[0])
+    sizes = json.loads((version / "sizes.json").read_text())
+    for name in sizes:
+        with tarfile.open(version / name) as tar:
+            members = loader_members(tar.getmembers())
+        assert dali.check_index(version / dali.index_name(name), members) == []
+        assert energon.check_tar_index(version / energon.tar_index_name(name), members) == []
+    assert energon.check_meta(version, sizes) == []
+    assert json.loads((version / "validation.json").read_text())["loader_indexes"]["dali"] == "v1.2 per shard"
+
+
+def expected_samples(version) -> dict[str, tuple[bytes, bytes, bytes]]:
+    """{key: (jpg, txt, json)} of every published sample, read with tarfile."""
+    out = {}
+    for name in json.loads((version / "sizes.json").read_text()):
+        with tarfile.open(version / name) as tar:
+            members = tar.getmembers()
+            for i in range(0, len(members), 3):
+                out[members[i].name.split(".")[0]] = tuple(tar.extractfile(m).read() for m in members[i : i + 3])
+    return out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nvidia") is None, reason="nvidia-dali is not installed")
+def test_dali_reads_every_published_sample_with_its_bytes_through_the_index_files(build, monkeypatch):
+    version = published_version(build[0])
+    sizes = json.loads((version / "sizes.json").read_text())
+    shards = sorted(sizes)
+    got = read_with_dali([str(version / n) for n in shards], [str(version / dali.index_name(n)) for n in shards])
+    want = expected_samples(version)
+    assert len(got) == sum(sizes.values()) == len(want) and got == list(want.values())
+    # the card's own DALI code, on the CPU (it decodes on the GPU as written), from the version's folder
+    code = re.findall(r"```python\n(.*?)\n```", (version / "README.md").read_text(), re.S)[0]
+    code = code.replace("device_id=0", "device_id=None").replace('device="mixed"', 'device="cpu"')
+    monkeypatch.chdir(version)
+    namespace: dict = {}
+    exec(code, namespace)  # noqa: S102 - the dataset card's code
+    p = namespace["pipe"]()
+    p.build()
+    assert p.epoch_size("reader") == sum(sizes.values())
+    images, captions = p.run()
+    assert len(images) == 256 or len(images) == sum(sizes.values()) or len(images) > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-energon is not installed")
+def test_energon_reads_every_published_sample_with_image_and_caption_and_lint_passes(build):
+    version = published_version(build[0])
+    want = {k: v[1].decode() for k, v in expected_samples(version).items()}
+    manifest = pd.read_parquet(version / "manifest.parquet").set_index("key")
+    got = read_with_energon(str(version), "train")
+    assert {k: c for k, (_, c) in got.items()} == want
+    assert all(shape == (3, manifest.at[k, "height"], manifest.at[k, "width"]) for k, (shape, _) in got.items())
+    energon_cli = str(SNAKEMAKE.parent / "energon")
+    lint = subprocess.run([energon_cli, "lint", str(version), "--split-parts", "train"], capture_output=True, text=True, timeout=300)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 def test_rebuild_in_a_fresh_folder_is_byte_identical(build, demo_data, tmp_path):
@@ -128,9 +200,9 @@ def test_rebuild_in_a_fresh_folder_is_byte_identical(build, demo_data, tmp_path)
     data, _ = demo_data
     root2 = tmp_path / "build2"
     run_workflow(root2, demo_config(data, root2))
-    files1 = sorted(p.name for p in out_dir(root1).iterdir())
-    assert files1 == sorted(p.name for p in out_dir(root2).iterdir())
-    assert any(f.endswith(".tar") for f in files1)
+    files1 = sorted(str(p.relative_to(out_dir(root1))) for p in out_dir(root1).rglob("*") if p.is_file())
+    assert files1 == sorted(str(p.relative_to(out_dir(root2))) for p in out_dir(root2).rglob("*") if p.is_file())
+    assert any(f.endswith(".tar") for f in files1) and set(energon.META_FILES) <= set(files1)
     for name in files1:
         assert sha256(out_dir(root1) / name) == sha256(out_dir(root2) / name), name
 

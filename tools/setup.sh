@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-stamp="$VENV/.shardsmith-setup-$(cat envs/requirements.txt tools/setup.sh | sha256sum | cut -c1-16)"
+stamp="$VENV/.shardsmith-setup-$(cat envs/requirements.txt envs/energon.txt tools/setup.sh | sha256sum | cut -c1-16)"
 [ -f "$stamp" ] && exit 0
 
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -29,6 +29,8 @@ pip install --upgrade pip wheel setuptools
 # torch first, from the versions pinned here, so open-clip-torch does not pull a larger build.
 pip install torch==2.14.1 torchvision==0.29.1
 pip install -r envs/requirements.txt
+# Megatron-Energon without its s3fs pin (see envs/energon.txt): the tests read the built dataset with its loader.
+pip install --no-deps -r envs/energon.txt
 # pillow-simd last: it shares PIL/ with Pillow. AVX2 build where the CPU has it; plain Pillow otherwise.
 if grep -q avx2 /proc/cpuinfo 2>/dev/null; then
   if CC="cc -mavx2" pip install --force-reinstall --no-deps --no-binary pillow-simd pillow-simd==12.1.1.post0; then

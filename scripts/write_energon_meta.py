@@ -1,0 +1,22 @@
+"""Rule glue for write_energon_meta: logic in shardsmith.energon (the format) and shardsmith.shards (members)."""
+
+import sys
+
+sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
+
+from pathlib import Path
+
+from shardsmith.energon import EnergonError, write_meta
+from shardsmith.logs import run_job
+from shardsmith.shards import read_members
+
+
+def main() -> None:
+    tables = list(snakemake.input.members)
+    shards = ((Path(p).name.removesuffix(".members.parquet") + ".tar", read_members(p)) for p in tables)  # one at a time
+    out_dir = Path(snakemake.output.info).parent.parent
+    counts = write_meta(out_dir, shards, val_shards=snakemake.params.val_shards)
+    print(f"{out_dir}/.nv-meta: {sum(counts.values())} samples in {len(counts)} shards, {snakemake.params.val_shards} held out as val")
+
+
+run_job(snakemake.log[0], main, expected=(EnergonError,))
