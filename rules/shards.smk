@@ -83,5 +83,6 @@ rule write_energon_meta:
         "../envs/shards.yaml"
     params:
         val_shards=config["loaders"]["energon_val_shards"],
+        scratch=SCRATCH,  # SQLite sorts for its indexes in temporary files: here, not in a node's small /tmp
     script:
         "../scripts/write_energon_meta.py"

@@ -7,11 +7,13 @@ sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside
 from pathlib import Path
 
 from shardsmith.energon import EnergonError, write_meta
+from shardsmith.leftovers import use_scratch
 from shardsmith.logs import run_job
 from shardsmith.shards import read_members
 
 
 def main() -> None:
+    use_scratch(snakemake.params.scratch)  # TMPDIR, where SQLite spills while it builds the indexes
     tables = list(snakemake.input.members)
     shards = ((Path(p).name.removesuffix(".members.parquet") + ".tar", read_members(p)) for p in tables)  # one at a time
     out_dir = Path(snakemake.output.info).parent.parent
