@@ -1,10 +1,27 @@
 """Small shards written as write_shard lays them out, with the members it records (for the loaders' indexes)."""
 
+import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from conftest import jpeg_bytes
 from shardsmith.tario import ShardWriter, TarMember, atomic_open
+
+
+def installed(module: str) -> bool:
+    """Whether a dotted module can be imported (its parent packages are looked up first, never imported whole)."""
+    parts = module.split(".")
+    return all(importlib.util.find_spec(".".join(parts[: i + 1])) is not None for i in range(len(parts)))
+
+
+needs_dali = pytest.mark.skipif(
+    not installed("nvidia.dali"), reason="nvidia-dali is not installed (envs/requirements.txt: nvidia-dali-cuda130)"
+)
+needs_energon = pytest.mark.skipif(
+    not installed("megatron.energon"), reason="megatron-energon is not installed (tools/setup.sh: envs/energon.txt)"
+)
 
 
 def write_shards(folder: Path, dataset: str = "ds", counts: tuple[int, ...] = (3, 2)) -> list[tuple[Path, list[TarMember]]]:

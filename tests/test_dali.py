@@ -1,18 +1,15 @@
 """DALI's per-shard index files: the format `wds2idx` writes and `fn.readers.webdataset(index_paths=...)`
 reads. The format tests run everywhere; those that run DALI itself skip where it is not installed."""
 
-import importlib.util
 import re
 import tarfile
 
 import pytest
 
-from loader_helpers import read_with_dali, write_shards
+from loader_helpers import needs_dali, read_with_dali, write_shards
 from shardsmith import dali
 from shardsmith.validate import loader_members
 
-HAVE_DALI = importlib.util.find_spec("nvidia.dali") is not None if importlib.util.find_spec("nvidia") else False
-needs_dali = pytest.mark.skipif(not HAVE_DALI, reason="nvidia-dali is not installed (pip install nvidia-dali-cuda130)")
 # The documented format (DALI's fn.readers.webdataset docs), with the member name wds2idx v1.2 adds per component.
 FIRST_LINE = re.compile(r"^v1\.2 (\d+)$")
 COMPONENT = re.compile(r"(\S+) (\d+) (\d+) (\S+)")

@@ -1,7 +1,6 @@
 """Megatron-Energon's prepared-dataset files: what `energon prepare` writes, from the members write_shard
 recorded. The format tests run everywhere; those that run energon itself skip where it is not installed."""
 
-import importlib.util
 import io
 import json
 import shutil
@@ -15,12 +14,10 @@ import pytest
 import yaml
 from PIL import Image
 
-from loader_helpers import read_with_energon, write_shards
+from loader_helpers import needs_energon, read_with_energon, write_shards
 from shardsmith import energon
 from shardsmith.validate import loader_members
 
-HAVE_ENERGON = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.energon") is not None
-needs_energon = pytest.mark.skipif(not HAVE_ENERGON, reason="megatron-energon is not installed (see README: Training on the result)")
 ENERGON_CLI = str(sys.executable).rsplit("/", 1)[0] + "/energon"
 
 

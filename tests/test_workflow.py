@@ -1,6 +1,5 @@
 """The whole workflow, run with snakemake on the generated demo data, checked as a user would."""
 
-import importlib.util
 import json
 import os
 import re
@@ -13,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from loader_helpers import read_with_dali, read_with_energon
+from loader_helpers import needs_dali, needs_energon, read_with_dali, read_with_energon
 from shardsmith import dali, energon
 from shardsmith.demo import make_demo
 from shardsmith.leftovers import find_leftovers
@@ -161,7 +160,7 @@ def expected_samples(version) -> dict[str, tuple[bytes, bytes, bytes]]:
     return out
 
 
-@pytest.mark.skipif(importlib.util.find_spec("nvidia") is None, reason="nvidia-dali is not installed")
+@needs_dali
 def test_dali_reads_every_published_sample_with_its_bytes_through_the_index_files(build, monkeypatch):
     version = published_version(build[0])
     sizes = json.loads((version / "sizes.json").read_text())
@@ -182,7 +181,7 @@ def test_dali_reads_every_published_sample_with_its_bytes_through_the_index_file
     assert len(images) == 256 or len(images) == sum(sizes.values()) or len(images) > 0
 
 
-@pytest.mark.skipif(importlib.util.find_spec("megatron") is None, reason="megatron-energon is not installed")
+@needs_energon
 def test_energon_reads_every_published_sample_with_image_and_caption_and_lint_passes(build):
     version = published_version(build[0])
     want = {k: v[1].decode() for k, v in expected_samples(version).items()}
