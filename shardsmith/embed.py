@@ -7,6 +7,11 @@ out of GPU memory). Inference is batched across samples under `torch.inference_m
 autocast and pinned memory on CUDA only; when a forward pass runs out of memory the batch is halved and
 the job goes on.
 
+With `decode: gpu` (CUDA only) the workers read bytes and tokenize; JPEGs are decoded in batches by nvJPEG
+(`torchvision.io.decode_jpeg(..., device="cuda")`) and open_clip's inference transform runs as tensor ops
+on the GPU (`shardsmith.embed_decode`). Other formats are decoded by Pillow in the worker, and a JPEG nvJPEG
+refuses by Pillow in this process, one image at a time; either then takes the same tensor steps.
+
 The model comes from an open_clip pretrained tag (Hugging Face cache; `HF_HUB_OFFLINE=1` works with a
 cache) or a local checkpoint file, optionally with a custom model config JSON (the tiny test model,
 `shardsmith.tinyclip`). Everything that changes a score is recorded as provenance next to the scores.
@@ -35,6 +40,7 @@ import torch.nn.functional as F
 from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image, features
 
+from shardsmith.embed_decode import check_tensor_preprocess, decode_jpeg_batch, image_tensor, tensor_preprocess
 from shardsmith.embed_stats import score_columns, write_npz
 from shardsmith.errors import ConfigError
 from shardsmith.tario import atomic_open, atomic_write_text
@@ -43,6 +49,7 @@ from shardsmith.tinyclip import checkpoint_marker
 log = logging.getLogger(__name__)
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SAMPLE_COLUMNS = ["key", "jpg_offset", "jpg_size", "txt_offset", "txt_size"]
+JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class EmbedSettings:
     precision: str = "auto"
     device: str = "auto"
     workers: int = 4
+    decode: str = "cpu"
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -80,6 +88,24 @@ def resolve_precision(setting: str, device: torch.device) -> str:
     if setting == "auto":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return setting
+
+
+def resolve_decode(settings: EmbedSettings, device: torch.device) -> str:
+    """Where JPEGs are decoded and preprocessed: `gpu` needs the model on CUDA.
+
+    With the model on the CPU because no GPU is visible (device auto), the workers decode as with `cpu` and
+    the log says so; `device: cpu` with `decode: gpu` contradicts itself and is an error.
+    """
+    if settings.decode == "cpu":
+        return "cpu"
+    if settings.decode != "gpu":
+        raise ConfigError(f"embed.decode must be cpu or gpu, not {settings.decode!r}")
+    if device.type == "cuda":
+        return "gpu"
+    if settings.device == "cpu":
+        raise ConfigError("embed.decode is gpu but embed.device is cpu; set decode: cpu, or device: auto or cuda.")
+    log.warning("embed.decode is gpu but no CUDA device is visible; the workers decode on the CPU (as decode: cpu)")
+    return "cpu"
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -170,18 +196,29 @@ def image_library() -> dict:
     return {"name": "pillow-simd" if simd else "pillow", "version": PIL.__version__, "pillow_simd": simd}
 
 
+def collate_bytes(batch: list[tuple]) -> tuple[torch.Tensor, list, torch.Tensor]:
+    """Batches of `PartSamples(decode=False)`: images stay a list (JPEG bytes or decoded tensors, any size)."""
+    index, images, tokens = zip(*batch, strict=True)
+    return torch.tensor(index), list(images), torch.stack(tokens)
+
+
 class PartSamples:
     """Map-style dataset over one processed part tar: reads, decodes and preprocesses one sample.
 
-    Holds only file offsets, the image transform and the tokenizer; never a model.
+    Holds only file offsets, the image transform and the tokenizer; never a model. With `decode=False`
+    (GPU decoding) a JPEG's image comes back as its bytes and any other format as Pillow's decode (a uint8
+    3 x H x W tensor), for `device_images`.
     """
 
-    def __init__(self, tar_path: str, samples: pd.DataFrame, transform: Callable, tokenizer: Callable) -> None:
+    def __init__(
+        self, tar_path: str, samples: pd.DataFrame, transform: Callable, tokenizer: Callable, decode: bool = True
+    ) -> None:
         self.tar_path = str(tar_path)
         self.keys = samples["key"].tolist()
         self.where = samples[["jpg_offset", "jpg_size", "txt_offset", "txt_size"]].to_numpy(np.int64)
         self.transform = transform
         self.tokenizer = tokenizer
+        self.decode = decode
         self._fd: int | None = None
         self._pid: int | None = None
 
@@ -196,15 +233,41 @@ class PartSamples:
             raise OSError(f"{self.tar_path}: short read at offset {offset} ({len(data)} of {size} bytes)")
         return data
 
-    def __getitem__(self, i: int) -> tuple[int, torch.Tensor, torch.Tensor]:
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor | bytes, torch.Tensor]:
         jpg_offset, jpg_size, txt_offset, txt_size = self.where[i]
+        data = self._read(jpg_offset, jpg_size)
+        text = self._read(txt_offset, txt_size).decode("utf-8")
+        if not self.decode and data.startswith(JPEG_MAGIC):  # bytes, not a tensor: no shared-memory handle per image
+            return i, data, self.tokenizer([text])[0]
+        image = self.pil_image(i, data)
+        return i, self.transform(image) if self.decode else image_tensor(image), self.tokenizer([text])[0]
+
+    def pil_image(self, i: int, data: bytes) -> Image.Image:
+        """Pillow's RGB decode, as OpenCLIP's loader decodes ("pilrgb")."""
         try:
-            with Image.open(io.BytesIO(self._read(jpg_offset, jpg_size))) as im:
-                image = im.convert("RGB")  # as OpenCLIP's loader decodes ("pilrgb")
+            with Image.open(io.BytesIO(data)) as im:
+                return im.convert("RGB")
         except OSError as e:
             raise ValueError(f"{self.tar_path}: sample {self.keys[i]}: image does not decode ({e})") from e
-        text = self._read(txt_offset, txt_size).decode("utf-8")
-        return i, self.transform(image), self.tokenizer([text])[0]
+
+    def device_images(
+        self, index: torch.Tensor, images: list[torch.Tensor], device: torch.device, pp_cfg: dict
+    ) -> tuple[torch.Tensor, int]:
+        """A `collate_bytes` batch made model input on `device`: JPEGs decoded there, all preprocessed there.
+
+        Returns the batch and how many JPEGs fell back to Pillow here.
+        """
+        jpegs = [k for k, im in enumerate(images) if isinstance(im, bytes)]
+        payloads = [torch.frombuffer(bytearray(images[k]), dtype=torch.uint8) for k in jpegs]
+        decoded, failed = decode_jpeg_batch(payloads, device) if jpegs else ([], 0)
+        ready = [None if isinstance(im, bytes) else im.to(device, non_blocking=True) for im in images]
+        for k, image in zip(jpegs, decoded, strict=True):
+            if image is None:  # nvJPEG refused it: Pillow decides, as on the CPU path
+                i = int(index[k])
+                log.info("%s: sample %s: decoded by Pillow (nvJPEG refused it)", self.tar_path, self.keys[i])
+                image = image_tensor(self.pil_image(i, images[k]))
+            ready[k] = image.to(device, non_blocking=True)
+        return tensor_preprocess(ready, pp_cfg), failed
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -284,6 +347,16 @@ def load_model(settings: EmbedSettings, device: torch.device) -> tuple[torch.nn.
     return model.eval(), dict(model.visual.preprocess_cfg)
 
 
+def tensor_resize_library(device: torch.device) -> dict:
+    """`decode: gpu` resizes with torchvision's tensor ops on the GPU, not with Pillow."""
+    return {
+        "name": "torchvision",
+        "version": metadata.version("torchvision"),
+        "pillow_simd": False,
+        "device": device.type,
+    }
+
+
 def provenance(
     settings: EmbedSettings,
     weights: dict,
@@ -292,8 +365,13 @@ def provenance(
     tokenizer: object,
     device: torch.device,
     precision: str,
+    decode: str = "cpu",
 ) -> dict:
-    """Everything that changes a score: model, weights, preprocessing, tokenizer, image library, precision, device."""
+    """Everything that changes a score: model, weights, preprocessing, tokenizer, image library, precision, device.
+
+    The preprocessing steps are the same with either decode; which library decoded and resized is recorded
+    (like Pillow against pillow-simd, it moves scores slightly, so parts of both kinds may be pooled).
+    """
     marker = weights["marker"] or {}
     random = bool(marker.get("random_init"))
     if random:
@@ -324,8 +402,12 @@ def provenance(
             "transform": " ".join(repr(transform).split()),
         },
         "tokenizer": {"class": type(tokenizer).__name__, "context_length": getattr(tokenizer, "context_length", None)},
-        "resize_library": image_library(),
-        "image_decode": {"libjpeg_turbo": features.version("libjpeg_turbo")},
+        "resize_library": image_library() if decode == "cpu" else tensor_resize_library(device),
+        "image_decode": {
+            "libjpeg_turbo": features.version("libjpeg_turbo"),
+            "jpeg": "Pillow" if decode == "cpu" else f"torchvision.io.decode_jpeg on {device.type}",
+            "other_formats": "Pillow",
+        },
         "precision": {
             "requested": settings.precision,
             "used": precision,
@@ -360,18 +442,23 @@ def embed_part(
     samples = pd.read_parquet(samples_path, columns=SAMPLE_COLUMNS)
     device = resolve_device(settings.device)
     precision = resolve_precision(settings.precision, device)
+    decode = resolve_decode(settings, device)
     register_model_config(settings)
     weights = resolve_weights(settings)
     pp_cfg = preprocess_config(settings)
+    if decode == "gpu":
+        check_tensor_preprocess(pp_cfg)
     transform = image_transform_v2(PreprocessCfg(**pp_cfg), is_train=False)
     tokenizer = open_clip.get_tokenizer(settings.model)
     workers = min(settings.workers, max(0, threads - 1))  # a job stays within the threads it was given
+    dataset = PartSamples(tar_path, samples, transform, tokenizer, decode=decode == "cpu")
     loader = torch.utils.data.DataLoader(
-        PartSamples(tar_path, samples, transform, tokenizer),
+        dataset,
         batch_size=settings.batch_size,
         num_workers=workers,
-        pin_memory=device.type == "cuda",
+        pin_memory=device.type == "cuda" and decode == "cpu",
         prefetch_factor=2 if workers else None,
+        collate_fn=collate_bytes if decode == "gpu" else None,
     )
     batches = iter(loader)  # starts the workers now: they fork from a process that holds no model yet
     if device.type == "cpu":
@@ -384,8 +471,11 @@ def embed_part(
     loaded = time.perf_counter()
 
     batcher = HalvingBatch(settings.batch_size)
-    image_parts, text_parts, order = [], [], []
+    image_parts, text_parts, order, pillow_fallbacks = [], [], [], 0
     for index, images, tokens in batches:
+        if decode == "gpu":
+            images, failed = dataset.device_images(index, images, device, pp_cfg)
+            pillow_fallbacks += failed
         image, text = batcher.run(lambda im, tok: encode(model, im, tok, device, precision), images, tokens)
         image_parts.append(image)
         text_parts.append(text)
@@ -420,7 +510,7 @@ def embed_part(
     info = {
         "part": Path(samples_path).name.split(".")[0],
         "samples": len(samples),
-        "provenance": provenance(settings, weights, pp_cfg, transform, tokenizer, device, precision),
+        "provenance": provenance(settings, weights, pp_cfg, transform, tokenizer, device, precision, decode),
         "settings": asdict(settings),
         "embed_dim": int(image.shape[-1]),
         "seconds_total": round(time.perf_counter() - started, 3),
@@ -428,6 +518,8 @@ def embed_part(
         "images_per_second": round(len(samples) / seconds, 1) if seconds > 0 else None,
         "final_batch_size": batcher.size,
         "oom_halvings": batcher.halvings,
+        "decode": decode,
+        "jpeg_pillow_fallbacks": pillow_fallbacks,
         "threads": threads,
         "workers": workers,
     }

@@ -54,15 +54,18 @@ def noise_jpeg(seed: int, size: tuple[int, int]) -> bytes:
     return buf.getvalue()
 
 
-def make_part(folder, part: str, n: int, seed: int = 0) -> tuple[str, str]:
-    """A processed part as process_part writes it: `{part}.tar` (jpg, txt, json) and `{part}.samples.parquet`."""
+def make_part(folder, part: str, n: int, seed: int = 0, images: dict[int, bytes] | None = None) -> tuple[str, str]:
+    """A processed part as process_part writes it: `{part}.tar` (jpg, txt, json) and `{part}.samples.parquet`.
+
+    `images` replaces the image bytes of some samples (by position)."""
     tar, rows = folder / f"{part}.tar", []
     with atomic_open(tar) as f, ShardWriter(f) as w:
         for i in range(n):
             key = f"{part.replace('-', '_')}_{i:04d}"
             size = (40 + 17 * ((seed + i) % 7), 36 + 11 * ((seed + 2 * i) % 5))
             txt = f"{CAPTIONS[(seed + i) % len(CAPTIONS)]} {i}".encode()
-            where = w.write(key, {"jpg": noise_jpeg(seed * 1000 + i, size), "txt": txt, "json": b"{}"})
+            image = (images or {}).get(i) or noise_jpeg(seed * 1000 + i, size)
+            where = w.write(key, {"jpg": image, "txt": txt, "json": b"{}"})
             rows.append(
                 {
                     "key": key, "source": "src", "source_id": f"{part}:{i}", "url": f"{key}.jpg",
@@ -409,8 +412,8 @@ def test_schema_keeps_embedding_off_by_default_and_the_demo_config_turns_it_on()
     validate(config, schema=schema)
     assert config["embed"] == {
         "enabled": False, "model": "ViT-B-32", "pretrained": "laion2b_s34b_b79k", "model_config": None,
-        "batch_size": 256, "precision": "auto", "device": "auto", "workers": 4, "min_similarity": None,
-        "save_embeddings": False,
+        "batch_size": 256, "precision": "auto", "device": "auto", "workers": 4, "decode": "cpu",
+        "min_similarity": None, "save_embeddings": False,
     }  # fmt: skip
     assert set(config["embed"]) - {"enabled", "min_similarity", "save_embeddings"} == set(
         EmbedSettings.__dataclass_fields__
@@ -419,3 +422,99 @@ def test_schema_keeps_embedding_off_by_default_and_the_demo_config_turns_it_on()
     validate(demo, schema=schema)
     assert demo["embed"]["enabled"] and demo["embed"]["pretrained"] == f"demo/models/{NAME}.pt"
     assert demo["embed"]["model_config"] == f"demo/models/{NAME}.json"
+
+
+# --- decode: gpu inside embed_part (the tensor steps themselves: tests/test_embed_decode.py)
+
+NO_GPU = "no CUDA device visible (the CUDA variant runs where a GPU is)"
+
+
+def test_gpu_decode_inside_embed_part_gives_the_cpu_scores(tiny, tmp_path, monkeypatch):
+    """The `decode: gpu` path of embed_part, run on the CPU: workers read bytes, a PNG is decoded by Pillow
+    in the worker, a JPEG the JPEG decoder refuses falls back to Pillow, and the scores are the CPU path's."""
+    png = io.BytesIO()
+    Image.new("RGB", (70, 50), (10, 200, 90)).save(png, "PNG")
+    refused = noise_jpeg(4, (60, 80))
+    tar, samples = make_part(tmp_path, "src-000005", 6, seed=5, images={1: png.getvalue(), 4: refused})
+    import torchvision.io
+
+    decode_jpeg = torchvision.io.decode_jpeg
+
+    def picky(payload, **kw):  # a decoder that refuses one JPEG (nvJPEG does refuse some files Pillow reads)
+        if any(p.numpy().tobytes() == refused for p in (payload if isinstance(payload, list) else [payload])):
+            raise RuntimeError("nvjpeg: unsupported JPEG")
+        return decode_jpeg(payload, **kw)
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", picky)
+    monkeypatch.setattr(embed, "resolve_decode", lambda settings, device: "gpu")  # the GPU path, on the CPU
+    settings = replace(tiny, workers=1, batch_size=4, decode="gpu")
+    info = embed_part(tar, samples, **outputs(tmp_path, "gpu"), settings=settings, threads=2)
+    monkeypatch.undo()
+    cpu = embed_part(tar, samples, **outputs(tmp_path, "cpu"), settings=tiny)
+    assert info["decode"] == "gpu" and info["jpeg_pillow_fallbacks"] == 1 and cpu["decode"] == "cpu"
+    prov = info["provenance"]
+    assert prov["image_decode"]["jpeg"] == "torchvision.io.decode_jpeg on cpu"
+    assert prov["resize_library"]["name"] == "torchvision" and cpu["provenance"]["image_decode"]["jpeg"] == "Pillow"
+    assert prov["preprocess"] == cpu["provenance"]["preprocess"]  # the same steps: parts of both kinds pool
+    a, b = pd.read_parquet(tmp_path / "gpu.parquet"), pd.read_parquet(tmp_path / "cpu.parquet")
+    assert list(a["key"]) == list(b["key"])
+    np.testing.assert_allclose(a[SIM], b[SIM], atol=5e-4)  # the tolerance of tests/test_embed_decode.py
+    np.testing.assert_allclose(a[COLS["image_norm"]], b[COLS["image_norm"]], rtol=5e-4)
+
+
+def test_gpu_decode_without_a_gpu_falls_back_with_a_log_line_or_is_an_error(caplog):
+    cpu = torch.device("cpu")
+    assert embed.resolve_decode(EmbedSettings(decode="cpu"), cpu) == "cpu"
+    with caplog.at_level("WARNING", logger="shardsmith.embed"):
+        assert embed.resolve_decode(EmbedSettings(decode="gpu", device="auto"), cpu) == "cpu"
+    assert "embed.decode is gpu but no CUDA device is visible" in caplog.text
+    with pytest.raises(ConfigError, match="embed.decode is gpu but embed.device is cpu"):
+        embed.resolve_decode(EmbedSettings(decode="gpu", device="cpu"), cpu)
+    if torch.cuda.is_available():
+        assert embed.resolve_decode(EmbedSettings(decode="gpu"), torch.device("cuda")) == "gpu"
+
+
+# --- the out-of-memory path for real, on a GPU
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+def test_a_batch_that_cannot_fit_on_the_card_halves_and_gives_the_scores_of_one_that_fits(tmp_path):
+    """ViT-B-32 (random weights) with the card filled but for the model and room for about 32 images: a
+    batch of 512 cannot fit, so CUDA's allocator raises a real out-of-memory error and the batch is halved."""
+    torch.manual_seed(0)
+    ckpt = tmp_path / "vit-b32-random.pt"
+    torch.save(
+        {"state_dict": open_clip.create_model("ViT-B-32").state_dict(), "shardsmith": {"random_init": True}}, ckpt
+    )
+    settings = EmbedSettings(model="ViT-B-32", pretrained=str(ckpt), precision="fp32", device="cuda", workers=2)
+    tar, samples = make_part(tmp_path, "src-000000", 512)
+    fits = embed_part(tar, samples, **outputs(tmp_path, "fits"), settings=replace(settings, batch_size=16), threads=3)
+    assert fits["oom_halvings"] == 0
+    # Bytes per image of a forward pass, measured, and the model's own size.
+    model, _ = embed.load_model(settings, torch.device("cuda"))
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    with torch.inference_mode():
+        model.encode_image(torch.zeros(16, 3, 224, 224, device="cuda"))
+    per_image = (torch.cuda.max_memory_allocated() - base) / 16
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    room = model_bytes + 32 * per_image + (256 << 20)  # the model, ~32 images, and slack for the CUDA context
+    filler = torch.empty(int(free - room), dtype=torch.uint8, device="cuda")  # the rest of the card is taken
+    try:
+        assert 512 * per_image > room - model_bytes  # the batch cannot fit in what is left
+        info = embed_part(
+            tar, samples, **outputs(tmp_path, "oom"), settings=replace(settings, batch_size=512), threads=3
+        )
+    finally:
+        del filler
+        torch.cuda.empty_cache()
+    assert info["oom_halvings"] >= 1 and info["final_batch_size"] < 512, info
+    a, b = pd.read_parquet(tmp_path / "oom.parquet"), pd.read_parquet(tmp_path / "fits.parquet")
+    sim = score_columns("ViT-B-32")["similarity"]
+    assert list(a["key"]) == list(b["key"])
+    np.testing.assert_allclose(a[sim], b[sim], atol=1e-3)  # fp32; cuDNN/TF32 kernels may differ by batch size

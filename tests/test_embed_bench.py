@@ -1,0 +1,68 @@
+"""bench/embed_bench.py: the cpus_per_task arithmetic, the results file, and a short run on the CPU."""
+
+import json
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+import bench.embed_bench as eb
+from shardsmith.tinyclip import NAME
+
+
+def test_cpus_per_task_is_the_fewest_workers_that_feed_the_gpu_while_busy_at_most_90_percent():
+    assert eb.cpus_per_task(3000, 150) == 24  # 3000 / 150 / 0.9 = 22.2 -> 23 workers, plus the main process
+    assert eb.cpus_per_task(312, 150) == 4  # ViT-L-14's rate at clip-retrieval's A100 figure: 2.3 -> 3 workers
+    assert eb.cpus_per_task(135, 150) == 2  # exactly 1.0: one worker is enough
+    for gpu, core in [(3000, 150), (2500, 97.5), (312, 40), (10, 1000)]:
+        workers = eb.cpus_per_task(gpu, core) - 1
+        assert workers * core * eb.BUSY >= gpu > (workers - 1) * core * eb.BUSY  # enough, and one fewer is not
+    with pytest.raises(ValueError):
+        eb.cpus_per_task(3000, 0)
+
+
+def test_the_grid_is_a_star_around_the_middle_batch_size_and_the_most_workers():
+    assert eb.grid([128, 256, 512], [7, 11, 15], ["cpu"]) == [
+        (128, 15, "cpu"), (256, 15, "cpu"), (512, 15, "cpu"), (256, 7, "cpu"), (256, 11, "cpu"),
+    ]  # fmt: skip
+    assert len(eb.grid([8, 16], [0, 1], ["cpu", "gpu"])) == 6
+
+
+def test_results_are_named_after_the_device(monkeypatch):
+    assert eb.device_slug(torch.device("cpu")) == "cpu"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert eb.device_slug(torch.device("cuda")) == "nvidia-h100-80gb-hbm3"
+
+
+def test_summary_on_a_gpu_sets_cpus_per_task_per_decode_from_the_best_forward_rate():
+    feed = [{"decode": "cpu", "img_per_s_per_core": 150.0}, {"decode": "gpu", "img_per_s_per_core": 4000.0}]
+    forward = {"img_per_s": {"256": 3400.0, "512": 3600.0, "1024": "out of memory"}}
+    runs = [
+        {"batch_size": 512, "img_per_s": 3240.0, "workers": 15, "decode": "cpu"},
+        {"batch_size": 256, "img_per_s": 1700.0, "workers": 7, "decode": "cpu"},
+    ]
+    s = eb.summarize_model("ViT-B-32", feed, forward, runs, torch.device("cuda"))
+    assert s["forward_img_per_s"] == {"batch_size": 512, "img_per_s": 3600.0}
+    assert s["cpus_per_task"]["cpu"] == {"value": 28, "workers": 27, "from": "ceil(3600.0 / 150.0 / 0.9) + 1"}
+    assert s["cpus_per_task"]["gpu"]["value"] == 2
+    assert [r["fraction_of_forward_rate"] for r in runs] == [0.9, 0.5] and s["best_end_to_end"] is runs[0]
+
+
+def test_a_short_cpu_run_writes_every_figure_or_says_it_was_not_measured(tmp_path):
+    out = tmp_path / "embed-cpu.json"
+    args = ["--models", NAME, "--device", "cpu", "--count", "6", "--feed-count", "8", "--batch", "4"]
+    result = eb.main([*args, "--workers", "0", "--data", str(tmp_path / "data"), "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert result["device"] == "cpu" and result["gpu"] == eb.NOT_MEASURED and result["cpu_note"]
+    (model,) = result["models"]
+    assert model["model"] == NAME and model["images"] == 6 and model["gpu_decode"] == eb.NOT_MEASURED
+    (feed,) = model["feed_per_core"]
+    assert feed["decode"] == "cpu" and feed["images"] == 8 and feed["img_per_s_per_core"] > 0
+    assert model["forward"]["precision"] == "fp32" and model["forward"]["img_per_s"]["4"] > 0
+    (run,) = model["runs"]
+    assert run["images"] == 6 and run["batch_size"] == 4 and run["workers"] == 0 and run["decode"] == "cpu"
+    assert run["img_per_s"] > 0 and 0 < run["fraction_of_forward_rate"]
+    assert run["gpu_utilisation"] == run["peak_gpu_memory_gib"] == eb.NOT_MEASURED
+    assert model["summary"]["cpus_per_task"] == eb.NOT_MEASURED
