@@ -127,7 +127,10 @@ def get_dedupe_settings():
 def get_embed_settings():
     """The embed keys that decide the scores; min_similarity is not one: changing it re-embeds nothing."""
     keys = ("model", "pretrained", "model_config", "batch_size", "precision", "device", "workers")
-    return {k: config["embed"][k] for k in keys}
+    settings = {k: config["embed"][k] for k in keys}
+    if config["embed"]["decode"] != "cpu":  # the default adds no param: parts embedded before stay valid
+        settings["decode"] = config["embed"]["decode"]
+    return settings
 
 
 def get_embed_model_files(wildcards):
