@@ -128,7 +128,8 @@ def get_embed_settings():
     """The embed keys that decide the scores; min_similarity is not one: changing it re-embeds nothing."""
     keys = ("model", "pretrained", "model_config", "batch_size", "precision", "device", "workers")
     settings = {k: config["embed"][k] for k in keys}
-    if config["embed"]["decode"] != "cpu":  # the default adds no param: parts embedded before stay valid
+    # the default adds no param, so parts embedded before it existed are not embedded again
+    if config["embed"]["decode"] != "cpu":
         settings["decode"] = config["embed"]["decode"]
     return settings
 
