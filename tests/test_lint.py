@@ -2,17 +2,20 @@
 
 import subprocess
 
+import pytest
+
 from shardsmith.demo import make_demo
 from workflow_helpers import REPO, SNAKEMAKE
 
 
-def test_snakemake_lint_is_clean(tmp_path):
-    # Lint the shipped demo config; its inputs are generated (a clean checkout has none, and the
-    # config is checked against the files before any rule is looked at).
+@pytest.mark.parametrize("configfile", [["--configfile", str(REPO / "config" / "demo.yaml")], []], ids=["demo", "none"])
+def test_snakemake_lint_is_clean(tmp_path, configfile):
+    # Lint the shipped demo config (named, or taken by --lint when none is given); its inputs are generated
+    # (a clean checkout has none, and the config is checked against the files before any rule is looked at).
     make_demo(tmp_path / "demo" / "data")
     cmd = [
         str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-        "--configfile", str(REPO / "config" / "demo.yaml"), "--lint", "--workflow-profile", "none",
+        *configfile, "--lint", "--workflow-profile", "none",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
