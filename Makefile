@@ -31,7 +31,7 @@ retry-failed: setup
 	$(PY) -m shardsmith.download retry-failed $(CONFIG)
 	$(SNAKEMAKE) --workflow-profile none --cores $(CORES) --configfile $(CONFIG)
 
-# Speed against img2dataset (its own venv, created by bench/setup_img2dataset.sh) and the resize ceiling (README: Performance).
+# Speed against img2dataset (its own venv, created by bench/setup_img2dataset.sh) and the resize ceiling (bench/README.md).
 bench: setup
 	$(PY) bench/resize_bench.py
 	$(PY) bench/e2e_bench.py --count 2000 --large-share 0.6

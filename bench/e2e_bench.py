@@ -520,13 +520,13 @@ def save_result(out: Path, result: dict) -> None:
 
 
 def bounds(s_a: dict, s_b: dict) -> list[str]:
-    """What the measured figures say bounds the speed (the profile behind them: README, Performance)."""
+    """What the measured figures say bounds the speed (the profile behind them: bench/README.md)."""
     walls = statistics.median(p["fetch_and_resize_s"] + p["head_s"] + p["tail_s"] for p in s_b["phases"])
     fixed = statistics.median(p["head_s"] + p["tail_s"] for p in s_b["phases"])
     cpu = s_a["cpu_s_per_image"] / s_b["cpu_s_per_image"]
     return [
         f"CPU per image: img2dataset uses {cpu:.2f}x shardsmith's ({s_a['cpu_s_per_image']} vs {s_b['cpu_s_per_image']} s), "
-        "so at equal use of the cores that is the ratio's ceiling (per-kind codec costs: README, Performance)",
+        "so at equal use of the cores that is the ratio's ceiling (per-kind codec costs: bench/README.md)",
         f"per-run fixed cost: {fixed:.1f} s of {walls:.1f} s before the first download and after the last "
         "resize: Snakemake's own start-up (~1 s: it imports its plugins, among them the SLURM executor's "
         "pandas) and exit, and a chain of one-job steps (plan_parts; plan_shards, write_shard with its "
