@@ -12,7 +12,6 @@ report: "report/workflow.rst"
 
 include: "rules/common.smk"
 include: "rules/download.smk"
-include: "rules/process.smk"
 include: "rules/shards.smk"
 include: "rules/embed.smk"
 include: "rules/validate.smk"

@@ -52,10 +52,18 @@ sys.path.insert(0, str(REPO))
 from bench.imageset import make_imageset  # noqa: E402
 
 BENCH = REPO / "bench"
+CORES = 2  # --cores of the workflow run; img2dataset runs 2 processes
 VENV_BIN = Path(sys.executable).parent
 DEFAULT_I2D_VENV = BENCH / ".venv-img2dataset"
 MAX_SIDE = 512
 QUALITY = 90
+# The mixes of the speed targets: web-size images (a quarter within MAX_SIDE), and large photos.
+MIXES = {
+    "web-size": {"count": 8000, "large_share": 0.0, "large_formats": "web", "small_sides": (200, 1500), "speed_target": 1.8},
+    "large": {"count": 2000, "large_share": 0.4, "large_formats": "camera", "small_sides": (200, 1500), "speed_target": 2.3},
+}
+CPU_VS_CODEC_TARGET = 1.15  # CPU per image of the whole run against the bare codec loop's
+BUSY_TARGET = 0.90  # share of the cores' time the run keeps busy
 
 
 # ---------------------------------------------------------------- inputs and server
@@ -64,20 +72,21 @@ QUALITY = 90
 UNIQUE = 300  # distinct images generated per mix; larger sets repeat them under new names (hard links)
 
 
-def prepare(count: int, large_share: float, seed: int, large_formats: str = "camera") -> Path:
+def prepare(count: int, large_share: float, seed: int, large_formats: str = "camera", small_sides: tuple[int, int] = (200, 900)) -> Path:
     """The image set and manifest for one mix, generated once and reused (bench/data/ is git-ignored).
 
     Generating a 6000 px photo takes seconds, so sets larger than UNIQUE reuse the first UNIQUE images under
     new names: every URL is still fetched, decoded and written, and the OS page cache serves both tools alike.
     """
-    data = BENCH / "data" / f"e2e-{large_formats}-{count}-{large_share:g}-{seed}"
+    sides = "" if tuple(small_sides) == (200, 900) else f"-s{small_sides[0]}-{small_sides[1]}"
+    data = BENCH / "data" / f"e2e-{large_formats}-{count}-{large_share:g}-{seed}{sides}"
     if (data / "imageset.json").exists():
         return data
     if count <= UNIQUE:
-        make_imageset(data / "images", count, large_share, seed, large_formats)
+        make_imageset(data / "images", count, large_share, seed, large_formats, tuple(small_sides))
         shutil.move(str(data / "images" / "imageset.json"), data / "imageset.json")
         return data
-    pool = prepare(UNIQUE, large_share, seed, large_formats)
+    pool = prepare(UNIQUE, large_share, seed, large_formats, small_sides)
     base = json.loads((pool / "imageset.json").read_text())
     (data / "images").mkdir(parents=True, exist_ok=True)
     rows = []
@@ -99,8 +108,15 @@ def write_manifest(data: Path, base_url: str) -> Path:
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
+    latency_s = 0.0  # --latency-ms: each response waits this long, as a server across the internet would
+
     def log_message(self, *args) -> None:  # a log line per request would cost the server CPU
         pass
+
+    def do_GET(self) -> None:
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        super().do_GET()
 
 
 class _CountingServer(ThreadingHTTPServer):
@@ -114,20 +130,21 @@ class _CountingServer(ThreadingHTTPServer):
             self.errors.value += 1
 
 
-def _serve(root: str, conn, errors) -> None:
+def _serve(root: str, conn, errors, latency_s: float = 0.0) -> None:
     _CountingServer.errors = errors
+    _QuietHandler.latency_s = latency_s
     server = _CountingServer(("127.0.0.1", 0), partial(_QuietHandler, directory=root))
     server.daemon_threads = True
     conn.send(server.server_address[1])
     server.serve_forever()
 
 
-def start_server(root: Path) -> tuple[mp.Process, int, object]:
+def start_server(root: Path, latency_s: float = 0.0) -> tuple[mp.Process, int, object]:
     """The server process, its port, and its count of failed requests."""
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe()
     errors = ctx.Value("i", 0)
-    proc = ctx.Process(target=_serve, args=(str(root), child, errors), daemon=True)
+    proc = ctx.Process(target=_serve, args=(str(root), child, errors, latency_s), daemon=True)
     proc.start()
     return proc, parent.recv(), errors
 
@@ -269,7 +286,7 @@ def run_workflow(manifest: Path, root: Path, count: int, per_shard: int, parts: 
     cfg.write_text(yaml.safe_dump(workflow_config(root, manifest, count, per_shard, parts), sort_keys=False))
     cmd = [
         str(VENV_BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile", str(cfg),
-        "--workflow-profile", "none", "--cores", "2",
+        "--workflow-profile", "none", "--cores", str(CORES),
     ]  # fmt: skip
     run = measured(cmd, root / "snakemake.log")
     main = run["root_pid"]
@@ -287,17 +304,18 @@ def run_workflow(manifest: Path, root: Path, count: int, per_shard: int, parts: 
 
 
 def in_job_work(root: Path) -> dict:
-    """Seconds the download and process jobs report for their own work (rule logs), summed over parts."""
+    """Seconds the download_part jobs report for their own work (rule logs), summed over parts: until the last
+    record was fetched (`fetch`), and until the last image was resized (`process`; it overlaps the fetch)."""
     import re
 
     sums = {}
-    for rule, pattern in (("download_part", r" in ([0-9.]+) s$"), ("process_part", r"done in ([0-9.]+) s$")):
+    for what, pattern in (("fetch", r"^download .* in ([0-9.]+) s$"), ("process", r"done in ([0-9.]+) s$")):
         total = 0.0
-        for log in glob.glob(str(root / "logs" / "*" / rule / "*.log")):
+        for log in glob.glob(str(root / "logs" / "*" / "download_part" / "*.log")):
             for line in Path(log).read_text().splitlines():
                 if m := re.search(pattern, line):
                     total += float(m.group(1))
-        sums[rule] = round(total, 2)
+        sums[what] = round(total, 2)
     return sums
 
 
@@ -315,7 +333,9 @@ def overhead(run: dict, cores: int = 2) -> dict:
     Start-up per job is the measured time of an interpreter loading Snakemake's script preamble and importing
     what the job's script imports (`job_startup_s`), summed over the jobs and divided by the `cores` they share.
     """
-    jobs = [p for p in run["procs"].values() if _job_name(p["cmd"])]
+    named = {pid: p for pid, p in run["procs"].items() if _job_name(p["cmd"])}
+    # a job's own child processes (download_part forks its resize process) count as the job's CPU, not as jobs
+    jobs = [p for p in named.values() if p.get("ppid") not in named]
     intervals = sorted((p["start"], p["end"]) for p in jobs)
     covered, cur_s, cur_e = 0.0, None, None
     for s, e in intervals:
@@ -330,8 +350,9 @@ def overhead(run: dict, cores: int = 2) -> dict:
     by_rule: dict[str, list[float]] = {}
     cpu_by_rule: dict[str, float] = {}
     for p in jobs:
+        by_rule.setdefault(_job_name(p["cmd"]), []).append(p["end"] - p["start"])
+    for p in named.values():
         name = _job_name(p["cmd"])
-        by_rule.setdefault(name, []).append(p["end"] - p["start"])
         cpu_by_rule[name] = cpu_by_rule.get(name, 0.0) + p.get("cpu", 0.0)
     wall = run["wall_s"]
     startup = {name: job_startup_s(name) for name in by_rule}
@@ -354,13 +375,42 @@ def overhead(run: dict, cores: int = 2) -> dict:
 
 def phases(run: dict) -> dict:
     """Wall seconds before the first download (start-up, plan_parts), from it to the end of the last
-    process_part (the per-image fetch and resize work), and after that (planning, writing, validating,
+    download_part (the per-image fetch and resize work), and after that (planning, writing, validating,
     indexing and publishing shards, the report: mostly per-run fixed cost at bench sizes)."""
     jobs = [(p["start"], p["end"], _job_name(p["cmd"])) for p in run["procs"].values() if _job_name(p["cmd"])]
     first = min((s for s, _, n in jobs if n == "download_part"), default=run["t0"])
-    last = max((e for _, e, n in jobs if n == "process_part"), default=first)
+    last = max((e for _, e, n in jobs if n == "download_part"), default=first)
     end = run["t0"] + run["wall_s"]
     return {"head_s": round(first - run["t0"], 2), "fetch_and_resize_s": round(last - first, 2), "tail_s": round(end - last, 2)}
+
+
+def codec_loop(images: Path, rows: list[dict]) -> dict:
+    """CPU seconds per image of a bare single-core loop over the same files: open, JPEG draft, RGB, resize to
+    MAX_SIDE if bigger, encode at QUALITY. Sets over UNIQUE images repeat the first UNIQUE, so each distinct
+    file is timed (best of 2) and weighted by how often the set holds it."""
+    repeats = Counter(i % UNIQUE for i in range(len(rows))) if len(rows) > UNIQUE else Counter(range(len(rows)))
+    total = 0.0
+    for i, row in enumerate(rows[:UNIQUE]):
+        data = (images / row["name"]).read_bytes()
+        best = math.inf
+        for _ in range(2):
+            t = time.thread_time()
+            try:
+                im = Image.open(io.BytesIO(data))
+                w, h = im.size
+                scale = min(1.0, MAX_SIDE / max(w, h))
+                size = (max(1, round(w * scale)), max(1, round(h * scale)))
+                if im.format == "JPEG":
+                    im.draft("RGB", size)
+                im = im.convert("RGB")
+                if im.size != size:
+                    im = im.resize(size, Image.Resampling.LANCZOS)
+                im.save(io.BytesIO(), "JPEG", quality=QUALITY)
+            except Exception:  # the broken files: what they cost until they fail
+                pass
+            best = min(best, time.thread_time() - t)
+        total += best * repeats[i]
+    return {"cpu_s_per_image": round(total / len(rows), 5), "images": len(rows), "distinct_timed": min(len(rows), UNIQUE)}
 
 
 def slurm_probe_s() -> float:
@@ -551,10 +601,13 @@ def summarize(runs: list[dict], count: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mix", choices=sorted(MIXES), help="a named mix with its target: sets count, large share and sizes")
     ap.add_argument("--count", type=int, default=2000)
     ap.add_argument("--large-share", type=float, default=0.6)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--large-formats", choices=["camera", "web"], default="camera", help="formats of the large images (bench/imageset.py)")
+    ap.add_argument("--small-sides", type=int, nargs=2, default=(200, 900), metavar=("MIN", "MAX"), help="long side of the small images")
+    ap.add_argument("--latency-ms", type=float, default=0.0, help="each HTTP response waits this long (a distant server); 0 for the targets")
     ap.add_argument("--rounds", type=int, default=2, help="(a, b) pairs; the order alternates every round")
     ap.add_argument("--img2dataset", help="img2dataset executable (default: $IMG2DATASET, $IMG2DATASET_VENV/bin or bench/.venv-img2dataset)")
     ap.add_argument("--out", type=Path, help="results file (default bench/results/e2e-<mix>.json)")
@@ -564,14 +617,18 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
     ap.add_argument("--only-ours", action="store_true", help="profiling aid: run only this workflow, keep its folder, write no results")
     a = ap.parse_args()
+    if a.mix:
+        for k, v in MIXES[a.mix].items():
+            if k != "speed_target":
+                setattr(a, k, v)
 
     per_shard = a.samples_per_shard or max(1, a.count // 8)
     our_per_shard = a.our_samples_per_shard or per_shard
     stall = slurm_probe_s()
     exe = None if a.only_ours else img2dataset_bin(a.img2dataset)
-    data = prepare(a.count, a.large_share, a.seed, a.large_formats)
+    data = prepare(a.count, a.large_share, a.seed, a.large_formats, tuple(a.small_sides))
     rows = json.loads((data / "imageset.json").read_text())
-    server, port, server_errors = start_server(data / "images")
+    server, port, server_errors = start_server(data / "images", a.latency_ms / 1000)
     base = f"http://127.0.0.1:{port}"
     manifest = write_manifest(data, base)
     tmp = Path(tempfile.mkdtemp(prefix="e2e-bench-"))
@@ -601,13 +658,17 @@ def main() -> None:
                     log = folder / ("img2dataset.log" if tool == "img2dataset" else "snakemake.log")
                     sys.exit(f"{tool} failed, see {log}:\n" + log.read_text()[-3000:])
                 runs[tool].append(run)
+        codec = codec_loop(data / "images", rows)
         if a.only_ours:
             last = runs["shardsmith"][-1]
             print(json.dumps(last["overhead"], indent=1), f"\nrun folder: {tmp}")
+            cpu_img = last["cpu_s"] / a.count
+            print(f"wall {last['wall_s']:.1f} s, CPU {cpu_img * 1000:.2f} ms/image = {cpu_img / codec['cpu_s_per_image']:.2f}x the codec loop's "
+                  f"{codec['cpu_s_per_image'] * 1000:.2f}; cores busy {last['cpu_s'] / (last['wall_s'] * CORES):.0%}")
             if a.out:  # e.g. peak memory at the default part and shard sizes, without img2dataset
                 summary = {k: last[k] for k in ("wall_s", "cpu_s", "peak_rss_mib", "overhead", "phases", "in_job_work_s")}
                 summary |= {"count": a.count, "large_share": a.large_share, "large_formats": a.large_formats, "parts": a.parts,
-                            "samples_per_shard": our_per_shard}  # fmt: skip
+                            "samples_per_shard": our_per_shard, "codec_loop": codec}  # fmt: skip
                 save_result(a.out, summary)
             for start, end, name in sorted((p["start"], p["end"], _job_name(p["cmd"])) for p in last["procs"].values() if _job_name(p["cmd"])):
                 print(f"  {start - last['t0']:6.1f} {end - last['t0']:6.1f}  {name}")
@@ -645,13 +706,20 @@ def main() -> None:
     for o in s_b["overhead"]:
         o["share_without_stall"] = round(max(0.0, o["share"] * o["wall_s"] - stall) / (o["wall_s"] - stall), 3)
     large = a.large_share > 0
-    target = 2.5 if large else 1.0
+    target = MIXES[a.mix]["speed_target"] if a.mix else (2.3 if large else 1.8)
+    for tool, s in (("img2dataset", s_a), ("shardsmith", s_b)):
+        s["cpu_vs_codec_loop"] = round(s["cpu_s_per_image"] / codec["cpu_s_per_image"], 2)
+        s["cores_busy"] = [round(r["cpu_s"] / (r["wall_s"] * CORES), 3) for r in runs[tool]]
+    cpu_vs_codec = s_b["cpu_vs_codec_loop"]
+    busy = statistics.median(s_b["cores_busy"])
     peak_job = max((v for k, v in s_b["peak_rss_mib"].items() if k != "snakemake"), default=0.0)
     overhead_share = statistics.median(o["share"] for o in s_b["overhead"])
     result = {
-        "mix": {"count": a.count, "large_share": a.large_share, "large_formats": a.large_formats, "unique_images": min(a.count, UNIQUE), "seed": a.seed, "kinds": {k: sum(r["kind"] == k for r in rows) for k in sorted({r["kind"] for r in rows})},
+        "mix": {"name": a.mix, "small_sides": list(a.small_sides), "count": a.count, "large_share": a.large_share, "large_formats": a.large_formats, "unique_images": min(a.count, UNIQUE), "seed": a.seed, "kinds": {k: sum(r["kind"] == k for r in rows) for k in sorted({r["kind"] for r in rows})},
                 "large_images": sum(max(r["width"], r["height"]) >= 2000 for r in rows), "mb": round(sum(r["bytes"] for r in rows) / 1e6, 1)},
         "rounds": a.rounds,
+        "latency_ms": a.latency_ms,
+        "codec_loop": codec,
         "samples_per_shard": {"img2dataset": per_shard, "shardsmith": our_per_shard},
         "parts": a.parts,
         "img2dataset": s_a,
@@ -661,13 +729,16 @@ def main() -> None:
         "targets": {
             "speed": {"target": f">= {target}x img2dataset", "measured": ratio_median, "without_slurm_probe_stall": ratio_no_stall, "met": ratio_median >= target and quality["shardsmith"]["ok"],
                       "short_by": f"{max(0.0, 1 - ratio_median / target):.0%}", "bounded_by": bounds(s_a, s_b)},
+            "cpu_per_image_vs_codec_loop": {"target": f"<= {CPU_VS_CODEC_TARGET}x", "measured": cpu_vs_codec, "codec_loop_cpu_s_per_image": codec["cpu_s_per_image"], "met": cpu_vs_codec <= CPU_VS_CODEC_TARGET,
+                                            "short_by": f"{max(0.0, cpu_vs_codec - CPU_VS_CODEC_TARGET):.2f}x"},
+            "cores_busy": {"target": f">= {BUSY_TARGET:.0%} of cores x wall time", "measured": busy, "met": busy >= BUSY_TARGET, "short_by": f"{max(0.0, BUSY_TARGET - busy):.0%}"},
             "peak_memory_per_job_mib": {"target": "< 1024", "measured": peak_job, "met": peak_job < 1024},
             "workflow_overhead_share": {"target": "< 0.10", "measured": overhead_share, "short_by": f"{max(0.0, overhead_share - 0.10):.0%} of the wall time", "without_slurm_probe_stall": statistics.median(o["share_without_stall"] for o in s_b["overhead"]), "met": overhead_share < 0.10},
             "quality": {"met": quality["shardsmith"]["ok"]},
         },
         "machine": {"cpus": os.cpu_count(), "load_avg_at_end": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version()},
     }
-    out = a.out or BENCH / "results" / f"e2e-{'large' if large else 'small'}{'' if a.samples_per_shard is None else f'-shard{per_shard}'}.json"
+    out = a.out or BENCH / "results" / f"e2e-{a.mix or ('large' if large else 'small')}{'' if a.samples_per_shard is None else f'-shard{per_shard}'}.json"
     save_result(out, result)
     print(json.dumps({k: result[k] for k in ("ratio_b_over_a", "targets")}, indent=1))
     print(f"img2dataset {s_a['median_img_per_s']} img/s, shardsmith {s_b['median_img_per_s']} img/s; results: {out}")

@@ -5,7 +5,7 @@
 
 Random weights of the real architectures (same compute as trained weights; nothing is downloaded), saved
 once as checkpoints under bench/data/embed/models. The part holds `--count` photographic JPEGs at most 512
-px on the long side (process_part's output with `resize.max_side: 512`, the LAION-scale setting) with captions.
+px on the long side (the processed parts' images with `resize.max_side: 512`, the LAION-scale setting) with captions.
 For every model it measures:
 
 - feed: the DataLoader side alone, no model, on one core: how many images/s one worker turns into model

@@ -3,7 +3,7 @@
     python bench/memory_scale.py [--samples 100000 400000 1600000] [--part-size 5000]
 
 These three see every sample of a dataset (the per-part and per-shard jobs see one part or shard, and
-e2e_bench measures them). For each size it writes processed-part sample tables as process_part leaves them
+e2e_bench measures them). For each size it writes processed-part sample tables as download_part leaves them
 (realistic keys, URLs and sha256s; 1% of keys repeated in a later part), then runs the job functions, each
 in a fresh interpreter, and records its peak RSS. The issue's target is memory per job under 1 GiB at the
 default part size and flat as the dataset grows; the slope (bytes per added sample) says how flat.

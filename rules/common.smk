@@ -111,7 +111,7 @@ def get_retry_marker(wildcards):
 
 
 def get_all_part_samples(wildcards):
-    return expand(rules.process_part.output.samples, part=get_part_ids())
+    return expand(rules.download_part.output.samples, part=get_part_ids())
 
 
 def get_exclusions(wildcards):
@@ -196,7 +196,7 @@ def get_ledger_inputs(wildcards):
     return {
         "status": expand(rules.download_part.output.status, part=parts),
         "rejected": [
-            *expand(rules.process_part.output.rejected, part=parts),
+            *expand(rules.download_part.output.rejected, part=parts),
             f"{checkpoint_dir(checkpoints.plan_shards)}/dropped.parquet",
         ],
     }
@@ -228,7 +228,7 @@ def get_shard_inputs(wildcards):
     """The shard's plan and only the processed parts it draws from (listed in its .parts file)."""
     plan = get_shard_plan(wildcards)
     parts = get_shard_parts(wildcards.shard)
-    return {"plan": plan, "parts": expand(rules.process_part.output.tar, part=parts)}
+    return {"plan": plan, "parts": expand(rules.download_part.output.processed, part=parts)}
 
 
 def get_shard_plans(wildcards):

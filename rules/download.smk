@@ -16,8 +16,10 @@ checkpoint plan_parts:
         "../scripts/plan_parts.py"
 
 
-# Outputs are also hard-linked under {RAW}/.keep/, which Snakemake does not delete before a rerun:
-# a rerun of a part fetches only its failed records (see shardsmith/download.py, make retry-failed).
+# Downloads a part and resizes each image as it arrives, so the codec works while the rest of the part
+# downloads. The raw tar and status are also hard-linked under {RAW}/.keep/, which Snakemake does not
+# delete before a rerun: a rerun of a part (a changed resize setting, make retry-failed) fetches only what
+# the raw cache lacks, or its failed records (see shardsmith/download.py).
 rule download_part:
     input:
         records=get_part_records,
@@ -25,13 +27,23 @@ rule download_part:
     output:
         tar=f"{RAW}/{{part}}.tar",
         status=f"{RAW}/{{part}}.status.parquet",
+        processed=f"{WORK}/processed/{{part}}.tar",
+        samples=f"{WORK}/processed/{{part}}.samples.parquet",
+        rejected=f"{WORK}/processed/{{part}}.rejected.parquet",
     log:
         f"{LOGS}/download_part/{{part}}.log",
     conda:
         "../envs/shards.yaml"
+    # one core a job when run locally: parts then run side by side, each with a GIL of its own; the job's
+    # resize pool has threads + 1 (its downloads are mostly waiting). Cluster profiles set more.
+    threads: 1
+    resources:
+        mem_mb=lambda wc, attempt: 2000 * attempt,
     params:
         source=get_part_source,
         download=config["download"],
         s3=config["s3"],
+        resize=config["resize"],
+        captions=config["captions"],
     script:
         "../scripts/download_part.py"

@@ -4,8 +4,8 @@
 
 rule embed_part:
     input:
-        tar=rules.process_part.output.tar,
-        samples=rules.process_part.output.samples,
+        tar=rules.download_part.output.processed,
+        samples=rules.download_part.output.samples,
         model=get_embed_model_files,
     output:
         scores=f"{WORK}/embed/{{part}}.parquet",

@@ -1,26 +1,45 @@
-"""Rule glue for download_part: logic in shardsmith.download (records, raw cache) and shardsmith.fetch."""
+"""Rule glue for download_part: logic in shardsmith.download (records, raw cache), shardsmith.fetch and
+shardsmith.process (resize, captions; run on each image as it arrives)."""
 
 import sys
 
 sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
 
+from shardsmith.captions import CaptionSettings
 from shardsmith.download import download_part
 from shardsmith.logs import run_job
+from shardsmith.process import ChildProcessor
+from shardsmith.resize import ResizeSettings
 
 
 def main() -> None:
-    status = download_part(
-        snakemake.input.records,
-        out_tar=snakemake.output.tar,
-        out_status=snakemake.output.status,
-        source=snakemake.params.source,
-        settings=snakemake.params.download,
-        s3=snakemake.params.s3,
-        retry_marker=snakemake.input.retry[0] if snakemake.input.retry else None,
+    out = snakemake.output
+    processor = ChildProcessor(
+        out.processed,
+        resize=ResizeSettings(**snakemake.params.resize),
+        captions=CaptionSettings(**snakemake.params.captions),
+        threads=snakemake.threads,
+        label=snakemake.wildcards.part,
     )
+    try:
+        status = download_part(
+            snakemake.input.records,
+            out_tar=out.tar,
+            out_status=out.status,
+            source=snakemake.params.source,
+            settings=snakemake.params.download,
+            s3=snakemake.params.s3,
+            retry_marker=snakemake.input.retry[0] if snakemake.input.retry else None,
+            processor=processor,
+        )
+        kept, rejected = processor.finish(status, out.samples, out.rejected)
+    except BaseException:
+        processor.abort()
+        raise
     failed = status[status["status"] != "ok"]
     if len(failed):
-        print("failures by reason:\n" + failed["reason"].value_counts().to_string())
+        print("download failures by reason:\n" + failed["reason"].value_counts().to_string())
+    print(f"{snakemake.wildcards.part}: {kept} samples, {rejected} rejected")
 
 
 run_job(snakemake.log[0], main)

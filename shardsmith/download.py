@@ -42,6 +42,7 @@ from shardsmith.fetch import (
     return_large_buffers,
 )
 from shardsmith.keys import make_key
+from shardsmith.process import ChildProcessor, PartProcessor, iter_raw
 from shardsmith.s3 import S3Error, S3Settings
 from shardsmith.sources import DEFAULT_IMAGE_EXTENSIONS, path_stem
 from shardsmith.tario import ShardWriter, atomic_open, atomic_write_text, iter_tar_groups
@@ -240,13 +241,15 @@ def download_records(
     kept: pd.DataFrame | None,
     label: str = "",
     refetch: set[str] | None = None,
+    processor: "PartProcessor | ChildProcessor | None" = None,
 ) -> list[dict]:
     """Fetch what is not in the keep, writing every ok record to `tar` as it arrives; returns status rows.
 
     The raw tar is in arrival order (kept records first): writing bodies as they come avoids a spool and a
-    second copy of every multi-MB original. Its members are named by record id, and process_part reads them
-    in record order, so the shards do not depend on it. Kept failures whose reason is in `refetch`
-    (default: the retry reasons) are fetched again.
+    second copy of every multi-MB original. Its members are named by record id, and nothing downstream
+    depends on their order. Kept failures whose reason is in `refetch` (default: the retry reasons) are
+    fetched again. Each record written is also handed to `processor`, which resizes it while the rest of
+    the part downloads.
     """
     recs = records.to_dict("records")
     by_rid = {r["rid"]: r for r in recs}
@@ -267,7 +270,11 @@ def download_records(
         if source["type"] == "folder":
             fields.update(read_sidecars(local_path(by_rid[rid]["url"]) or by_rid[rid]["url"]))
         meta = json.dumps(fields, sort_keys=True, ensure_ascii=False).encode("utf-8")
-        tar.write(f"r{rid:07d}", {"img": data, "meta": meta})
+        where = tar.write(f"r{rid:07d}", {"img": data, "meta": meta})
+        if processor is not None:
+            tar.flush()  # the processor may read the image back from the raw tar
+            # the fields as the raw tar holds them (keys sorted), so a reprocess from the raw tar sees the same
+            processor.submit(rid, by_rid[rid], meta, data, where["img"])
 
     reused: dict[int, dict] = {}
     jobs = []
@@ -409,12 +416,14 @@ def download_part(
     s3: "S3Settings | dict | None" = None,
     log: Callable[[str], None] = print,
     retry_marker: str | None = None,
+    processor: "PartProcessor | ChildProcessor | None" = None,
 ) -> pd.DataFrame:
     """Fetch one part into `out_tar` (members r{rid}.img + r{rid}.meta) and write its status parquet.
 
     Records kept in the raw cache from an earlier run of this part are reused (see the module docstring);
     failures with a retry reason, or with a reason named in a `retry_marker` newer than the keep, are
-    fetched again.
+    fetched again. Every image in the raw tar, fetched or kept, is also handed to `processor` (then call
+    its `finish` with the status returned).
     """
     settings = FetchSettings.from_config(settings)
     s3 = s3 if isinstance(s3, S3Settings) else S3Settings(**(s3 or {}))
@@ -434,18 +443,31 @@ def download_part(
             _link_or_copy(keep.tar, Path(out_tar))
             os.utime(out_tar)  # newer than its inputs, or Snakemake would rerun the job next time
             status = kept[STATUS_COLUMNS].assign(key=_shard_keys(kept, source))
+            if processor is not None:
+                by_rid = {r["rid"]: r for r in status.to_dict("records")}
+                processor.read_from(out_tar)
+                for rid, where, fields in iter_raw(out_tar):
+                    if rid in by_rid and by_rid[rid]["status"] == "ok":
+                        processor.submit(rid, by_rid[rid], fields, where=where)
         else:
             rows = []
             with atomic_open(out_tar) as f, ShardWriter(f) as tar:
+                if processor is not None:
+                    processor.read_from(f.name)
                 for row, data, fields in iter_shard_records(records, source, fetcher):
                     rows.append(row)
                     if data is not None:
                         meta = json.dumps(fields, sort_keys=True, ensure_ascii=False).encode("utf-8")
-                        tar.write(f"r{row['rid']:07d}", {"img": data, "meta": meta})
+                        where = tar.write(f"r{row['rid']:07d}", {"img": data, "meta": meta})
+                        if processor is not None:
+                            tar.flush()
+                            processor.submit(row["rid"], row, meta, data, where["img"])
             status = pd.DataFrame(rows, columns=STATUS_COLUMNS)
     else:
         with atomic_open(out_tar) as f, ShardWriter(f) as tar:
-            rows = download_records(records, source, fetcher, tar, keep, kept, label, retry)
+            if processor is not None:
+                processor.read_from(f.name)
+            rows = download_records(records, source, fetcher, tar, keep, kept, label, retry, processor)
         status = pd.DataFrame(rows, columns=STATUS_COLUMNS)
 
     status = status.astype(_INT_COLUMNS)

@@ -248,7 +248,7 @@ def summarize(
     mean_image, mean_text = mean_vector("image_sum"), mean_vector("text_sum")
     prov = merge_provenance(infos)
     if resize is not None:
-        prov["images_before_embedding"] = {"resized_by": "shardsmith process_part", "resize": resize}
+        prov["images_before_embedding"] = {"resized_by": "shardsmith download_part", "resize": resize}
     return {
         "model": model,
         "columns": cols,

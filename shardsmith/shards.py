@@ -202,7 +202,7 @@ def read_members(path: str | os.PathLike) -> list[TarMember]:
 def write_shard(plan_path: str, part_tars: dict[str, str], out_tar: str, out_info: str, out_members: str | None = None) -> dict:
     """Copy the planned samples from the processed part tars into one deterministic shard.
 
-    process_part wrote each sample's members back to back with the shard's own header format, so runs of
+    download_part's processor wrote each sample's members back to back with the shard's own header format, so runs of
     samples that lie one after another in a part (the usual case: nothing dropped between them) are copied
     as byte ranges; the rest member by member. Either way the bytes are the same. `out_members` gets where
     each member landed in the shard (write_members), known as it is written: the loaders' indexes need it.
@@ -226,7 +226,7 @@ def write_shard(plan_path: str, part_tars: dict[str, str], out_tar: str, out_inf
 
         for row in plan:
             span = _sample_span(row)
-            if span is None:  # not laid out as process_part writes: member by member
+            if span is None:  # not laid out as the processor writes: member by member
                 copy_run()
                 src = sources[row["part"]]
                 data = {ext: read_at(src, row[f"{ext}_offset"], row[f"{ext}_size"]) for ext in MEMBER_ORDER}
@@ -260,7 +260,7 @@ def _padded(size: int) -> int:
 
 def _sample_span(row: dict) -> tuple[int, int] | None:
     """Bytes [start, end) of a sample's jpg, txt and json members with their headers, when they lie back to
-    back in its part tar; None otherwise. Part tars come from process_part, whose ShardWriter gives each
+    back in its part tar; None otherwise. Part tars come from the processor (shardsmith.process), whose ShardWriter gives each
     member a one-block header with the shard's fields, so such a range holds the bytes write() would."""
     if row["txt_offset"] != row["jpg_offset"] + _padded(row["jpg_size"]) + BLOCKSIZE:
         return None

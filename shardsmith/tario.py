@@ -109,14 +109,16 @@ class ShardWriter:
     without scanning the tar.
     """
 
-    def __init__(self, fileobj: BinaryIO) -> None:
+    def __init__(self, fileobj: BinaryIO, unique_keys: bool = True) -> None:
         self._f = fileobj
         self._offset = 0
         self._keys: set[str] = set()
+        self._unique = unique_keys  # False for intermediate tars read by offset only (processed parts)
 
     def write(self, key: str, members: dict[str, bytes]) -> dict[str, tuple[int, int]]:
-        """Write one sample; returns {ext: (data offset, size)}. A key may be written only once."""
-        if key in self._keys:
+        """Write one sample; returns {ext: (data offset, size)}. A key may be written only once (unless
+        `unique_keys` is False)."""
+        if self._unique and key in self._keys:
             raise ValueError(f"duplicate key in shard: {key}")
         if "." in key or "/" in key:
             raise ValueError(f"key must not contain '.' or '/': {key!r}")
@@ -135,6 +137,10 @@ class ShardWriter:
             where[ext] = (self._offset + len(header), len(data))
             self._offset += len(header) + len(data) + pad
         return where
+
+    def flush(self) -> None:
+        """Hand what was written to the OS, so another handle on the file can read it."""
+        self._f.flush()
 
     @property
     def offset(self) -> int:

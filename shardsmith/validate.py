@@ -8,7 +8,7 @@ Those functions need only webdataset, but importing open_clip_train.data imports
 job): they are compiled from the installed module's source instead, and webdataset is loaded without torch.
 So the job that writes a shard validates it too, reading the file back from disk; a scheduled refresh
 rewrites, and so re-reads, only the shards that changed.
-Every image's bytes are checked against the sha256 of the image process_part decoded and verified, so
+Every image's bytes are checked against the sha256 of the image download_part's processor decoded and verified, so
 decoding them all a second time proves nothing new; validate.decode_per_shard of them are, as a spot check.
 """
 
@@ -166,7 +166,7 @@ def validate_shard(
     """Problems found in one shard (an empty list when it is good).
 
     Every sample group is read with OpenCLIP's tarfile_to_samples_nothrow and filter_no_caption_or_no_image,
-    and its image bytes must be the ones process_part decoded and checked (sha256 from the plan), so every
+    and its image bytes must be the ones download_part's processor decoded and checked (sha256 from the plan), so every
     image is known to decode to an RGB image of the planned size. `decode_per_shard` images (None: all) are
     decoded again with webdataset's decode("pilrgb"), as OpenCLIP does, as a second line of defence.
     The DALI and Energon index files given must point at every member and sample of the tar as read.

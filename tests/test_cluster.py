@@ -140,7 +140,7 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
     assert jobs_run == Counter(RULE_HEADER.findall(local.stderr))
     submitted = SUBMITTED.findall(stderr)
     assert Counter(rule for _, rule in submitted) == jobs_run - Counter(all=1)
-    assert {"plan_parts", "process_part", "embed_part", "write_shard", "validate_dataset"} <= set(jobs_run)
+    assert {"plan_parts", "download_part", "embed_part", "write_shard", "validate_dataset"} <= set(jobs_run)
 
     # SLURM ran them to completion, in the partitions and with the CPUs the profile asks for.
     done = completed_jobs()
@@ -156,7 +156,7 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
         shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
         comment = re.search(r"\bComment=(\S+)", shown)  # kept for MinJobAge=600 s; squeue -o %k shows it
         assert comment and comment.group(1).startswith(f"rule_{rule}"), shown
-        if rule in ("download_part", "process_part", "embed_part", "write_shard"):  # one job per part or shard
+        if rule in ("download_part", "embed_part", "write_shard"):  # one job per part or shard
             assert re.fullmatch(rf"rule_{rule}_wildcards_[\w-]*\d{{6}}", comment.group(1)), comment.group(1)
         if want["gpu"]:
             assert "gpu" in shown.split("TresPerJob=")[-1].split()[0], shown

@@ -110,7 +110,7 @@ def rule_envs_and_scripts() -> list[tuple[str, str, str]]:
 def test_each_rule_env_provides_what_its_script_imports():
     owners = metadata.packages_distributions()
     rules = rule_envs_and_scripts()
-    assert {"process_part", "write_shard", "validate_dataset", "publish_dataset"} <= {r for r, _, _ in rules}
+    assert {"download_part", "write_shard", "validate_dataset", "publish_dataset"} <= {r for r, _, _ in rules}
     missing = []
     for rule, env, script in rules:
         have = provided(env_packages(REPO / env, strict=False))  # pins: the test above

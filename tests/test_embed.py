@@ -55,7 +55,7 @@ def noise_jpeg(seed: int, size: tuple[int, int]) -> bytes:
 
 
 def make_part(folder, part: str, n: int, seed: int = 0, images: dict[int, bytes] | None = None) -> tuple[str, str]:
-    """A processed part as process_part writes it: `{part}.tar` (jpg, txt, json) and `{part}.samples.parquet`.
+    """A processed part as download_part writes it: `{part}.tar` (jpg, txt, json) and `{part}.samples.parquet`.
 
     `images` replaces the image bytes of some samples (by position)."""
     tar, rows = folder / f"{part}.tar", []

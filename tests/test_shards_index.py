@@ -15,7 +15,7 @@ from shardsmith.captions import CaptionSettings
 from shardsmith.download import STATUS_COLUMNS, download_part
 from shardsmith.errors import REJECT_COLUMNS
 from shardsmith.index import MANIFEST_COLUMNS, LedgerMismatch, build_index, rejected_by_source
-from shardsmith.process import SAMPLE_COLUMNS, process_part
+from shardsmith.process import SAMPLE_COLUMNS, PartProcessor, process_part
 from shardsmith.resize import ResizeSettings
 from shardsmith.shards import plan_shards, read_members, write_shard
 from shardsmith.sources import plan_parts
@@ -302,7 +302,7 @@ def test_build_index_refuses_shards_that_disagree_with_their_plans(built):
 
 
 def test_shard_written_from_real_stages_holds_the_processed_members(tmp_path):
-    """plan_parts -> download_part -> process_part -> plan_shards -> write_shard -> build_index, on a folder."""
+    """plan_parts -> download_part (resizing as it downloads) -> plan_shards -> write_shard -> build_index."""
     root = tmp_path / "photos"
     root.mkdir()
     for i in range(3):
@@ -312,12 +312,10 @@ def test_shard_written_from_real_stages_holds_the_processed_members(tmp_path):
     src = {"name": "photos", "type": "folder", "path": str(root)}
     w = tmp_path / "w"
     [part] = plan_parts([src], 10, w)
-    status = download_part(str(w / f"{part}.parquet"), str(w / "raw.tar"), str(w / "status.parquet"), src)
+    processor = PartProcessor(str(w / f"{part}.tar"), ResizeSettings(), CaptionSettings())
+    status = download_part(str(w / f"{part}.parquet"), str(w / "raw.tar"), str(w / "status.parquet"), src, processor=processor)
     assert list(status.columns) == STATUS_COLUMNS
-    kept, rejected = process_part(
-        str(w / "raw.tar"), str(w / "status.parquet"), str(w / f"{part}.tar"), str(w / "samples.parquet"),
-        str(w / "rejected.parquet"), ResizeSettings(), CaptionSettings(),
-    )  # fmt: skip
+    kept, rejected = processor.finish(status, str(w / "samples.parquet"), str(w / "rejected.parquet"))
     assert (kept, rejected) == (3, 1)
     [name] = plan_shards([str(w / "samples.parquet")], [part], "ds", 10, w / "plan")
     write_shard(
@@ -326,7 +324,7 @@ def test_shard_written_from_real_stages_holds_the_processed_members(tmp_path):
         str(w / f"{name}.tar"),
         str(w / "info.json"),
     )
-    assert tar_members(w / f"{name}.tar") == tar_members(w / f"{part}.tar")
+    assert sorted(tar_members(w / f"{name}.tar")) == sorted(tar_members(w / f"{part}.tar"))
     names = [n for n, _ in tar_members(w / f"{name}.tar")]
     assert names == [f"photos-p{i}.{e}" for i in range(3) for e in ("jpg", "txt", "json")]
     stats = build_index(
@@ -357,8 +355,9 @@ def test_exclusions_go_to_the_ledger_with_their_reason_and_shards_stay_uniform(t
 
 
 def test_process_follows_record_order_whatever_order_the_raw_tar_holds(tmp_path):
-    """Downloads write bodies as they arrive; the processed part (and so every shard) is in record order,
-    and a record whose bytes are missing from the raw tar ends in the ledger, not nowhere."""
+    """Downloads write bodies as they arrive and images are processed as they come; the samples table (and so
+    every shard) is in record order, its offsets point at each sample's own members, and a record whose
+    bytes are missing from the raw tar ends in the ledger, not nowhere."""
     raw, rows = tmp_path / "raw.tar", []
     with atomic_open(raw) as f, ShardWriter(f) as w:
         for rid in (3, 0, 2):  # arrival order; rid 1 is "ok" in the status but its bytes are missing
@@ -372,8 +371,13 @@ def test_process_follows_record_order_whatever_order_the_raw_tar_holds(tmp_path)
         ResizeSettings(min_side=8), CaptionSettings(),
     )  # fmt: skip
     assert (kept, rejected) == (3, 1)
-    assert [n for n, _ in tar_members(out["tar"])][::3] == ["web-0.jpg", "web-2.jpg", "web-3.jpg"]
-    assert list(pd.read_parquet(out["samples.parquet"])["key"]) == ["web-0", "web-2", "web-3"]
+    samples = pd.read_parquet(out["samples.parquet"])
+    assert list(samples["key"]) == ["web-0", "web-2", "web-3"]
+    with tarfile.open(out["tar"]) as tar:
+        at = {(i.offset_data, i.size): i.name for i in tar}
+    for row in samples.to_dict("records"):
+        assert [at[(row[f"{e}_offset"], row[f"{e}_size"])] for e in ("jpg", "txt", "json")] == [f"{row['key']}.{e}" for e in ("jpg", "txt", "json")]
+    assert list(samples["width_before"]) == [40, 42, 43]
     [miss] = pd.read_parquet(out["rejected.parquet"]).to_dict("records")
     assert (miss["key"], miss["stage"], miss["reason"]) == ("web-1", "process", "missing_raw")
 

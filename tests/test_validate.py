@@ -21,7 +21,7 @@ IMAGE = jpeg(photo(RNG, 96, 64))
 def make_shard(
     folder: Path, name: str, samples: list[tuple[str, dict[str, bytes]]], planned: dict[str, bytes] | None = None
 ) -> tuple[str, str, str]:
-    """(tar, plan, info) as write_shard and plan_shards leave them; `planned`: the image process_part made
+    """(tar, plan, info) as write_shard and plan_shards leave them; `planned`: the image download_part made
     for a key, when the shard holds other bytes."""
     tar = folder / f"{name}.tar"
     if all("." not in key for key, _ in samples):
@@ -60,7 +60,7 @@ def test_a_good_shard_passes_with_openclips_loader(tmp_path):
 
 def test_every_image_is_checked_against_the_processed_bytes_and_a_spread_is_decoded(tmp_path):
     samples = good(10)
-    other = jpeg(photo(RNG, 96, 64))  # decodes fine, but is not the image process_part made for s0003
+    other = jpeg(photo(RNG, 96, 64))  # decodes fine, but is not the image download_part made for s0003
     samples[3] = ("s0003", {**samples[3][1], "jpg": other})
     tar, plan, _ = make_shard(tmp_path, "ds-000000", samples, planned={"s0003": IMAGE})
     report = validate_shard(tar, plan, max_side=512, max_pixels=25_000_000, decode_per_shard=4)

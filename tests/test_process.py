@@ -1,0 +1,150 @@
+"""Processing while downloading: images are resized as they arrive, in a child process, with the same result
+as processing the raw tar afterwards; a failure fails the part and leaves no file behind."""
+
+import json
+import tarfile
+import threading
+import time
+
+import pandas as pd
+import pytest
+from conftest import jpeg_bytes
+from httpserver import Reply, http_server  # noqa: F401 - fixture
+from test_download_remote import FAST
+
+from shardsmith.captions import CaptionSettings
+from shardsmith.download import download_part
+from shardsmith.leftovers import find_leftovers
+from shardsmith.process import ChildProcessor, PartProcessor, process_part
+from shardsmith.resize import ResizeSettings
+from shardsmith.sources import plan_parts
+
+RESIZE = ResizeSettings(max_side=64, min_side=8)
+
+
+def manifest_part(tmp_path, rows: list[dict]) -> tuple[str, dict]:
+    path = tmp_path / "manifest.parquet"
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    source = {"name": "web", "type": "manifest", "path": str(path), "url_column": "url"}
+    [pid] = plan_parts([source], 100, tmp_path / "parts")
+    return str(tmp_path / "parts" / f"{pid}.parquet"), source
+
+
+def members(path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar}
+
+
+def serve_mix(s) -> tuple[list[dict], bytes, bytes]:
+    """A passthrough JPEG, one to shrink, a truncated one and a 404, with captions; (rows, small, truncated)."""
+    small, big = jpeg_bytes((40, 30)), jpeg_bytes((200, 100), (10, 200, 30))
+    truncated = big[: len(big) * 2 // 3]
+    s.route("/small.jpg", Reply(body=small))
+    s.route("/big.jpg", Reply(body=big))
+    s.route("/cut.jpg", Reply(body=truncated))
+    s.route("/gone.jpg", Reply(status=404, body=b"no"))
+    rows = [{"url": s.url(f"/{n}.jpg"), "caption": f"photo {n}"} for n in ("small", "big", "cut", "gone")]
+    return rows, small, truncated
+
+
+def test_images_are_resized_while_the_part_still_downloads(tmp_path, http_server):
+    """The fast records are processed before the slow one has even arrived."""
+    s = http_server
+    for i in range(3):
+        s.route(f"/f{i}.jpg", Reply(body=jpeg_bytes((100 + i, 80))))
+    s.route("/slow.jpg", Reply(body=jpeg_bytes(), delay=1.5))
+    rows = [{"url": s.url(p), "caption": "c"} for p in ("/f0.jpg", "/f1.jpg", "/slow.jpg", "/f2.jpg")]
+    records, source = manifest_part(tmp_path, rows)
+    done_at: dict[int, float] = {}
+
+    class Timed(PartProcessor):
+        def _run(self, rid, *args):
+            super()._run(rid, *args)
+            done_at[rid] = time.monotonic()
+
+    proc = Timed(str(tmp_path / "p.tar"), RESIZE, CaptionSettings())
+    status = download_part(records, str(tmp_path / "raw.tar"), str(tmp_path / "st.parquet"), source, {**FAST, "read_timeout_s": 5, "request_timeout_s": 10}, log=lambda m: None, processor=proc)
+    downloaded = time.monotonic()
+    assert proc.finish(status, str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet")) == (4, 0)
+    slow = int(status.loc[status["url"].str.endswith("/slow.jpg"), "rid"].iloc[0])
+    assert max(t for rid, t in done_at.items() if rid != slow) < downloaded - 1.0
+
+
+def test_the_child_process_gives_the_part_that_processing_the_raw_tar_gives(tmp_path, http_server):
+    """Same samples table and member bytes; a passthrough JPEG is the fetched body, a truncated one is
+    rejected, a failed download is in the ledger: every record ends in exactly one table."""
+    rows, small, _ = serve_mix(http_server)
+    records, source = manifest_part(tmp_path, rows)
+    child = ChildProcessor(str(tmp_path / "child.tar"), RESIZE, CaptionSettings())
+    status = download_part(records, str(tmp_path / "raw.tar"), str(tmp_path / "st.parquet"), source, FAST, log=lambda m: None, processor=child)
+    assert child.finish(status, str(tmp_path / "child.samples.parquet"), str(tmp_path / "child.rejected.parquet")) == (2, 2)
+    again = process_part(
+        str(tmp_path / "raw.tar"), str(tmp_path / "st.parquet"), str(tmp_path / "again.tar"),
+        str(tmp_path / "again.samples.parquet"), str(tmp_path / "again.rejected.parquet"), RESIZE, CaptionSettings(),
+    )  # fmt: skip
+    assert again == (2, 2)
+
+    def content(name: str) -> tuple[list[dict], list[dict], list]:
+        samples = pd.read_parquet(tmp_path / f"{name}.samples.parquet")
+        offsets = [c for c in samples if c.endswith(("_offset", "_size"))]
+        tar = members(tmp_path / f"{name}.tar")
+        return (samples.drop(columns=offsets).to_dict("records"), pd.read_parquet(tmp_path / f"{name}.rejected.parquet").to_dict("records"),
+                [tar[f"{k}.{e}"] for k in samples["key"] for e in ("jpg", "txt", "json")])  # fmt: skip
+
+    assert content("child") == content("again")
+    samples, rejected, _ = content("child")
+    assert [r["passthrough"] for r in samples] == [True, False]
+    key = samples[0]["key"]
+    assert members(tmp_path / "child.tar")[f"{key}.jpg"] == small  # byte for byte what the server sent
+    assert json.loads(members(tmp_path / "child.tar")[f"{key}.json"])["fields"]["caption"] == "photo small"
+    assert sorted((r["stage"], r["reason"]) for r in rejected) == [("download", "not_found"), ("resize", "truncated")]
+
+
+def test_a_failure_in_the_child_fails_the_part_and_leaves_no_file(tmp_path):
+    """An image that cannot be read back (the raw tar cut short) is an error of the job, not a lost record."""
+    raw = tmp_path / "raw.tar"
+    raw.write_bytes(b"\0" * 1024)
+    child = ChildProcessor(str(tmp_path / "p.tar"), RESIZE, CaptionSettings())
+    child.read_from(raw)
+    record = {"key": "web-0", "source": "web", "source_id": "u0", "url": "u0"}
+    child.submit(0, record, b"{}", where=(512, 4096))
+    status = pd.DataFrame([{**record, "rid": 0, "status": "ok", "reason": "", "detail": ""}])
+    with pytest.raises(RuntimeError, match="in the resize process: OSError: raw tar: short read"):
+        child.finish(status, str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.tar"] and find_leftovers([tmp_path]) == []
+
+
+def test_an_aborted_part_leaves_no_file(tmp_path):
+    for proc in (ChildProcessor(str(tmp_path / "c.tar"), RESIZE, CaptionSettings()), PartProcessor(str(tmp_path / "p.tar"), RESIZE, CaptionSettings())):
+        proc.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_held_images_stay_within_the_memory_bound(tmp_path):
+    """Beyond `hold_bytes`, a submission carries only where its image lies and is read back when its turn comes."""
+    images = [jpeg_bytes((60 + i, 40)) for i in range(6)]
+    raw = tmp_path / "raw.tar"
+    from shardsmith.tario import ShardWriter, atomic_open
+
+    where = []
+    with atomic_open(raw) as f, ShardWriter(f) as w:
+        for i, data in enumerate(images):
+            where.append(w.write(f"r{i:07d}", {"img": data, "meta": b"{}"})["img"])
+    gate = threading.Event()
+    held = []
+
+    class Gated(PartProcessor):
+        def _run(self, rid, record, fields, data, loc):
+            held.append(data is not None)
+            gate.wait(10)
+            super()._run(rid, record, fields, data, loc)
+
+    proc = Gated(str(tmp_path / "p.tar"), RESIZE, CaptionSettings(), hold_bytes=len(images[0]) * 2)
+    proc.read_from(raw)
+    rows = [{"key": f"web-{i}", "source": "web", "source_id": f"u{i}", "url": f"u{i}", "rid": i, "status": "ok", "reason": "", "detail": ""} for i in range(6)]
+    for i, data in enumerate(images):
+        proc.submit(i, rows[i], {"caption": f"c{i}"}, data, where[i])
+    assert proc._held <= len(images[0]) * 2
+    gate.set()
+    assert proc.finish(pd.DataFrame(rows), str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet")) == (6, 0)
+    assert held.count(True) == 2 and held.count(False) == 4
