@@ -177,6 +177,7 @@ class TreeSampler(threading.Thread):
                 tree = [root, *root.children(recursive=True)]
             except psutil.Error:
                 break
+            job_now: dict[int, int] = {}  # a job's memory at this instant: its RSS plus its forked children's own pages
             for p in tree:
                 try:
                     if p.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped by Snakemake: not job time
@@ -191,8 +192,16 @@ class TreeSampler(threading.Thread):
                     info["end"] = now
                     cpu = p.cpu_times()
                     info["cpu"] = cpu.user + cpu.system  # as of the last sample: a floor for short jobs
+                    parent = self.procs.get(info["ppid"])
+                    if parent is not None and parent["cmd"] == info["cmd"]:  # forked by its job: pages shared with it count once
+                        job_now[info["ppid"]] = job_now.get(info["ppid"], 0) + p.memory_full_info().uss
+                    else:
+                        job_now[p.pid] = job_now.get(p.pid, 0) + rss
                 except psutil.Error:
                     pass
+            for pid, total in job_now.items():
+                if pid in self.procs:
+                    self.procs[pid]["job_rss"] = max(self.procs[pid].get("job_rss", 0), total)
             time.sleep(self.interval)
 
 
@@ -221,12 +230,12 @@ def measured(cmd: list[str], log: Path, cwd: Path | None = None, env: dict | Non
 
 
 def _peaks(run: dict, label) -> dict:
-    """Peak RSS (MiB) per process kind, and the largest single process."""
+    """Peak RSS (MiB) per process kind; for a job with forked children, of the job as a whole."""
     by_kind: dict[str, float] = {}
     for pid, p in run["procs"].items():
         kind = label(pid, p)
-        if kind:
-            by_kind[kind] = max(by_kind.get(kind, 0.0), p["rss"] / 2**20)
+        if kind:  # a job with forked children: all of them at once (job_rss), as the job's memory limit sees it
+            by_kind[kind] = max(by_kind.get(kind, 0.0), max(p["rss"], p.get("job_rss", 0)) / 2**20)
     return {k: round(v, 1) for k, v in sorted(by_kind.items())}
 
 
@@ -294,7 +303,11 @@ def run_workflow(manifest: Path, root: Path, count: int, per_shard: int, parts: 
     def label(pid, p):
         if pid == main:
             return "snakemake"
-        return _job_name(p["cmd"]) if p["ppid"] == main or _job_name(p["cmd"]) else None
+        name = _job_name(p["cmd"])
+        parent = run["procs"].get(p["ppid"])
+        if name and parent is not None and _job_name(parent["cmd"]) == name:
+            return f"{name} (child)"  # download_part's resize process: the job's memory is both together
+        return name if p["ppid"] == main or name else None
 
     run["peak_rss_mib"] = _peaks(run, label)
     run["overhead"] = overhead(run)
@@ -712,7 +725,7 @@ def main() -> None:
         s["cores_busy"] = [round(r["cpu_s"] / (r["wall_s"] * CORES), 3) for r in runs[tool]]
     cpu_vs_codec = s_b["cpu_vs_codec_loop"]
     busy = statistics.median(s_b["cores_busy"])
-    peak_job = max((v for k, v in s_b["peak_rss_mib"].items() if k != "snakemake"), default=0.0)
+    peak_job = max((v for k, v in s_b["peak_rss_mib"].items() if k != "snakemake" and not k.endswith("(child)")), default=0.0)
     overhead_share = statistics.median(o["share"] for o in s_b["overhead"])
     result = {
         "mix": {"name": a.mix, "small_sides": list(a.small_sides), "count": a.count, "large_share": a.large_share, "large_formats": a.large_formats, "unique_images": min(a.count, UNIQUE), "seed": a.seed, "kinds": {k: sum(r["kind"] == k for r in rows) for k in sorted({r["kind"] for r in rows})},
@@ -732,7 +745,7 @@ def main() -> None:
             "cpu_per_image_vs_codec_loop": {"target": f"<= {CPU_VS_CODEC_TARGET}x", "measured": cpu_vs_codec, "codec_loop_cpu_s_per_image": codec["cpu_s_per_image"], "met": cpu_vs_codec <= CPU_VS_CODEC_TARGET,
                                             "short_by": f"{max(0.0, cpu_vs_codec - CPU_VS_CODEC_TARGET):.2f}x"},
             "cores_busy": {"target": f">= {BUSY_TARGET:.0%} of cores x wall time", "measured": busy, "met": busy >= BUSY_TARGET, "short_by": f"{max(0.0, BUSY_TARGET - busy):.0%}"},
-            "peak_memory_per_job_mib": {"target": "< 1024", "measured": peak_job, "met": peak_job < 1024},
+            "peak_memory_per_job_mib": {"target": "< 1024", "measured": round(peak_job, 1), "note": "a job with a forked child: both at once, the child's own pages only", "met": peak_job < 1024},
             "workflow_overhead_share": {"target": "< 0.10", "measured": overhead_share, "short_by": f"{max(0.0, overhead_share - 0.10):.0%} of the wall time", "without_slurm_probe_stall": statistics.median(o["share_without_stall"] for o in s_b["overhead"]), "met": overhead_share < 0.10},
             "quality": {"met": quality["shardsmith"]["ok"]},
         },

@@ -21,6 +21,7 @@ import pandas as pd
 
 from shardsmith.captions import CaptionSettings, pick_caption
 from shardsmith.errors import REJECT_COLUMNS, Rejection
+from shardsmith.fetch import return_large_buffers
 from shardsmith.logs import ProgressLog
 from shardsmith.resize import ImageResult, ResizeSettings, process_image
 from shardsmith.tario import ShardWriter, atomic_open, read_at
@@ -30,6 +31,9 @@ SAMPLE_COLUMNS = [
     "bytes", "sha256", "caption_length", "caption_field", "passthrough",
     "jpg_offset", "jpg_size", "txt_offset", "txt_size", "json_offset", "json_size",
 ]  # fmt: skip
+
+
+LARGE_BUFFER = 8 << 20  # bytes; see _child_main
 
 
 def iter_raw(raw_tar: str) -> Iterator[tuple[int, tuple[int, int], dict]]:
@@ -267,6 +271,10 @@ class ChildProcessor:
 
 
 def _child_main(conn, out_tar: str, resize: ResizeSettings, captions: CaptionSettings, threads: int, label: str) -> None:
+    # Decode buffers of large photos (Pillow's 16 MiB blocks) are then returned to the OS when freed, rather
+    # than kept in thread heaps: the job holds its download buffers too. Smaller ones stay on the heap, where
+    # they are cheap to reuse.
+    return_large_buffers(LARGE_BUFFER)
     proc = PartProcessor(out_tar, resize, captions, threads, label=label)
     try:
         while True:
