@@ -34,8 +34,8 @@ retry-failed: setup
 # Speed against img2dataset (its own venv, created by bench/setup_img2dataset.sh) and the resize ceiling (bench/README.md).
 bench: setup
 	$(PY) bench/resize_bench.py
-	$(PY) bench/e2e_bench.py --count 2000 --large-share 0.6
-	$(PY) bench/e2e_bench.py --count 4000 --large-share 0
+	$(PY) bench/e2e_bench.py --mix web-size
+	$(PY) bench/e2e_bench.py --mix large
 	$(PY) bench/demo_overhead.py
 	$(PY) bench/memory_scale.py
 

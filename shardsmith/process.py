@@ -99,7 +99,7 @@ class PartProcessor:
         self._held = 0
         self._raw = None
         self._futures: list[Future] = []
-        self.results: dict[int, tuple] = {}  # rid -> (ImageResult | Rejection, caption, field, {ext: (offset, size)})
+        self.results: dict[int, tuple] = {}  # rid -> (samples-table fields | Rejection, {ext: (offset, size)})
         self.progress = ProgressLog(f"process {label or os.path.basename(out_tar).split('.')[0]}")
 
     def read_from(self, raw_tar: str | os.PathLike) -> None:
@@ -139,14 +139,21 @@ class PartProcessor:
                 result = process_image(data, self.resize)
             except Rejection as r:
                 with self._lock:
-                    self.results[rid] = (r, "", "", None)
+                    self.results[rid] = (r, None)
                 return
             del data
             txt = caption.encode("utf-8")
             members = {"jpg": result.data, "txt": txt, "json": sample_json(record, result, field, fields)}
+            # what the samples table needs, without the image: a part's images are not held until finish
+            row = {
+                "width_before": result.orig_width, "height_before": result.orig_height,
+                "width": result.width, "height": result.height, "bytes": len(result.data),
+                "sha256": hashlib.sha256(result.data).hexdigest(), "caption_length": len(caption),
+                "caption_field": field, "passthrough": result.passthrough,
+            }  # fmt: skip
             with self._lock:
                 placed = self._tar.write(record["key"], members)
-                self.results[rid] = (result, caption, field, placed)
+                self.results[rid] = (row, placed)
         finally:
             with self._lock:
                 self._held -= held
@@ -171,7 +178,7 @@ class PartProcessor:
                 detail = "downloaded, but its bytes are missing from the raw tar; rerun download_part for this part"
                 rejected.append({**origin, "stage": "process", "reason": "missing_raw", "detail": detail})
                 continue
-            result, caption, field, placed = got
+            result, placed = got
             if not isinstance(result, Rejection) and row["key"] in seen:
                 result = Rejection("process", "duplicate_key", f"same key as {seen[row['key']]}")
             if isinstance(result, Rejection):
@@ -180,14 +187,10 @@ class PartProcessor:
             seen[row["key"]] = row["source_id"]
             samples.append(
                 {
-                    **{c: row[c] for c in ("key", "source", "source_id", "url")},
-                    "width_before": result.orig_width, "height_before": result.orig_height,
-                    "width": result.width, "height": result.height, "bytes": len(result.data),
-                    "sha256": hashlib.sha256(result.data).hexdigest(), "caption_length": len(caption),
-                    "caption_field": field, "passthrough": result.passthrough,
+                    **{c: row[c] for c in ("key", "source", "source_id", "url")}, **result,
                     **{f"{ext}_{n}": v for ext, (off, size) in placed.items() for n, v in (("offset", off), ("size", size))},
                 }
-            )  # fmt: skip
+            )
         self.progress.finish(samples=len(samples), rejected=len(rejected))
         with atomic_open(out_samples) as f:
             pd.DataFrame(samples, columns=SAMPLE_COLUMNS).to_parquet(f, index=False)

@@ -146,5 +146,9 @@ def test_held_images_stay_within_the_memory_bound(tmp_path):
         proc.submit(i, rows[i], {"caption": f"c{i}"}, data, where[i])
     assert proc._held <= len(images[0]) * 2
     gate.set()
+    for f in proc._futures:
+        f.result()
+    kept = [v for row, _ in proc.results.values() for v in row.values()]
+    assert not any(isinstance(v, bytes) for v in kept)  # done images are not held until finish
     assert proc.finish(pd.DataFrame(rows), str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet")) == (6, 0)
     assert held.count(True) == 2 and held.count(False) == 4
