@@ -276,7 +276,9 @@ class ChildProcessor:
 def _child_main(conn, out_tar: str, resize: ResizeSettings, captions: CaptionSettings, threads: int, label: str) -> None:
     # Decode buffers of large photos (Pillow's 16 MiB blocks) are then returned to the OS when freed, rather
     # than kept in thread heaps: the job holds its download buffers too. Smaller ones stay on the heap, where
-    # they are cheap to reuse.
+    # they are cheap to reuse. Measured on the large mix: job peak 556-670 MiB instead of 788-871, for 8-15%
+    # more CPU per image (fresh pages for every large decode); at the default part size it keeps the job
+    # under 1 GiB.
     return_large_buffers(LARGE_BUFFER)
     proc = PartProcessor(out_tar, resize, captions, threads, label=label)
     try:
