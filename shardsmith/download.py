@@ -42,7 +42,7 @@ from shardsmith.fetch import (
     return_large_buffers,
 )
 from shardsmith.keys import make_key
-from shardsmith.process import ChildProcessor, PartProcessor, iter_raw
+from shardsmith.process import ChildProcessor, PartProcessor, iter_raw, raw_members
 from shardsmith.s3 import S3Error, S3Settings
 from shardsmith.sources import DEFAULT_IMAGE_EXTENSIONS, path_stem
 from shardsmith.tario import ShardWriter, atomic_open, atomic_write_text, iter_tar_groups
@@ -163,12 +163,7 @@ class Keep:
 
     def members(self) -> dict[int, dict[str, tuple[int, int]]]:
         """{rid: {ext: (offset, size)}} of the kept tar, read from its headers only."""
-        out: dict[int, dict[str, tuple[int, int]]] = {}
-        with tarfile.open(self.tar, mode="r:") as tar:
-            for info in tar:
-                key, ext = info.name.split(".", 1)
-                out.setdefault(int(key[1:]), {})[ext] = (info.offset_data, info.size)
-        return out
+        return raw_members(self.tar)
 
     def read(self, where: tuple[int, int]) -> bytes:
         if self._reader is None:

@@ -841,7 +841,7 @@ def render(config: dict, found: list[Inspected], schema: dict) -> str:
         "",
         "sources:",
         *(render_source(i) for i in found),
-        line("part_size", c["part_size"], "records per download/process job; keep it fixed for a dataset"),
+        line("part_size", c["part_size"], "records per download job (fetch and resize); keep it fixed for a dataset"),
         line("samples_per_shard", c["samples_per_shard"], "samples per output shard; all full but the last"),
         "",
         "resize:",

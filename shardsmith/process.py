@@ -36,14 +36,20 @@ SAMPLE_COLUMNS = [
 LARGE_BUFFER = 8 << 20  # bytes; see _child_main
 
 
-def iter_raw(raw_tar: str) -> Iterator[tuple[int, tuple[int, int], dict]]:
-    """(rid, (offset, size) of the image, source fields) for every fetched record of a raw part tar, in
-    record order; the headers and the small meta members are read, the images are not."""
+def raw_members(raw_tar: str | os.PathLike) -> dict[int, dict[str, tuple[int, int]]]:
+    """{rid: {ext: (offset, size)}} of a raw part tar (members r{rid:07d}.img and .meta), from its headers only."""
     where: dict[int, dict[str, tuple[int, int]]] = {}
     with tarfile.open(raw_tar, mode="r:") as tar:
         for info in tar:
             key, ext = info.name.split(".", 1)
             where.setdefault(int(key[1:]), {})[ext] = (info.offset_data, info.size)
+    return where
+
+
+def iter_raw(raw_tar: str | os.PathLike) -> Iterator[tuple[int, tuple[int, int], dict]]:
+    """(rid, (offset, size) of the image, source fields) for every fetched record of a raw part tar, in
+    record order; the headers and the small meta members are read, the images are not."""
+    where = raw_members(raw_tar)
     with open(raw_tar, "rb") as f:
         for rid in sorted(where):
             members = where[rid]

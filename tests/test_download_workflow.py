@@ -16,6 +16,7 @@ from httpserver import Reply, http_server  # noqa: F401 - fixture
 from servers import s3_bucket, s3_server  # noqa: F401 - fixtures
 from test_download_remote import shard_tar
 
+from shardsmith.leftovers import find_leftovers
 from shardsmith.s3 import upload
 from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow
 
@@ -147,6 +148,8 @@ def test_killed_run_resumes_with_only_the_unfinished_part(tmp_path, http_server)
         proc.wait()
     assert not (root / "raw/web/web-000001.tar").exists()  # no half-written part at its final path
     assert not (root / "raw/web/.keep/web-000001.json").exists()
+    # nor a half-resized one: the job was killed while its resize process still waited for images
+    assert not [p for p in (root / "work/web/processed").glob("web-000001.*") if not p.name.startswith(".")]
 
     for i in range(4):
         s.route(f"/s{i}.jpg", Reply(body=img))
@@ -156,3 +159,4 @@ def test_killed_run_resumes_with_only_the_unfinished_part(tmp_path, http_server)
     assert [s.count(f"/s{i}.jpg") for i in range(4)] == [2] * 4  # the killed one was redone
     result = json.loads(stats.read_text())
     assert (result["input_records"], result["published"], result["rejected"]) == (8, 8, 0)
+    assert find_leftovers([root]) == []  # the killed jobs' temporary files (both processes') went with the rerun
