@@ -282,7 +282,8 @@ def workflow_config(root: Path, manifest: Path, count: int, per_shard: int, part
             "validate": {"min_shards": 1},
             "embed": {"enabled": False},
             # img2dataset has no per-host limit and 32 threads: the same 32 requests in flight here
-            "download": {"concurrency": 32, "per_host_concurrency": 32, "retries": 0},
+            # the server is on loopback, which the network guard refuses unless allowed
+            "download": {"concurrency": 32, "per_host_concurrency": 32, "retries": 0, "allow_networks": ["127.0.0.0/8"]},
             "publish": {"dest": str(root / "fast-storage")},
         }
     )

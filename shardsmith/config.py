@@ -6,6 +6,7 @@ and crashed training with mixed batch shapes. So overlapping or nested folders a
 """
 
 import glob
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -134,9 +135,22 @@ def check_sources(config: dict) -> None:
             raise ConfigError(f"sources[{i}] ({src['name']}): 'columns' (a headerless table) needs format csv or tsv.")
 
 
+def check_download(config: dict) -> None:
+    """The guard's allow list must name networks: a typo would otherwise fail every download job."""
+    for value in config.get("download", {}).get("allow_networks", []):
+        try:
+            ipaddress.ip_network(str(value).strip(), strict=False)
+        except ValueError:
+            raise ConfigError(
+                f"download.allow_networks: '{value}' is not a network; write it as an address or CIDR "
+                "(10.20.0.0/16, 127.0.0.0/8, fd12::/16)."
+            ) from None
+
+
 def check_config(config: dict) -> None:
     """Everything beyond the schema, in the order a user would fix it."""
     check_sources(config)
+    check_download(config)
     check_paths(config)
 
 

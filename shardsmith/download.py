@@ -42,9 +42,10 @@ from shardsmith.fetch import (
     return_large_buffers,
 )
 from shardsmith.keys import make_key
+from shardsmith.netguard import Guard, Refused
 from shardsmith.process import ChildProcessor, PartProcessor, iter_raw, raw_members
 from shardsmith.s3 import S3Error, S3Settings
-from shardsmith.sources import DEFAULT_IMAGE_EXTENSIONS, path_stem
+from shardsmith.sources import DEFAULT_IMAGE_EXTENSIONS, local_folders, path_stem
 from shardsmith.tario import ShardWriter, atomic_open, atomic_write_text, iter_tar_groups
 
 __all__ = ["FetchError", "local_path", "open_source", "fetch_bytes", "download_part", "STATUS_COLUMNS"]
@@ -88,13 +89,15 @@ def member_fields(members: dict[str, bytes]) -> dict[str, object]:
     return fields
 
 
-def read_sidecars(image_path: str) -> dict[str, object]:
-    """`photo.txt` / `photo.json` beside `photo.jpg`."""
+def read_sidecars(image_path: str, guard: Guard | None = None) -> dict[str, object]:
+    """`photo.txt` / `photo.json` beside `photo.jpg`; with `guard`, a sidecar that resolves outside the allowed
+    folders (a symbolic link out) raises Refused and is not opened."""
     stem = os.path.splitext(image_path)[0]
     members = {}
     for ext in SIDECARS:
         if os.path.exists(f"{stem}.{ext}"):
-            members[ext] = Path(f"{stem}.{ext}").read_bytes()
+            path = guard.check_local(f"{stem}.{ext}") if guard is not None else f"{stem}.{ext}"
+            members[ext] = Path(path).read_bytes()
     return member_fields(members)
 
 
@@ -261,9 +264,10 @@ def download_records(
     prev_rows = {} if kept is None else {int(r["rid"]): r for r in kept.to_dict("records")}
 
     def write(rid: int, data: bytes) -> None:
+        """Write one record's image and fields; raises Refused (nothing written) for a sidecar out of bounds."""
         fields = json.loads(by_rid[rid]["fields"])
         if source["type"] == "folder":
-            fields.update(read_sidecars(local_path(by_rid[rid]["url"]) or by_rid[rid]["url"]))
+            fields.update(read_sidecars(local_path(by_rid[rid]["url"]) or by_rid[rid]["url"], fetcher.guard))
         meta = json.dumps(fields, sort_keys=True, ensure_ascii=False).encode("utf-8")
         where = tar.write(f"r{rid:07d}", {"img": data, "meta": meta})
         if processor is not None:
@@ -272,11 +276,17 @@ def download_records(
             processor.submit(rid, by_rid[rid], meta, data, where["img"])
 
     reused: dict[int, dict] = {}
+    outcomes: dict[int, Outcome] = {}
     jobs = []
     for rec in recs:
         prev = prev_rows.get(rec["rid"])
         if _reusable(prev, rec, retry) and (prev["status"] != "ok" or rec["rid"] in kept_members):
             if prev["status"] == "ok":
+                try:  # kept bytes are published only if the guard (as configured now) still allows the URL
+                    fetcher.admit(rec["url"], resolve=True)
+                except AttemptError as e:
+                    outcomes[rec["rid"]] = Outcome(reason=e.reason, detail=e.detail, attempts=0)
+                    continue
                 data = keep.read(kept_members[rec["rid"]]["img"])
                 if expected[rec["rid"]]:
                     try:  # the manifest's hash may have changed since the bytes were kept
@@ -284,7 +294,11 @@ def download_records(
                     except AttemptError:
                         jobs.append((rec["rid"], rec["url"], expected[rec["rid"]]))
                         continue
-                write(rec["rid"], data)
+                try:
+                    write(rec["rid"], data)
+                except Refused as e:
+                    outcomes[rec["rid"]] = Outcome(reason=e.reason, detail=e.detail, attempts=0)
+                    continue
             reused[rec["rid"]] = prev
         else:
             jobs.append((rec["rid"], rec["url"], expected[rec["rid"]]))
@@ -293,11 +307,12 @@ def download_records(
     if reused:
         fetcher.log(f"download {label}: {len(reused)} records kept from the raw cache, {len(jobs)} to fetch")
 
-    outcomes: dict[int, Outcome] = {}
-
     def on_result(rid: int, outcome: Outcome) -> None:
         if outcome.ok:
-            write(rid, outcome.data)
+            try:
+                write(rid, outcome.data)
+            except Refused as e:
+                outcome = Outcome(reason=e.reason, detail=e.detail, attempts=outcome.attempts)
             outcome.data = None
         outcomes[rid] = outcome
 
@@ -320,6 +335,8 @@ def download_records(
 def _open_shard(url: str, fetcher: Fetcher | None) -> Iterator[tuple[object, int, int]]:
     """(file, HTTP status, attempts) of a source shard: local files opened, remote ones streamed."""
     if local_path(url) is not None or fetcher is None:
+        if fetcher is not None:
+            fetcher.admit(url)  # a local shard outside the allowed folders is not opened
         with open_source(url) as f:
             yield f, 0, 1
     else:
@@ -425,7 +442,7 @@ def download_part(
     return_large_buffers()  # up to `concurrency` multi-MB bodies in flight
     records = pd.read_parquet(records_path)
     label = Path(out_tar).name.removesuffix(".tar")
-    fetcher = Fetcher(settings, s3, log=log)
+    fetcher = Fetcher(settings, s3, log=log, local_folders=local_folders(source))
     keep = Keep(out_tar)
     kept = keep.load()
     retry = set(settings.retry_reasons) | keep.marked_reasons(retry_marker)

@@ -8,9 +8,12 @@ the one URL (other download jobs know nothing of it). It stops at the part deadl
 then is reported as `deadline`, and the workers (daemon threads, bounded by their own timeouts) are left
 behind, so a stalled server never holds a job.
 
-http(s) goes through urllib3 with redirects followed by hand (counted, and the X-Robots-Tag of the final
-response checked), s3:// through the AWS CLI (shardsmith.s3), plain paths and file:// from disk. Every
-downloaded body is sniffed: an HTML error page served as image/jpeg is `not_an_image` here, not later.
+http(s) goes through urllib3 with redirects followed by hand (counted, each hop checked by the guard and
+the opt-outs, and the X-Robots-Tag and tdm-reservation of the final response read), s3:// through the AWS
+CLI (shardsmith.s3), plain paths and file:// from disk within the allowed folders. Every URL passes
+shardsmith.netguard first (schemes, credentials, control characters, addresses, local folders), every
+image URL shardsmith.optout (robots.txt, TDMRep). Every downloaded body is sniffed: an HTML error page
+served as image/jpeg is `not_an_image` here, not later.
 """
 
 import contextlib
@@ -31,16 +34,23 @@ from urllib.parse import unquote, urljoin, urlparse, urlsplit
 
 import urllib3
 
-from shardsmith import __version__
+from shardsmith import PROJECT_URL, __version__
+from shardsmith.netguard import Guard, Refused
+from shardsmith.optout import ROBOTS_MAX_BYTES, OptOuts, Unreachable, opted_out, tdm_header_reserved
 from shardsmith.s3 import S3Error, S3Settings, open_stream
 
 # Transient reasons: retried within a job (except `deadline`) and refetched by a retry run. As in the schema.
 DEFAULT_RETRY_REASONS = (
     "timeout", "connection_error", "dns_error", "server_error", "rate_limited", "truncated_download",
-    "unreachable", "s3_error", "deadline",
+    "unreachable", "s3_error", "deadline", "robots_unavailable", "tdmrep_unavailable",
 )  # fmt: skip
+# Decided once per job: retried by a later run, not within the job (the job keeps its answer).
+_RETRY_NEXT_RUN_ONLY = ("deadline", "robots_unavailable", "tdmrep_unavailable")
 DEFAULT_OPTOUT_DIRECTIVES = ("noai", "noimageai", "noindex", "noimageindex")  # img2dataset's defaults
-DEFAULT_USER_AGENT = f"shardsmith/{__version__} (image-caption dataset builder; honours X-Robots-Tag noai)"
+DEFAULT_USER_AGENT = (
+    f"shardsmith/{__version__} (+{PROJECT_URL}/blob/main/docs/crawler.md; image-caption dataset builder; "
+    "honours robots.txt, TDMRep and X-Robots-Tag noai)"
+)
 _REDIRECTS = (301, 302, 303, 307, 308)
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -65,6 +75,11 @@ class FetchSettings:
     user_agent: str = DEFAULT_USER_AGENT
     respect_optout: bool = True
     optout_directives: tuple[str, ...] = DEFAULT_OPTOUT_DIRECTIVES
+    respect_robots_txt: bool = True
+    respect_tdm_reservation: bool = True
+    allow_networks: tuple[str, ...] = ()  # CIDRs the network guard lets through (a site's mirror, loopback tests)
+    allow_hosts: tuple[str, ...] = ()  # host names it lets through unchecked ('.example.org': the domain too)
+    allow_local_folders: tuple[str, ...] = ()  # beside the source's own folder (see Fetcher)
     part_deadline_s: float | None = 3600.0
     retry_reasons: tuple[str, ...] = DEFAULT_RETRY_REASONS
     progress_every: int = 1000  # log a progress line every this many records (and at least every 60 s)
@@ -75,7 +90,7 @@ class FetchSettings:
             return config
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in (config or {}).items() if k in known}
-        for k in ("optout_directives", "retry_reasons"):
+        for k in ("optout_directives", "retry_reasons", "allow_networks", "allow_hosts", "allow_local_folders"):
             if k in values:
                 values[k] = tuple(values[k])
         return cls(**values)
@@ -163,18 +178,6 @@ def describe_non_image(data: bytes, content_type: str) -> str:
     else:
         kind = "not a known image format"
     return f"body is {kind} (Content-Type {content_type or 'none'}; starts with {data[:24]!r})"
-
-
-def opted_out(robots_tags: list[str], ua_token: str, directives: tuple[str, ...]) -> str | None:
-    """The X-Robots-Tag value that forbids use, or None. As img2dataset: `noai` and `<token>: noai` count,
-    a directive for another crawler (`otherbot: noai`) does not."""
-    for value in robots_tags:
-        parts = value.split(":", 1)
-        token = parts[0].strip().lower() if len(parts) == 2 else None
-        said = {d.strip().lower() for d in parts[-1].split(",")}
-        if (token is None or token == ua_token) and said & set(directives):
-            return value
-    return None
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -332,7 +335,11 @@ class _ByteBudget:
 
 
 class Fetcher:
-    """Fetches URLs under one FetchSettings, S3 settings and part deadline (a time.monotonic() value)."""
+    """Fetches URLs under one FetchSettings, S3 settings and part deadline (a time.monotonic() value).
+
+    Local paths are read only below `local_folders` (the source's own folders) and the settings'
+    `allow_local_folders`.
+    """
 
     def __init__(
         self,
@@ -340,6 +347,7 @@ class Fetcher:
         s3: S3Settings | None = None,
         deadline: float | None = None,
         log: Callable[[str], None] = print,
+        local_folders: tuple[str, ...] = (),
     ) -> None:
         self.s = settings
         self.s3 = s3 or S3Settings()
@@ -350,14 +358,18 @@ class Fetcher:
         self.deadline = deadline if deadline is not None else float("inf")
         self.log = log
         self.headers = {"User-Agent": settings.user_agent, "Accept": "image/*,*/*;q=0.8", "Accept-Encoding": "identity"}
+        self.guard = Guard(settings.allow_networks, settings.allow_hosts, (*local_folders, *settings.allow_local_folders))
+        self.optouts = OptOuts(
+            self._get_small, settings.ua_token, settings.respect_robots_txt, settings.respect_tdm_reservation
+        )
         pool_args = {"num_pools": 256, "maxsize": settings.per_host_concurrency, "block": False}
-        self._direct = urllib3.PoolManager(**pool_args)
+        self._direct = self.guard.pool_manager(**pool_args)
         self._proxies = {k: v for k, v in urllib.request.getproxies().items() if k in ("http", "https")}
         self._proxy_pools = {url: urllib3.ProxyManager(url, **pool_args) for url in set(self._proxies.values())}
 
     # Which retries to make: the in-job set is the retry set without `deadline` (time is up by then).
     def retryable(self, reason: str) -> bool:
-        return reason in self.s.retry_reasons and reason != "deadline"
+        return reason in self.s.retry_reasons and reason not in _RETRY_NEXT_RUN_ONLY
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -390,11 +402,26 @@ class Fetcher:
         n, self._tls.held = getattr(self._tls, "held", 0), 0
         return n
 
+    def admit(self, url: str, resolve: bool = False) -> None:
+        """Raise AttemptError if the guard refuses `url` without fetching it: its form, a local path outside
+        the allowed folders, and with `resolve` (records kept from the raw cache) the host's addresses."""
+        try:
+            scheme = self.guard.check_url(url)
+            if scheme in ("", "file"):
+                self.guard.check_local(url)
+            elif resolve and scheme in ("http", "https"):
+                self.guard.check_remote(url)
+        except Refused as e:
+            raise AttemptError(e.reason, e.detail) from None
+        except ValueError as e:
+            raise AttemptError("bad_url", f"{e}: {url[:200]}") from None
+
     def _attempt(self, url: str, expected_hash: str | None, hash_type: str) -> tuple[bytes, int]:
         if not url:
             raise AttemptError("no_url", "the record has no URL")
         if self.left() <= 0:
             raise AttemptError("deadline", "the part deadline passed before this attempt")
+        self.admit(url)
         try:
             scheme = urlsplit(url).scheme.lower() if "://" in url else ""
         except ValueError as e:
@@ -418,7 +445,7 @@ class Fetcher:
 
     def _local(self, url: str) -> bytes:
         try:
-            with open_source(url) as f:
+            with open_source(self.guard.check_local(url)) as f:
                 data = f.read(self.s.max_bytes + 1)
         except FetchError as e:
             raise AttemptError(e.reason, e.detail) from None
@@ -430,9 +457,10 @@ class Fetcher:
         left = max(0.01, self.left())
         return urllib3.Timeout(connect=min(self.s.connect_timeout_s, left), read=min(self.s.read_timeout_s, left))
 
-    def open_http(self, url: str) -> tuple[urllib3.BaseHTTPResponse, str]:
+    def open_http(self, url: str, optouts: bool = False) -> tuple[urllib3.BaseHTTPResponse, str]:
         """GET `url`, following at most max_redirects redirects; returns the final 2xx response (body unread)
-        and its URL. Raises AttemptError for other statuses and for opted-out responses."""
+        and its URL. Raises AttemptError for other statuses, refused URLs and addresses, X-Robots-Tag opt-outs,
+        and with `optouts` (images, not the sources named in the config) for what robots.txt and TDMRep forbid."""
         hops = 0
         while True:
             if urlsplit(url).scheme.lower() not in ("http", "https"):
@@ -440,10 +468,15 @@ class Fetcher:
             if self.left() <= 0:
                 raise AttemptError("deadline", "the part deadline passed")
             try:
-                resp = self._pool(url).request(
-                    "GET", url, headers=self.headers, redirect=False, retries=False,
-                    preload_content=False, timeout=self._timeout(),
-                )  # fmt: skip
+                self.guard.check_url(url)
+                if optouts:
+                    self.optouts.check(url)
+                resp = self._request(url)
+            except Refused as e:
+                detail = e.detail if not hops else f"{e.detail} (after {hops} redirects)"
+                raise AttemptError(e.reason, detail) from None
+            except Unreachable as e:
+                raise AttemptError(e.reason, f"no answer for robots.txt or tdmrep.json: {e.detail}") from None
             except urllib3.exceptions.HTTPError as e:
                 raise AttemptError(*classify_exception(e)) from None
             status = resp.status
@@ -472,11 +505,51 @@ class Fetcher:
                 if said:
                     _discard(resp)
                     raise AttemptError("opted_out", f"X-Robots-Tag: {said}", status)
+            if optouts and self.s.respect_tdm_reservation and (said := tdm_header_reserved(resp.headers)):
+                _discard(resp)
+                raise AttemptError("tdm_reserved", said, status)
             return resp, url
+
+    def _request(self, url: str) -> urllib3.BaseHTTPResponse:
+        """One GET, no redirects followed, body not read. Through a proxy the proxy connects, so the host is
+        resolved and checked here (the proxy's own lookup is the proxy's); direct connections are checked
+        where they are made (shardsmith.netguard)."""
+        pool = self._pool(url)
+        if pool is not self._direct:
+            self.guard.check_remote(url)
+        return pool.request(
+            "GET", url, headers=self.headers, redirect=False, retries=False, preload_content=False, timeout=self._timeout()
+        )
+
+    def optout_requests(self, key: str) -> int:
+        """Requests for opt-out files before a host's first image (an http(s) host; s3 buckets have none)."""
+        if key.startswith("s3://"):
+            return 0
+        return int(self.s.respect_robots_txt) + int(self.s.respect_tdm_reservation)
+
+    def _get_small(self, url: str) -> tuple[int, bytes]:
+        """(status, body) of robots.txt or tdmrep.json: redirects followed (five at most), the body cut at
+        ROBOTS_MAX_BYTES. Raises Unreachable when no answer comes, Refused for a guarded address."""
+        try:
+            for _ in range(6):
+                self.guard.check_url(url)
+                resp = self._request(url)
+                try:
+                    if resp.status in _REDIRECTS and resp.headers.get("Location"):
+                        url = urljoin(url, resp.headers["Location"])
+                        continue
+                    return resp.status, resp.read(ROBOTS_MAX_BYTES)
+                finally:
+                    _discard(resp)
+                    if self.s.per_host_rate:  # the next request to this host keeps the rate (see _Dispatch)
+                        time.sleep(1.0 / self.s.per_host_rate)
+            return 404, b""  # a redirect loop: as if the file did not exist
+        except urllib3.exceptions.HTTPError as e:
+            raise Unreachable(*classify_exception(e)) from None
 
     def _http(self, url: str) -> tuple[bytearray, int, str]:
         started = time.monotonic()
-        resp, _ = self.open_http(url)
+        resp, _ = self.open_http(url, optouts=True)
         status = resp.status
         clean = False
         try:
@@ -594,6 +667,7 @@ class _Host:
     inflight: int = 0
     not_before: float = 0.0  # rate slot or a Retry-After pause
     listed: bool = False  # in the dispatcher's round-robin list
+    started: bool = False  # an attempt to it has been dispatched
 
 
 class _Dispatch:
@@ -651,7 +725,10 @@ class _Dispatch:
                 jid = host.pending.popleft()
                 host.inflight += 1
                 if self.s.per_host_rate and key:
-                    host.not_before = max(now, host.not_before) + 1.0 / self.s.per_host_rate
+                    # the host's first attempt also asks for robots.txt and tdmrep.json (Fetcher._get_small)
+                    slots = 1 + (0 if host.started else self.f.optout_requests(key))
+                    host.not_before = max(now, host.not_before) + slots / self.s.per_host_rate
+                host.started = True
                 self.inflight[jid] = key
                 self.attempts[jid] += 1
                 work.put(self.jobs[jid])

@@ -241,7 +241,10 @@ class ChildProcessor:
         child.close()
 
     def read_from(self, raw_tar: str | os.PathLike) -> None:
+        """Waits until the child has the file open: the caller may rename it (a part whose records all
+        fail is written and renamed at once), and an open file survives that, a path does not."""
         self._send(("raw", os.fspath(raw_tar)))
+        self._reply(last=False)
 
     def submit(self, rid: int, record: dict, fields: dict | bytes, data: bytes | None = None, where: tuple[int, int] | None = None) -> None:
         if where is None:
@@ -267,13 +270,14 @@ class ChildProcessor:
         except OSError:
             raise RuntimeError(f"the resize process ended early (exit code {self._child.exitcode})") from None
 
-    def _reply(self):
+    def _reply(self, last: bool = True):
         try:
             kind, value = self._conn.recv()
         except (EOFError, OSError):
             self._child.join(timeout=5)
             raise RuntimeError(f"the resize process ended early (exit code {self._child.exitcode})") from None
-        self._child.join(timeout=60)
+        if last or kind == "error":
+            self._child.join(timeout=60)
         if kind == "error":
             raise RuntimeError(f"in the resize process: {value}")
         return value
@@ -294,6 +298,7 @@ def _child_main(conn, out_tar: str, resize: ResizeSettings, captions: CaptionSet
                 proc.submit(msg[1], msg[2], msg[3], where=msg[4])
             elif msg[0] == "raw":
                 proc.read_from(msg[1])
+                conn.send(("opened", None))
             elif msg[0] == "finish":
                 conn.send(("done", proc.finish(*msg[1:])))
                 return

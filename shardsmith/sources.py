@@ -198,6 +198,14 @@ def iter_shard_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
         yield [{"source_id": url, "url": url, "key": "", "fields": "{}"}]
 
 
+def local_folders(src: dict) -> list[str]:
+    """The folders a source's local paths may be read from by default: a local manifest's folder (and below),
+    a folder source's folder, a local shard pattern's fixed folder; none for remote paths."""
+    if REMOTE.match(src["path"]):
+        return []
+    return [src["path"] if src["type"] == "folder" else static_dir(src["path"])]
+
+
 ITERATORS = {"manifest": iter_manifest_parts, "folder": iter_folder_parts, "shards": iter_shard_parts}
 
 

@@ -99,6 +99,13 @@ STAGE_HINTS = {
     "process": "check that sample keys are unique (key_column)",
     "shard": "check that sample keys are unique across sources",
 }
+# Refusals of the download guard (shardsmith.netguard): the setting that lifts each.
+GUARD_HINTS = {
+    "blocked_address": "the network guard refused their addresses (loopback, private, link-local, ...); "
+    "for a network of your own, list it in download.allow_networks (or its hosts in download.allow_hosts)",
+    "outside_allowed_folders": "their local paths are outside the sources' own folders; "
+    "list the folders they may read in download.allow_local_folders",
+}
 
 
 def _main_logs(main_log: str | list[str] | None) -> list[str]:
@@ -158,7 +165,7 @@ def failure_text(main_log: str | list[str] | None, out_dir: str) -> str:
 
             top = sorted(stats["rejected_by_reason"].items(), key=lambda kv: -kv[1])[:3]
             stage, _, code = top[0][0].partition("/") if top else ("", "", "")
-            hint = STAGE_HINTS.get(stage, "see rejected.parquet")
+            hint = GUARD_HINTS.get(code) or STAGE_HINTS.get(stage, "see rejected.parquet")
             if code in S3_HINTS:  # credentials, endpoint, bucket: say which setting
                 hint += f"; for s3:// sources, {S3_HINTS[code]}"
             reasons = ", ".join(f"{r} {n}" for r, n in top)

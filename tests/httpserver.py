@@ -132,6 +132,11 @@ class HTTPTestServer:
         with self.state.lock:
             return self.state.counts[path]
 
+    def total(self) -> int:
+        """Requests of any path so far."""
+        with self.state.lock:
+            return sum(self.state.counts.values())
+
     def times(self, path: str) -> list[float]:
         with self.state.lock:
             return list(self.state.times[path])

@@ -123,6 +123,7 @@ def refusals():
         ("missing manifest", lambda c: _set(c, "sources.0.path", c["sources"][0]["path"] + ".nope"), ["sources[0]", "does not exist"]),
         ("duplicate source names", lambda c: _set(c, "sources.2.name", "tsv"), ["sources", "tsv", "unique"]),
         ("columns on a folder source", lambda c: _set(c, "sources.1.columns", ["url"]), ["sources[1]", "columns"]),
+        ("a network that is not one", lambda c: _set(c, "download", {"allow_networks": ["10.0.0.0/8", "intranet"]}), ["download.allow_networks", "'intranet'", "CIDR"]),
     ]  # fmt: skip
 
 

@@ -167,3 +167,45 @@ def test_same_named_source_shards_in_different_folders_give_distinct_keys(tmp_pa
     statuses, _ = run(tmp_path, shard_source(tmp_path / "{2023,2024}" / "000000.tar"))
     keys = [k for s in statuses for k in s["key"]]
     assert len(set(keys)) == 2
+
+
+def test_local_reads_stay_inside_the_sources_folders(tmp_path):
+    """A manifest's local paths are read below its own folder (or download.allow_local_folders); a folder
+    source's links out of the folder, image or sidecar, and a shard linked in from elsewhere are refused."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "photo.jpg").write_bytes(jpeg_bytes(color=(5, 5, 5)))
+    (secret / "notes.txt").write_text("private notes")
+    write_tar(secret / "other.tar", [tar_entry("s.jpg", jpeg_bytes()), tar_entry("s.txt", b"an archived photo")])
+
+    data = tmp_path / "data"
+    (data / "img").mkdir(parents=True)
+    (data / "img" / "in.jpg").write_bytes(jpeg_bytes())
+    rows = [str(data / "img" / "in.jpg"), str(secret / "photo.jpg"), f"{data}/../secret/photo.jpg"]
+    (data / "m.tsv").write_text("".join(f"caption {i}\t{u}\n" for i, u in enumerate(rows)))
+    src = {"name": "m", "type": "manifest", "path": str(data / "m.tsv"), "columns": ["caption", "url"]}
+    [status], _ = run(tmp_path / "manifest", src)
+    assert list(status["reason"]) == ["", "outside_allowed_folders", "outside_allowed_folders"]
+
+    plan_parts([src], 100, tmp_path / "again" / "parts")
+    part = str(tmp_path / "again" / "parts" / "m-000000.parquet")
+    status = download_part(part, str(tmp_path / "again" / "r.tar"), str(tmp_path / "again" / "r.status.parquet"), src,
+                           {"allow_local_folders": [str(secret)]}, log=lambda _: None)  # fmt: skip
+    assert list(status["status"]) == ["ok"] * 3
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "a.jpg").write_bytes(jpeg_bytes())
+    (photos / "b.jpg").write_bytes(jpeg_bytes())
+    (photos / "b.txt").symlink_to(secret / "notes.txt")  # a sidecar linked out
+    (photos / "c.jpg").symlink_to(secret / "photo.jpg")  # an image linked out
+    [status], [raw] = run(tmp_path / "folder", {"name": "p", "type": "folder", "path": str(photos)})
+    assert list(status["reason"]) == ["", "outside_allowed_folders", "outside_allowed_folders"]
+    assert "notes.txt" in status["detail"][1] and "photo.jpg" in status["detail"][2]
+    assert b"private notes" not in b"".join(m["meta"] for m in raw.values())
+
+    (tmp_path / "shards").mkdir()
+    write_tar(tmp_path / "shards" / "x-0.tar", [tar_entry("k.jpg", jpeg_bytes()), tar_entry("k.txt", b"a photo")])
+    (tmp_path / "shards" / "x-1.tar").symlink_to(secret / "other.tar")
+    statuses, _ = run(tmp_path / "shards-run", shard_source(tmp_path / "shards" / "x-{0..1}.tar"))
+    assert [list(s["reason"]) for s in statuses] == [[""], ["outside_allowed_folders"]]

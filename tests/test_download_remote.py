@@ -10,7 +10,7 @@ import tarfile
 import pandas as pd
 from conftest import jpeg_bytes
 from httpserver import Reply, http_server  # noqa: F401 - fixture
-from servers import s3_bucket, s3_server  # noqa: F401 - fixtures
+from servers import ALLOW_LOOPBACK, s3_bucket, s3_server  # noqa: F401 - fixtures
 from test_download import assert_ledger, read_raw
 
 from shardsmith.download import Keep, download_part, main, mark_failed
@@ -19,7 +19,7 @@ from shardsmith.sources import plan_parts
 
 FAST = dict(
     concurrency=4, per_host_concurrency=4, connect_timeout_s=2, read_timeout_s=1, request_timeout_s=2,
-    retries=2, backoff_s=0.05, backoff_max_s=0.2, part_deadline_s=60,
+    retries=2, backoff_s=0.05, backoff_max_s=0.2, part_deadline_s=60, **ALLOW_LOOPBACK,
 )  # fmt: skip
 
 
@@ -118,6 +118,22 @@ def test_rerun_fetches_only_retryable_failures_and_keeps_the_rest(tmp_path, http
     snakemake_deletes_outputs(tmp_path)
     [(third, _)] = run(tmp_path, src)
     assert third.equals(second) and {p: s.count(p) for p in counts} == after
+
+
+def test_kept_records_are_published_only_while_the_guard_allows_them(tmp_path, http_server):
+    """Bytes kept in the raw cache from a run that allowed a network are not reused once it is no longer
+    allowed: a rerun refuses them (nothing fetched) and the raw tar no longer holds them."""
+    s = http_server
+    img = jpeg_bytes()
+    write_manifest(tmp_path / "m.parquet", [{"url": s.route("/a.jpg", Reply(body=img)), "caption": "a"}])
+    src = manifest_source(tmp_path / "m.parquet")
+    [(first, _)] = run(tmp_path, src)
+    assert reasons(first) == ["ok"] and s.count("/a.jpg") == 1
+
+    snakemake_deletes_outputs(tmp_path)
+    [(second, raw)] = run(tmp_path, src, allow_networks=[])
+    assert reasons(second) == ["blocked_address"] and "127.0.0.1 (loopback)" in second["detail"][0]
+    assert raw == {} and s.count("/a.jpg") == 1
 
 
 def test_a_changed_record_is_fetched_again_and_captions_follow_the_manifest(tmp_path, http_server):

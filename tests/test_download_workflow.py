@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import jpeg_bytes
 from httpserver import Reply, http_server  # noqa: F401 - fixture
-from servers import s3_bucket, s3_server  # noqa: F401 - fixtures
+from servers import ALLOW_LOOPBACK, s3_bucket, s3_server  # noqa: F401 - fixtures
 from test_download_remote import shard_tar
 
 from shardsmith.leftovers import find_leftovers
@@ -21,7 +21,7 @@ from shardsmith.s3 import upload
 from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow
 
 pytestmark = pytest.mark.workflow
-FAST = {"retries": 1, "backoff_s": 0.05, "backoff_max_s": 0.1, "connect_timeout_s": 5, "read_timeout_s": 5}
+FAST = {"retries": 1, "backoff_s": 0.05, "backoff_max_s": 0.1, "connect_timeout_s": 5, "read_timeout_s": 5, **ALLOW_LOOPBACK}
 
 
 def web_config(root, sources: list[dict], **overrides) -> dict:
@@ -160,3 +160,44 @@ def test_killed_run_resumes_with_only_the_unfinished_part(tmp_path, http_server)
     result = json.loads(stats.read_text())
     assert (result["input_records"], result["published"], result["rejected"]) == (8, 8, 0)
     assert find_leftovers([root]) == []  # the killed jobs' temporary files (both processes') went with the rerun
+
+
+def test_refusals_land_in_the_ledger_with_their_reasons_and_in_the_summary(tmp_path, http_server):
+    """A manifest from strangers: every refused row is a ledger row with its reason and detail, counted in
+    stats.json and the end-of-run summary. All traffic stays on loopback: the server is allowed by its name
+    (localhost) only, so its numeric address stands in for a refused network."""
+    s = http_server
+    imgs = [jpeg_bytes(color=(i * 40, 90, 60)) for i in range(4)]
+    s.route("/robots.txt", Reply(body=b"User-agent: *\nDisallow: /private/\n", headers=[("Content-Type", "text/plain")]))
+    s.route("/.well-known/tdmrep.json", Reply(body=b'[{"location": "/reserved/", "tdm-reservation": 1}]'))
+    root = tmp_path / "run"
+    (root / "data").mkdir(parents=True)
+    (tmp_path / "elsewhere.jpg").write_bytes(imgs[3])
+    (root / "data" / "link.jpg").symlink_to(tmp_path / "elsewhere.jpg")
+    named = lambda path: s.url(path, host="localhost")  # noqa: E731
+    rows = [
+        {"url": s.route("/ok.jpg", Reply(body=imgs[0])).replace("127.0.0.1", "localhost"), "caption": "a fine photo"},
+        {"url": s.route("/by-address.jpg", Reply(body=imgs[1])), "caption": "loopback by address"},
+        {"url": named("/private/p.jpg"), "caption": "robots says no"},
+        {"url": named("/reserved/r.jpg"), "caption": "rights reserved"},
+        {"url": named("/ok.jpg").replace("://", "://user:pw@"), "caption": "with a password"},
+        {"url": str(tmp_path / "elsewhere.jpg"), "caption": "a file outside"},
+        {"url": str(root / "data" / "link.jpg"), "caption": "a link out of the folder"},
+    ]
+    pd.DataFrame(rows).to_parquet(root / "data" / "manifest.parquet", index=False)
+    sources = [{"name": "web", "type": "manifest", "path": str(root / "data" / "manifest.parquet")}]
+    config = web_config(root, sources, download={**FAST, "allow_networks": [], "allow_hosts": ["localhost"]})
+    proc = run_workflow(root, config, str(root / "output" / "web" / "stats.json"))
+
+    stats = json.loads((root / "output" / "web" / "stats.json").read_text())
+    assert (stats["input_records"], stats["published"], stats["rejected"]) == (7, 1, 6)
+    assert stats["rejected_by_reason"] == {
+        "download/blocked_address": 1, "download/robots_disallowed": 1, "download/tdm_reserved": 1,
+        "download/credentials_in_url": 1, "download/outside_allowed_folders": 2,
+    }  # fmt: skip
+    ledger = pd.read_parquet(root / "output" / "web" / "rejected.parquet").set_index("url")
+    assert "127.0.0.1 (loopback)" in ledger.loc[rows[1]["url"], "detail"]
+    assert "resolves to" in ledger.loc[rows[6]["url"], "detail"]
+    assert "pw" not in ledger.loc[rows[4]["url"], "detail"]
+    assert s.count("/by-address.jpg") == s.count("/private/p.jpg") == s.count("/reserved/r.jpg") == 0
+    assert "download/blocked_address" in proc.stdout + proc.stderr  # the end-of-run summary

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from conftest import jpeg_bytes
 from httpserver import Reply, http_server, redirect  # noqa: F401 - fixture
-from servers import free_port
+from servers import ALLOW_LOOPBACK, free_port
 
 from shardsmith.fetch import (
     AttemptError,
@@ -15,7 +15,6 @@ from shardsmith.fetch import (
     FetchSettings,
     Outcome,
     check_hash,
-    opted_out,
     parse_retry_after,
     sniff_image,
 )
@@ -27,6 +26,7 @@ JPEG = [("Content-Type", "image/jpeg")]
 FAST = dict(
     concurrency=8, per_host_concurrency=8, connect_timeout_s=2, read_timeout_s=1.5, request_timeout_s=3,
     retries=2, backoff_s=0.05, backoff_max_s=0.2, retry_after_max_s=2, max_bytes=100_000, part_deadline_s=30,
+    **ALLOW_LOOPBACK,
 )  # fmt: skip
 
 
@@ -199,6 +199,7 @@ def test_local_files_and_sizes(tmp_path):
     out = fetch(
         {"a": str(tmp_path / "a.jpg"), "big": f"file://{tmp_path / 'big.jpg'}", "gone": str(tmp_path / "x.jpg")},
         max_bytes=1000,
+        allow_local_folders=[str(tmp_path)],
     )
     assert [summary(out[k]) for k in ("a", "big", "gone")] == [("ok", 0, 1), ("too_large", 0, 1), ("not_found", 0, 1)]
 
@@ -211,16 +212,6 @@ def test_sniff_image_knows_images_by_their_bytes():
     assert sniff_image(b"\x00\x00\x00\x1cftypavif\x00") == "avif"
     for not_image in (b"<!DOCTYPE html><html>", b'{"error": 1}', b"", b"Access denied", b"<svg xmlns="):
         assert sniff_image(not_image) is None
-
-
-def test_optout_directives_follow_img2dataset():
-    directives = ("noai", "noimageai", "noindex", "noimageindex")
-    assert opted_out(["noai"], "shardsmith", directives) == "noai"
-    assert opted_out(["NoImageIndex, nofollow"], "shardsmith", directives)
-    assert opted_out(["shardsmith: noai"], "shardsmith", directives)
-    assert opted_out(["otherbot: noai"], "shardsmith", directives) is None
-    assert opted_out(["nofollow", "noarchive"], "shardsmith", directives) is None
-    assert opted_out([], "shardsmith", directives) is None
 
 
 def test_retry_after_values():

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import jpeg_bytes
 from httpserver import Reply, http_server  # noqa: F401 - fixture
-from servers import s3_server  # noqa: F401 - fixture
+from servers import ALLOW_LOOPBACK, s3_server  # noqa: F401 - fixture
 from snakemake.utils import validate
 
 from shardsmith import newconfig
@@ -417,11 +417,15 @@ def test_written_config_is_complete_commented_and_explicit_about_embed_and_publi
 # --- runs as written ----------------------------------------------------------------------------------------
 
 
-def run_as_written(root: Path, *paths) -> tuple[dict, Path]:
-    """new-config's stdout, unchanged, as the config of a real snakemake run in `root`; (config, output folder)."""
+def run_as_written(root: Path, *paths, allow_loopback: bool = False) -> tuple[dict, Path]:
+    """new-config's stdout, unchanged, as the config of a real snakemake run in `root`; (config, output folder).
+
+    `allow_loopback` appends the one thing a user adds for a manifest of URLs on this machine: the network
+    guard's allow list for the test server."""
     proc = cli(*paths, "--out", root / "build")
     assert proc.returncode == 0, proc.stderr
-    (root / "my.yaml").write_text(proc.stdout)
+    allow = f"\ndownload:\n  allow_networks: {ALLOW_LOOPBACK['allow_networks']}\n" if allow_loopback else ""
+    (root / "my.yaml").write_text(proc.stdout + allow)
     cmd = [
         str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile", str(root / "my.yaml"),
         "--workflow-profile", "none", "--cores", "2",
@@ -493,7 +497,8 @@ def test_cc3m_cc12m_parquet_folder_and_shards_config_runs_as_written(tmp_path, h
 
     cc12m_url = http_server.route("/manifests/cc12m.tsv", Reply(body=Path(cc12m).read_bytes(), headers=[]))
     config, out = run_as_written(  # the CC12M manifest itself over http: read by the workflow as by new-config
-        tmp_path, cc3m, cc12m_url, data / "parquet_rows.parquet", folder, data / "shards" / "old-0.tar"
+        tmp_path, cc3m, cc12m_url, data / "parquet_rows.parquet", folder, data / "shards" / "old-0.tar",
+        allow_loopback=True,
     )
     assert [s["name"] for s in config["sources"]] == ["cc3m", "cc12m", "parquet_rows", "photos", "old_0"]
     published, rejected = published_and_rejected(out)

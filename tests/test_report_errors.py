@@ -202,6 +202,11 @@ def test_failure_text_adds_the_top_reasons_when_nothing_was_published(tmp_path):
     (out / "stats.json").write_text(json.dumps(stats))
     text = failure_text(snakemake_log(tmp_path, tmp_path / "gone.log"), str(out))
     assert "(download/no_credentials 3)" in text and "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in text
+    stats = {"input_records": 3, "published": 0, "rejected_by_reason": {"download/blocked_address": 3}}
+    (out / "stats.json").write_text(json.dumps(stats))
+    text = failure_text(snakemake_log(tmp_path, tmp_path / "gone.log"), str(out))
+    assert "(download/blocked_address 3): the network guard refused their addresses" in text
+    assert "download.allow_networks" in text
 
 
 def test_progress_lines_have_counts_rate_and_time_left(caplog):

@@ -10,7 +10,7 @@ from shardsmith.errors import ConfigError
 from shardsmith.keys import make_key
 from shardsmith.sources import RECORD_COLUMNS, plan_parts
 from httpserver import Reply, http_server  # noqa: F401 - fixture
-from servers import s3_bucket, s3_server  # noqa: F401 - fixtures
+from servers import ALLOW_LOOPBACK, s3_bucket, s3_server  # noqa: F401 - fixtures
 
 
 def manifest(name: str, path, **extra) -> dict:
@@ -193,7 +193,7 @@ def test_remote_manifests_are_read_through_the_projects_own_clients(tmp_path, ht
     parquet_url = http_server.route("/data/m.parquet?sig=abc", Reply(body=(tmp_path / "m.parquet").read_bytes()))
     (tmp_path / "m.tsv.gz").write_bytes(gzip.compress(b"a bird\thttp://x/c.jpg\nthe sea\thttp://x/d.jpg\n"))
     run(s3_server, "s3", "cp", str(tmp_path / "m.tsv.gz"), f"s3://{s3_bucket}/cc3m/m.tsv.gz")
-    fetcher = Fetcher(FetchSettings(), s3_server, log=lambda _: None)
+    fetcher = Fetcher(FetchSettings(**ALLOW_LOOPBACK), s3_server, log=lambda _: None)
     sources = [
         manifest("web", parquet_url),  # parquet over http, format told from the URL's path, query aside
         manifest("bucket", f"s3://{s3_bucket}/cc3m/m.tsv.gz", columns=["caption", "url"]),  # gzipped TSV on S3
@@ -209,6 +209,6 @@ def test_remote_manifests_are_read_through_the_projects_own_clients(tmp_path, ht
 def test_a_remote_manifest_that_cannot_be_read_is_a_one_line_config_error(tmp_path, http_server):
     from shardsmith.fetch import Fetcher, FetchSettings
 
-    fetcher = Fetcher(FetchSettings(retries=0), log=lambda _: None)
+    fetcher = Fetcher(FetchSettings(retries=0, **ALLOW_LOOPBACK), log=lambda _: None)
     with pytest.raises(ConfigError, match=r"manifest http://127\.0\.0\.1:\d+/gone\.tsv cannot be read: not_found"):
         plan_parts([manifest("web", http_server.url("/gone.tsv"))], 100, tmp_path / "parts", fetcher)
