@@ -48,6 +48,8 @@ def write_parts(folder: Path, samples: int, part_size: int, rng: np.random.Gener
                 "bytes": rng.integers(10_000, 90_000, n),
                 "sha256": [f"{x:064x}" for x in rng.integers(0, 2**62, n)], "caption_length": rng.integers(5, 300, n),
                 "caption_field": "caption", "passthrough": rng.random(n) < 0.3,
+                "phash": [f"{x:016x}" for x in rng.integers(0, 2**63, n)],
+                "phash_mirror": [f"{x:016x}" for x in rng.integers(0, 2**63, n)],
                 "jpg_offset": i * 4096, "jpg_size": 3000, "txt_offset": i * 4096 + 3584, "txt_size": 40,
                 "json_offset": i * 4096 + 3712, "json_size": 300,
             }

@@ -114,6 +114,10 @@ def get_all_part_samples(wildcards):
     return expand(rules.download_part.output.samples, part=get_part_ids())
 
 
+def get_all_part_tars(wildcards):
+    return expand(rules.download_part.output.processed, part=get_part_ids())
+
+
 def get_exclusions(wildcards):
     """Tables of samples to leave out of the shards (key, stage, reason, detail), from optional stages."""
     tables = []
@@ -123,10 +127,29 @@ def get_exclusions(wildcards):
 
 
 def get_dedupe_settings():
-    """Where plan_shards looks for records already published (scheduled refreshes), or None when it does not."""
-    if not (config["publish"]["dest"] and config["publish"]["dedupe"]):
+    """Where plan_shards reads the published versions (scheduled refreshes: records already published, and
+    near-duplicates of published images), or None when it does not."""
+    near = config["dedupe"]["near"] != "off"
+    if not (config["publish"]["dest"] and (config["publish"]["dedupe"] or near)):
         return None
-    return {"dest": config["publish"]["dest"], "dataset": DATASET, "s3": config["s3"]}
+    return {
+        "dest": config["publish"]["dest"],
+        "dataset": DATASET,
+        "s3": config["s3"],
+        "exact": config["publish"]["dedupe"],
+    }
+
+
+def get_near_embeddings(wildcards):
+    """The parts' CLIP image embeddings, when the near-duplicate search uses them."""
+    d = config["dedupe"]
+    if (
+        d["near"] == "off"
+        or d["embedding_min_similarity"] is None
+        or not config["embed"]["enabled"]
+    ):
+        return []
+    return expand(rules.embed_part.output.embeddings, part=get_part_ids())
 
 
 def get_embed_settings():
@@ -315,6 +338,8 @@ def get_report_outputs():
     ]
     if config["embed"]["enabled"]:
         outputs += rules.plot_embeddings.output
+    if config["dedupe"]["near"] != "off":
+        outputs += rules.plot_near_duplicates.output
     return outputs
 
 

@@ -113,3 +113,30 @@ rule write_card:
         config=get_card_config(),
     script:
         "../scripts/write_card.py"
+
+
+# Near-duplicate images (plan_shards found them): the distances, and example pairs to judge the thresholds by.
+rule plot_near_duplicates:
+    input:
+        plan_dir=ancient(rules.plan_shards.output[0]),  # see write_shard
+        samples=get_all_part_samples,
+        tars=get_all_part_tars,
+    output:
+        distances=report(
+            f"{WORK}/report/near_distances.png",
+            caption="../report/near_distances.rst",
+            category="7. Near-duplicates",
+            labels={"figure": "distances to the kept sample"},
+        ),
+        pairs=report(
+            f"{WORK}/report/near_pairs.png",
+            caption="../report/near_pairs.rst",
+            category="7. Near-duplicates",
+            labels={"figure": "example pairs, nearest to farthest"},
+        ),
+    log:
+        f"{LOGS}/plot_near_duplicates.log",
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../scripts/plot_near_duplicates.py"

@@ -2,6 +2,7 @@ checkpoint plan_shards:
     input:
         samples=get_all_part_samples,
         exclusions=get_exclusions,
+        embeddings=get_near_embeddings,
     output:
         directory(f"{WORK}/plan/shards"),
     log:
@@ -13,6 +14,10 @@ checkpoint plan_shards:
         # scheduled refreshes: new records whose image is already published are left out (stage dedupe);
         # done here rather than in a job of its own, which cost a job start-up on every run's critical path
         dedupe=get_dedupe_settings(),
+        # near-duplicate images (shardsmith.neardup): found here, after the other exclusions, so a sample
+        # left out for another reason keeps nothing out
+        near=config["dedupe"],
+        scratch=SCRATCH,
     script:
         "../scripts/plan_shards.py"
 

@@ -130,6 +130,28 @@ def _clip_section(emb: dict) -> list[str]:
     return lines + [""]
 
 
+def _near_section(near: dict) -> list[str]:
+    """Near-duplicate images: the settings, the counts, and the distances found (plan_shards' summary)."""
+    s = near["settings"]
+    left = "left out" if s["near"] == "exclude" else "only reported (`dedupe.near: report`): every one is in the shards"
+    signals = f"pHash distance at most {s['phash_max_distance']} of 64 bits (an image or its mirror image)"
+    if s.get("embedding_min_similarity") is not None:
+        signals += f", or CLIP image cosine similarity at least {s['embedding_min_similarity']}"
+    out = [
+        "## Near-duplicates",
+        "",
+        f"Of {near['samples_compared']:,} samples compared, {near['samples_in_groups']:,} fall in {near['groups']:,} groups "
+        f"of near-duplicate images ({signals}), within this version and against the published ones. One sample",
+        f"of each group is kept (already published, else the largest image, else the earliest record); the other "
+        f"{near['near_duplicates']:,} are {left}.",
+        "",
+    ]
+    for signal, hist in near.get("distances", {}).items():
+        label = "pHash distance (bits)" if signal == "phash" else "cosine similarity"
+        out += _table([label, "samples"], [[k, v] for k, v in hist.items()]) + [""]
+    return out
+
+
 def _other_loaders(shards: list[str], config: dict) -> list[str]:
     """NVIDIA DALI and Megatron-Energon read the same folder through the index files beside the shards."""
     from shardsmith import dali, energon
@@ -161,6 +183,7 @@ def card_text(
     loader: str | None,
     emb_stats: dict | None = None,
     versions: dict[str, str] | None = None,
+    near: dict | None = None,
 ) -> str:
     """The dataset card (Markdown) of one built version."""
     from shardsmith.report import funnel, ordered_stages
@@ -229,6 +252,8 @@ def card_text(
     out += [""]
     if emb_stats is not None:
         out += _clip_section(emb_stats)
+    if near is not None:
+        out += _near_section(near)
     out += [
         "## Build",
         "",
@@ -259,7 +284,7 @@ def card_text(
         ["`*.idx`", "NVIDIA DALI's index per shard (`fn.readers.webdataset(index_paths=...)`)"],
         ["`*.tar.idx`, `.nv-meta/`", "Megatron-Energon's per-shard sample offsets, dataset type, splits and sample index"],
         ["`wids-index.json`", "wids shard index: url, nsamples, md5sum, filesize per shard"],
-        ["`manifest.parquet`", "one row per sample: key, shard, source, URL, sizes, bytes, sha256, caption length"],
+        ["`manifest.parquet`", "one row per sample: key, shard, source, URL, sizes, bytes, sha256, caption length, perceptual hash (pHash, and of the mirror image)"],
         ["`rejected.parquet`", "one row per rejected record, with stage, reason and detail"],
         ["`stats.json`", "the counts above"],
         ["`validation.json`", "what validation checked, and with which loader"],

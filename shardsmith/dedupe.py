@@ -21,6 +21,8 @@ STAGE = "dedupe"
 REASON = "already_published"
 EXCLUSION_COLUMNS = ["key", "stage", "reason", "detail"]
 PUBLISHED_COLUMNS = ["version", "key", "source_id", "url", "sha256"]
+# read too where a version has them (the near-duplicate step compares them; older versions lack the hashes)
+NEAR_COLUMNS = ["width_before", "height_before", "phash", "phash_mirror"]
 
 
 class PublishedManifestError(RuntimeError):
@@ -28,7 +30,8 @@ class PublishedManifestError(RuntimeError):
 
 
 def published_records(dest: str, dataset: str, s3: S3Settings | None = None) -> pd.DataFrame:
-    """key, source_id, url, sha256 of every sample in every complete version, oldest version first.
+    """key, source_id, url, sha256 (and NEAR_COLUMNS, empty where a version lacks them) of every sample in
+    every complete version, oldest version first.
 
     Each manifest is checked against the sha256 its completion marker records: a damaged or replaced
     manifest stops the refresh instead of letting duplicates through.
@@ -42,10 +45,13 @@ def published_records(dest: str, dataset: str, s3: S3Settings | None = None) -> 
         data = store.read(f"{version}/manifest.parquet")
         if data is None or hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise PublishedManifestError(f"{store.where(version)}/manifest.parquet is missing or differs from its {version} marker")
-        df = pd.read_parquet(io.BytesIO(data), columns=PUBLISHED_COLUMNS[1:])
-        frames.append(df.assign(version=version)[PUBLISHED_COLUMNS])
+        df = pd.read_parquet(io.BytesIO(data))
+        for c in NEAR_COLUMNS:
+            if c not in df.columns:
+                df[c] = 0 if c.endswith("before") else ""
+        frames.append(df.assign(version=version)[PUBLISHED_COLUMNS + NEAR_COLUMNS])
     if not frames:
-        return pd.DataFrame({c: pd.Series(dtype=str) for c in PUBLISHED_COLUMNS})
+        return pd.DataFrame({c: pd.Series(dtype=str) for c in PUBLISHED_COLUMNS + NEAR_COLUMNS})
     return pd.concat(frames, ignore_index=True)
 
 
@@ -80,9 +86,9 @@ def already_published(samples: pd.DataFrame, published: pd.DataFrame) -> pd.Data
     return pd.DataFrame(rows, columns=EXCLUSION_COLUMNS)
 
 
-def write_exclusions(sample_paths: list[str], dest: str, dataset: str, out: str | os.PathLike, s3: S3Settings | None = None) -> dict:
-    """Write the exclusion table for the processed parts' samples; returns counts for the log."""
-    published = published_records(dest, dataset, s3)
+def write_exclusions(sample_paths: list[str], published: pd.DataFrame, out: str | os.PathLike) -> dict:
+    """Write the exclusion table for the processed parts' samples against `published_records`; returns counts
+    for the log."""
     cols = ["key", "source_id", "url", "sha256"]
     frames = [pd.read_parquet(p, columns=cols) for p in sample_paths]
     samples = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
@@ -97,4 +103,3 @@ def write_exclusions(sample_paths: list[str], dest: str, dataset: str, out: str 
         "kept_from_earlier_versions": kept,
         "excluded": len(excluded),
     }
-

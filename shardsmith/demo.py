@@ -54,6 +54,23 @@ def photo(rng: np.random.Generator, width: int, height: int) -> Image.Image:
     return Image.fromarray(np.clip(np.asarray(img, np.float32) + grain, 0, 255).astype(np.uint8))
 
 
+def scene(rng: np.random.Generator, width: int, height: int) -> Image.Image:
+    """A photo of its own (not a crop of a shared one): shapes in random colours, softened, with grain.
+    Two scenes are as unrelated as two photos; the near-duplicate tests and bench copy them."""
+    from PIL import ImageDraw, ImageFilter
+
+    img = Image.new("RGB", (width, height), tuple(int(c) for c in rng.integers(0, 256, 3)))
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(6, 14))):
+        x0, y0 = int(rng.integers(-width // 4, width)), int(rng.integers(-height // 4, height))
+        x1, y1 = x0 + int(rng.integers(width // 8, width // 2)), y0 + int(rng.integers(height // 8, height // 2))
+        shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
+        shape((x0, y0, x1, y1), fill=tuple(int(c) for c in rng.integers(0, 256, 3)))
+    img = img.filter(ImageFilter.GaussianBlur(2))
+    grain = rng.normal(0, 6, (height, width, 1))
+    return Image.fromarray(np.clip(np.asarray(img, np.float32) + grain, 0, 255).astype(np.uint8))
+
+
 def jpeg(img: Image.Image, quality: int = 88, **kw) -> bytes:
     buf = io.BytesIO()
     img.save(buf, "JPEG", quality=quality, **kw)

@@ -19,7 +19,7 @@ from shardsmith.tario import atomic_write_text
 
 MANIFEST_COLUMNS = [
     "key", "shard", "source_id", "source", "url", "width_before", "height_before", "width", "height",
-    "bytes", "sha256", "caption_length",
+    "bytes", "sha256", "caption_length", "phash", "phash_mirror",
 ]  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from shardsmith.tario import ShardWriter, atomic_open, read_at
 
 SAMPLE_COLUMNS = [
     "key", "source", "source_id", "url", "width_before", "height_before", "width", "height",
-    "bytes", "sha256", "caption_length", "caption_field", "passthrough",
+    "bytes", "sha256", "caption_length", "caption_field", "passthrough", "phash", "phash_mirror",
     "jpg_offset", "jpg_size", "txt_offset", "txt_size", "json_offset", "json_size",
 ]  # fmt: skip
 
@@ -156,6 +156,7 @@ class PartProcessor:
                 "width": result.width, "height": result.height, "bytes": len(result.data),
                 "sha256": hashlib.sha256(result.data).hexdigest(), "caption_length": len(caption),
                 "caption_field": field, "passthrough": result.passthrough,
+                "phash": result.phash, "phash_mirror": result.phash_mirror,
             }  # fmt: skip
             with self._lock:
                 placed = self._tar.write(record["key"], members)

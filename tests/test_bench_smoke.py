@@ -256,3 +256,13 @@ def test_the_resize_ceiling_makes_the_same_images_as_shardsmith(imageset):
     assert verdict(0.9) == {"target": ">= 0.85 of the ceiling", "measured": 0.9, "met": True}
     missed = verdict(0.7)
     assert not missed["met"] and missed["short_by"] == "18%" and missed["bounded_by"]
+
+
+def test_the_near_duplicate_bench_measures_the_step_and_its_recall(tmp_path):
+    from bench.near_bench import step_child, write_tables
+
+    paths, planted = write_tables(tmp_path, 3000, part_size=1000)
+    got = step_child(str(tmp_path), bin_size=1000)  # binned: 6000 hashes in bins of about 1000
+    found = {tuple(sorted(int(k.rsplit("-", 1)[1]) for k in pair)) for pair in got["keys"]}
+    assert len(paths) == 3 and len(planted) == 30 and got["samples"] == 3000
+    assert len(found & planted) >= 0.8 * len(planted) and got["peak_rss_mib"] > 0

@@ -73,10 +73,11 @@ def test_published_manifests_are_read_from_every_complete_version_and_checked(tm
     (tmp_path / "fast" / "ds" / "v3").mkdir()  # no marker: not read
     got = published_records(dest, "ds")
     assert got[["version", "key"]].values.tolist() == [["v1", "a"], ["v2", "a"], ["v2", "b"]]
+    assert (got["phash"] == "").all()  # manifests without perceptual hashes (older versions) read as none
 
     samples = tmp_path / "part.samples.parquet"
     frame([("a", "m:1", "u1", "s1"), ("c", "m:3", "u2", "s9"), ("d", "m:4", "u4", "s4")]).to_parquet(samples)
-    counts = write_exclusions([str(samples)], dest, "ds", tmp_path / "out.parquet")
+    counts = write_exclusions([str(samples)], got, tmp_path / "out.parquet")
     assert counts == {"versions": 2, "published_samples": 3, "samples": 3, "kept_from_earlier_versions": 1, "excluded": 1}
     assert pd.read_parquet(tmp_path / "out.parquet")["key"].tolist() == ["c"]
 

@@ -1,0 +1,29 @@
+"""Rule glue for plot_near_duplicates: logic in shardsmith.near_report."""
+
+import sys
+
+sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from shardsmith.logs import run_job
+from shardsmith.near_report import image_places, pick_examples, plot_distances, sheet
+
+
+def main() -> None:
+    plan = Path(snakemake.input.plan_dir)
+    near = pd.read_parquet(plan / "near_duplicates.parquet")
+    settings = json.loads((plan / "near_duplicates.json").read_text())["settings"]
+    plot_distances(near, settings, snakemake.output.distances)
+    part = lambda p: Path(p).name.split(".")[0]  # noqa: E731
+    samples = {part(p): p for p in snakemake.input.samples}
+    tars = {part(p): p for p in snakemake.input.tars}
+    examples = pick_examples(near)
+    sheet(examples, image_places(examples, samples, tars), snakemake.output.pairs)
+    print(f"{len(near)} near-duplicates; {len(examples)} example pairs on the sheet")
+
+
+run_job(snakemake.log[0], main)

@@ -1,0 +1,131 @@
+"""Pairs of vectors within a threshold, over more vectors than fit in memory: binned, then exact per bin.
+
+Two kinds of vector: 64-bit perceptual hashes (uint64 codes, Hamming distance at most `threshold`) and unit
+embeddings (float, cosine similarity at least `threshold`). Up to `bin_size` vectors the search is one exact
+range search (faiss's flat indexes: every pair is compared). Above that, faiss k-means (fixed seed) on a
+sample gives ceil(3n / bin_size) centroids; each vector is written to the bins of its three nearest centroids
+(in files under `scratch`), and each bin is searched exactly. Memory is then bounded by the largest bin, not
+by n; a near pair is missed only when the two vectors share none of their bins (bench/near_bench.py
+measures how often). Hamming distance on ±1 vectors is a squared L2 distance, so hashes are binned the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+Chunks = Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]  # (ids int64, vectors) chunk by chunk
+SEED = 20261124
+_TRAIN_PER_CENTROID = 64  # k-means training points per centroid (faiss warns under 39)
+BINS_PER_VECTOR = 3  # each vector goes to the bins of its 3 nearest centroids (recall against time: near_bench.py)
+
+
+def _signs(codes: np.ndarray) -> np.ndarray:
+    """uint64 codes as ±1 float32 vectors of 64 dims: squared L2 distance = 4 x Hamming distance."""
+    bits = np.unpackbits(codes.astype(">u8").view(np.uint8).reshape(-1, 8), axis=1)
+    return bits.astype(np.float32) * 2 - 1
+
+
+def _as_float(x: np.ndarray, binary: bool) -> np.ndarray:
+    return _signs(x) if binary else np.ascontiguousarray(x, dtype=np.float32)
+
+
+def exact_pairs(ids: np.ndarray, x: np.ndarray, threshold: float, binary: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(a, b, score) for every pair of rows within the threshold, a < b by row: score is the Hamming distance
+    (binary) or the cosine similarity. Ids are passed through: rows with equal ids are not paired."""
+    n = len(ids)
+    if n < 2:
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32)
+    if binary:
+        index = faiss.IndexBinaryFlat(64)
+        packed = np.ascontiguousarray(x.astype(">u8").view(np.uint8).reshape(-1, 8))
+        index.add(packed)
+        lims, dist, found = index.range_search(packed, int(threshold) + 1)  # strictly below the radius
+    else:
+        xf = np.ascontiguousarray(x, dtype=np.float32)
+        index = faiss.IndexFlatIP(xf.shape[1])
+        index.add(xf)
+        lims, dist, found = index.range_search(xf, float(threshold) - 1e-6)  # strictly above the radius
+    rows = np.repeat(np.arange(n), np.diff(lims).astype(np.int64))
+    found = found.astype(np.int64)
+    keep = (found > rows) & (ids[found] != ids[rows])
+    return ids[rows[keep]], ids[found[keep]], dist[keep].astype(np.float32)
+
+
+def best_pairs(a: np.ndarray, b: np.ndarray, score: np.ndarray, binary: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One row per unordered id pair (lower id first), its best score (least distance, most similarity)."""
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    order = np.lexsort((score if binary else -score, hi, lo))
+    lo, hi, score = lo[order], hi[order], score[order]
+    first = np.ones(len(lo), bool)
+    first[1:] = (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
+    return lo[first], hi[first], score[first]
+
+
+def near_pairs(chunks: Chunks, n: int, threshold: float, binary: bool, bin_size: int, scratch: str | os.PathLike | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """best_pairs over all `n` vectors that `chunks()` yields (read once, or twice when binned: to train, to spill)."""
+    if n <= bin_size:
+        got = list(chunks())
+        ids = np.concatenate([c[0] for c in got]) if got else np.empty(0, np.int64)
+        x = np.concatenate([c[1] for c in got]) if got else np.empty((0, 1))
+        return best_pairs(*exact_pairs(ids, x, threshold, binary), binary)
+    k = math.ceil(BINS_PER_VECTOR * n / bin_size)
+    centroids = _train(chunks, n, k, binary)
+    quantizer = faiss.IndexFlatL2(centroids.shape[1])
+    quantizer.add(centroids)
+    if scratch is not None:
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="shardsmith-near-", dir=scratch))
+    try:
+        bins = _spill(chunks, quantizer, work, binary)
+        found = [exact_pairs(*_read_bin(work, b, binary), threshold, binary) for b in bins]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    a, b, s = (np.concatenate([f[i] for f in found]) for i in range(3))
+    return best_pairs(a, b, s, binary)
+
+
+def _train(chunks: Chunks, n: int, k: int, binary: bool) -> np.ndarray:
+    """k-means centroids from an evenly strided sample of the vectors (same input, same centroids)."""
+    step = max(1, n // (k * _TRAIN_PER_CENTROID))
+    sample, seen = [], 0
+    for _, x in chunks():
+        take = np.arange((-seen) % step, len(x), step)
+        sample.append(_as_float(x[take], binary))
+        seen += len(x)
+    train = np.concatenate(sample)
+    km = faiss.Kmeans(train.shape[1], k, niter=12, seed=SEED, max_points_per_centroid=_TRAIN_PER_CENTROID * 4)
+    km.train(train)
+    return km.centroids
+
+
+def _spill(chunks: Chunks, quantizer: faiss.Index, work: Path, binary: bool) -> list[int]:
+    """Append each vector (and its id) to the files of its two nearest centroids' bins; returns the bins used."""
+    used: set[int] = set()
+    for ids, x in chunks():
+        _, nearest = quantizer.search(_as_float(x, binary), BINS_PER_VECTOR)
+        for column in range(BINS_PER_VECTOR):
+            order = np.argsort(nearest[:, column], kind="stable")
+            where = nearest[order, column]
+            starts = np.flatnonzero(np.r_[True, where[1:] != where[:-1]])
+            for s, e in zip(starts, np.r_[starts[1:], len(order)], strict=True):
+                b, rows = int(where[s]), order[s:e]
+                with open(work / f"{b}.ids", "ab") as f:
+                    f.write(np.ascontiguousarray(ids[rows], np.int64).tobytes())
+                with open(work / f"{b}.vec", "ab") as f:
+                    f.write(np.ascontiguousarray(x[rows], np.uint64 if binary else np.float16).tobytes())
+                used.add(b)
+    return sorted(used)
+
+
+def _read_bin(work: Path, b: int, binary: bool) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.fromfile(work / f"{b}.ids", dtype=np.int64)
+    raw = np.fromfile(work / f"{b}.vec", dtype=np.uint64 if binary else np.float16)
+    return ids, raw if binary else raw.reshape(len(ids), -1)
