@@ -38,6 +38,7 @@ bench: setup
 	$(PY) bench/e2e_bench.py --mix large
 	$(PY) bench/demo_overhead.py
 	$(PY) bench/memory_scale.py
+	$(PY) bench/near_bench.py
 
 lint: setup
 	$(SNAKEMAKE) --lint --workflow-profile none --configfile config/demo.yaml

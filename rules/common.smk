@@ -140,6 +140,14 @@ def get_dedupe_settings():
     }
 
 
+def get_plan_shards_mem_mb(wildcards, attempt):
+    """plan_shards holds about 100 bytes a sample while it looks for near-duplicates (bench/near_bench.py:
+    1.0 GB at 10 million), over a base of about 1 GB; the sample count is at most parts x part_size.
+    """
+    samples = len(get_part_ids()) * config["part_size"]
+    return attempt * (1000 + samples // 10_000)
+
+
 def get_near_embeddings(wildcards):
     """The parts' CLIP image embeddings, when the near-duplicate search uses them."""
     d = config["dedupe"]

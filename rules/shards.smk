@@ -9,6 +9,8 @@ checkpoint plan_shards:
         f"{LOGS}/plan_shards.log",
     conda:
         "../envs/shards.yaml"
+    resources:
+        mem_mb=get_plan_shards_mem_mb,
     params:
         layout=get_shard_layout(),
         # scheduled refreshes: new records whose image is already published are left out (stage dedupe);

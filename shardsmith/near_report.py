@@ -42,7 +42,9 @@ def plot_distances(near: pd.DataFrame, settings: dict, path: str) -> str:
             ax.legend(loc="upper left")
         ax.set_xlabel(label)
         ax.set_ylabel("samples")
-    fig.suptitle(f"near-duplicates: {len(near):,} samples near a kept one ({settings['near']})")
+    groups = near["kept_key"].nunique()
+    fate = "left out" if settings["near"] == "exclude" else "kept (dedupe.near: report)"
+    fig.suptitle(f"near-duplicates: {groups:,} groups, {len(near):,} samples near the kept one of their group, {fate}")
     return _save(fig, path)
 
 

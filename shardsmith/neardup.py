@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from shardsmith.errors import ConfigError
 from shardsmith.nearsearch import near_pairs
@@ -90,33 +91,46 @@ def candidates(sample_paths: list[str], excluded: set[str], published: pd.DataFr
     pub_index = pd.Index(first["source_id"]) if first is not None else pd.Index([])
     pub_version = first["version"].map({v: i for i, v in enumerate(versions)}).to_numpy(np.int16) if first is not None else np.empty(0, np.int16)
     present = np.zeros(len(pub_index), bool)
+    gone = first.iloc[0:0] if first is not None else None
+    if first is not None:  # samples of earlier versions whose source_id is no longer in the build: below
+        gone = first[first["phash"].notna().to_numpy() & (first["phash"] != "").to_numpy()]  # older versions: no hash
+    # filled in place, part by part: gathering the parts and concatenating them would hold every array twice
+    total = sum(pq.ParquetFile(p).metadata.num_rows for p in sample_paths) + (len(gone) if gone is not None else 0)
+    c = Candidates(
+        part=np.empty(total, np.int32), row=np.empty(total, np.int32), version=np.empty(total, np.int16),
+        area=np.empty(total, np.int64), code=np.empty(total, np.uint64), mirror=np.empty(total, np.uint64),
+        versions=versions, gone_keys=[],
+    )  # fmt: skip
     cols = ["key", "source_id", "width_before", "height_before", "phash", "phash_mirror"]
-    parts: list[tuple] = []
+    left_out = pd.Index(sorted(excluded))  # hashed once, not once a part
+    n = 0
     for p, path in enumerate(sample_paths):
         t = pd.read_parquet(path, columns=cols)
-        keep = ~t["key"].isin(excluded).to_numpy() if excluded else np.ones(len(t), bool)
+        keep = left_out.get_indexer(t["key"]) < 0 if len(left_out) else np.ones(len(t), bool)
         t = t[keep]
         pos = pub_index.get_indexer(t["source_id"]) if len(pub_index) else np.full(len(t), -1, np.intp)
         present[pos[pos >= 0]] = True
-        version = np.full(len(t), -1, np.int16)
-        version[pos >= 0] = pub_version[pos[pos >= 0]]
-        area = t["width_before"].to_numpy(np.int64) * t["height_before"].to_numpy(np.int64)
-        rows = np.flatnonzero(keep).astype(np.int32)
-        parts.append((np.full(len(t), p, np.int32), rows, version, area, _codes(t["phash"]), _codes(t["phash_mirror"])))
-    gone_keys: list[str] = []
-    if first is not None:
-        gone = first[~present & first["phash"].notna().to_numpy() & (first["phash"] != "").to_numpy()]  # older versions have no hash
-        n = len(gone)
-        area = gone["width_before"].to_numpy(np.int64) * gone["height_before"].to_numpy(np.int64)
-        version = gone["version"].map({v: i for i, v in enumerate(versions)}).to_numpy(np.int16)
-        parts.append((np.full(n, -1, np.int32), np.arange(n, dtype=np.int32), version, area, _codes(gone["phash"]), _codes(gone["phash_mirror"])))
-        gone_keys = gone["key"].tolist()
-    empty = (np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.int16), np.empty(0, np.int64), np.empty(0, np.uint64), np.empty(0, np.uint64))
-    arrays = [np.concatenate([x[i] for x in parts]) if parts else empty[i] for i in range(6)]
-    c = Candidates(*arrays, versions=versions, gone_keys=gone_keys)
-    order = np.lexsort((np.arange(len(c)), -c.area, c.version < 0))  # published, then largest, then earliest
-    c.rank = np.empty(len(c), np.int64)
-    c.rank[order] = np.arange(len(c))
+        at = slice(n, n + len(t))
+        c.part[at], c.row[at] = p, np.flatnonzero(keep)
+        c.version[at] = -1
+        c.version[at][pos >= 0] = pub_version[pos[pos >= 0]]
+        c.area[at] = t["width_before"].to_numpy(np.int64) * t["height_before"].to_numpy(np.int64)
+        c.code[at], c.mirror[at] = _codes(t["phash"]), _codes(t["phash_mirror"])
+        n += len(t)
+    if gone is not None:
+        gone = gone[~present[pub_index.get_indexer(gone["source_id"])]]
+        at = slice(n, n + len(gone))
+        c.part[at], c.row[at] = -1, np.arange(len(gone))
+        c.version[at] = gone["version"].map({v: i for i, v in enumerate(versions)}).to_numpy(np.int16)
+        c.area[at] = gone["width_before"].to_numpy(np.int64) * gone["height_before"].to_numpy(np.int64)
+        c.code[at], c.mirror[at] = _codes(gone["phash"]), _codes(gone["phash_mirror"])
+        c.gone_keys = gone["key"].tolist()
+        n += len(gone)
+    for name in ("part", "row", "version", "area", "code", "mirror"):  # less than total when some were left out
+        setattr(c, name, getattr(c, name)[:n])
+    order = np.lexsort((-c.area, c.version < 0))  # published, then largest, then earliest (lexsort is stable)
+    c.rank = np.empty(n, np.int64)
+    c.rank[order] = np.arange(n)
     return c
 
 
@@ -129,21 +143,35 @@ def _chunks(arrays: list[tuple[np.ndarray, np.ndarray]]):
     return gen
 
 
-def phash_pairs(c: Candidates, s: NearSettings, scratch: str | None = None) -> pd.DataFrame:
-    """Pairs (a, b, score) of candidates whose hashes, one of them mirrored, are within the distance."""
-    ids = np.arange(len(c), dtype=np.int64)
-    a, b, d = near_pairs(_chunks([(ids, c.code), (ids, c.mirror)]), 2 * len(c), s.phash_max_distance, True, s.bin_size, scratch)
+def representatives(c: Candidates) -> np.ndarray:
+    """For each candidate, the first in keep order with the very same hash (most often itself). Only these
+    are searched: a thousand copies of one placeholder image are one search row, not half a million pairs."""
+    order = np.lexsort((c.rank, c.code))
+    code = c.code[order]
+    start = np.r_[True, code[1:] != code[:-1]] if len(code) else np.empty(0, bool)
+    rep = np.empty(len(c), np.int64)
+    rep[order] = order[start][np.cumsum(start) - 1]
+    return rep
+
+
+def phash_pairs(c: Candidates, ids: np.ndarray, s: NearSettings, scratch: str | None = None) -> pd.DataFrame:
+    """Pairs (a, b, score) of the candidates `ids` whose hashes, one of them mirrored, are within the distance."""
+    every = len(ids) == len(c)  # the usual case: no copies, so views, not copies, of the hashes
+    chunks = _chunks([(ids, c.code if every else c.code[ids]), (ids, c.mirror if every else c.mirror[ids])])
+    a, b, d = near_pairs(chunks, 2 * len(ids), s.phash_max_distance, True, s.bin_size, scratch)
     return pd.DataFrame({"a": a, "b": b, "score": d.astype(np.float64), "signal": "phash"})
 
 
 def embedding_pairs(
-    c: Candidates, sample_paths: list[str], embedding_paths: list[str], s: NearSettings, scratch: str | None = None
+    c: Candidates, searched: np.ndarray, sample_paths: list[str], embedding_paths: list[str], s: NearSettings, scratch: str | None = None
 ) -> pd.DataFrame:
-    """Pairs of candidates of this build whose CLIP image embeddings are at least the similarity apart.
+    """Pairs of candidates of this build (those `searched` marks) whose CLIP image embeddings are at least the
+    similarity apart.
 
     A part's embeddings file holds its samples table's rows in order (embed_part); the files are read as
     the search needs them, one part in memory at a time."""
-    starts = np.searchsorted(c.part, np.arange(len(embedding_paths) + 1)) if len(c) else np.zeros(len(embedding_paths) + 1, int)
+    here = c.part[: int(np.count_nonzero(c.part >= 0))]  # this build's rows come first, in part order
+    starts = np.searchsorted(here, np.arange(len(embedding_paths) + 1))
 
     def gen() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for p, path in enumerate(embedding_paths):
@@ -152,31 +180,35 @@ def embedding_pairs(
                 keys, image = z["key"], z["image"]
             if not np.array_equal(keys, pd.read_parquet(sample_paths[p], columns=["key"])["key"].to_numpy(dtype=str)):
                 raise ValueError(f"{path} does not hold the rows of {sample_paths[p]}: run embed_part for it again")
-            yield np.arange(lo, hi, dtype=np.int64), image[c.row[lo:hi]].astype(np.float16)
+            rows = np.arange(lo, hi, dtype=np.int64)
+            take = searched[lo:hi]
+            yield rows[take], image[c.row[lo:hi][take]].astype(np.float16)
 
-    n = int(np.count_nonzero(c.part >= 0))
+    n = int(np.count_nonzero(searched & (c.part >= 0)))
     a, b, sim = near_pairs(gen, n, s.embedding_min_similarity, False, s.bin_size, scratch)
     return pd.DataFrame({"a": a, "b": b, "score": sim.astype(np.float64), "signal": "embedding"})
 
 
-def keep_one(c: Candidates, pairs: pd.DataFrame) -> list[tuple[int, int, int]]:
-    """(left out, kept, pair index) for the samples of this build left out for a kept one, in keep order."""
-    if pairs.empty:
-        return []
-    a, b = pairs["a"].to_numpy(), pairs["b"].to_numpy()
-    first = c.rank[a] < c.rank[b]
-    u, v = np.where(first, a, b), np.where(first, b, a)
-    order = np.lexsort((c.rank[v], c.rank[u]))
-    published = c.version >= 0
-    taken = np.zeros(len(c), bool)  # left out for a kept sample
-    out = []
-    for i in order:
-        keeper, other = u[i], v[i]
-        if taken[keeper] or taken[other] or published[other]:
-            continue
-        taken[other] = True
-        out.append((int(other), int(keeper), int(i)))
-    return sorted(out, key=lambda t: c.rank[t[0]])
+def keep_one(c: Candidates, pairs: pd.DataFrame, rep: np.ndarray) -> list[tuple[int, int, str, float]]:
+    """(left out, kept, signal, score) for the samples of this build left out for a kept one, in keep order
+    (see the module's rule). `pairs` are between representatives; a sample with a representative's very hash
+    goes where its representative goes: out for it (distance 0) when it is kept, out for its keeper when not."""
+    taken: dict[int, tuple[int, str, float]] = {}
+    if not pairs.empty:
+        a, b = pairs["a"].to_numpy(), pairs["b"].to_numpy()
+        first = c.rank[a] < c.rank[b]
+        u, v = np.where(first, a, b), np.where(first, b, a)
+        signal, score = pairs["signal"].to_numpy(), pairs["score"].to_numpy()
+        published = c.version >= 0
+        for i in np.lexsort((c.rank[v], c.rank[u])):
+            keeper, other = int(u[i]), int(v[i])
+            if keeper in taken or other in taken or published[other]:
+                continue
+            taken[other] = (keeper, str(signal[i]), float(score[i]))
+    for member in np.flatnonzero((rep != np.arange(len(c))) & (c.version < 0)):
+        r = int(rep[member])
+        taken[int(member)] = taken.get(r, (r, "phash", 0.0))
+    return sorted(((o, *t) for o, t in taken.items()), key=lambda t: c.rank[t[0]])
 
 
 def _keys(c: Candidates, ids: list[int], sample_paths: list[str]) -> dict[int, str]:
@@ -206,18 +238,19 @@ def find_near_duplicates(
     """NEAR_COLUMNS rows for the samples of this build that are near-duplicates of a kept sample, and how many
     samples of this build were compared."""
     c = candidates(list(sample_paths), set(excluded), published)
-    pairs = [phash_pairs(c, s, scratch)]
+    rep = representatives(c)
+    searched = rep == np.arange(len(c))
+    pairs = [phash_pairs(c, np.flatnonzero(searched), s, scratch)]
     if s.embedding_min_similarity is not None and embedding_paths:
-        pairs.append(embedding_pairs(c, list(sample_paths), list(embedding_paths), s, scratch))
+        pairs.append(embedding_pairs(c, searched, list(sample_paths), list(embedding_paths), s, scratch))
     both = pd.concat(pairs, ignore_index=True)
     both = both[(c.version[both["a"]] < 0) | (c.version[both["b"]] < 0)]  # published pairs: both stay
     both = both.drop_duplicates(["a", "b"]).reset_index(drop=True)  # the perceptual signal first: its pair is named
-    decided = keep_one(c, both)
-    keys = _keys(c, sorted({i for o, k, _ in decided for i in (o, k)}), list(sample_paths))
+    decided = keep_one(c, both, rep)
+    keys = _keys(c, sorted({i for o, k, *_ in decided for i in (o, k)}), list(sample_paths))
     part = lambda i: part_ids[c.part[i]] if c.part[i] >= 0 else ""  # noqa: E731
     version = lambda i: c.versions[c.version[i]] if c.version[i] >= 0 else ""  # noqa: E731
-    signal, score = both["signal"].to_numpy(), both["score"].to_numpy()
-    rows = [[keys[o], keys[k], version(k), signal[i], score[i], part(o), part(k)] for o, k, i in decided]
+    rows = [[keys[o], keys[k], version(k), sig, score, part(o), part(k)] for o, k, sig, score in decided]
     return pd.DataFrame(rows, columns=NEAR_COLUMNS), int(np.count_nonzero(c.part >= 0))
 
 

@@ -130,3 +130,38 @@ def test_no_samples_no_pairs(tmp_path):
     near, compared = find_near_duplicates([], [], NearSettings())
     assert near.empty and compared == 0
     assert np.array_equal(near.columns, NEAR_COLUMNS)
+
+
+def test_many_copies_of_one_image_are_one_search_row_and_all_go_out(tmp_path):
+    """A placeholder image served for a thousand URLs: each copy is left out for the kept one (distance 0),
+    and when a better sample is near them, all of them for that one, at the distance of their hash."""
+    copies = [(f"c{i:04d}", f"s:c{i}", 100, 100, flip(BASE)) for i in range(1000)]
+    near = run(tmp_path, {"p0": copies})
+    assert len(near) == 999 and set(near["kept_key"]) == {"c0000"} and set(near["distance"]) == {0}
+    near = run(tmp_path, {"p0": copies, "p1": [("big", "s:big", 900, 900, flip(BASE, 7))]})
+    assert len(near) == 1000 and set(near["kept_key"]) == {"big"} and set(near["distance"]) == {1}
+
+
+def test_embeddings_pair_samples_of_any_part_beside_published_ones(tmp_path):
+    """The semantic signal reads each part's embeddings (rows as in its samples table) while published
+    samples no longer in the build sit among the candidates too."""
+    rng = np.random.default_rng(0)
+    far = [flip(int(x)) for x in rng.integers(0, 2**63, 5)]  # hashes that pair nothing
+    parts = {"p0": [("a", "s:a", 900, 900, far[0]), ("b", "s:b", 800, 800, far[1])],
+             "p1": [("c", "s:c", 700, 700, far[2]), ("d", "s:d", 600, 600, far[3])]}  # fmt: skip
+    paths = [part(tmp_path, name, rows) for name, rows in parts.items()]
+    vectors = rng.normal(size=(4, 16))
+    vectors[3] = vectors[1] + 0.01  # d is b's copy, for the model
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    npz = []
+    for name, rows in parts.items():
+        i = [0, 1] if name == "p0" else [2, 3]
+        npz.append(str(tmp_path / f"{name}.npz"))
+        np.savez(npz[-1], key=np.array([r[0] for r in rows]), image=vectors[i].astype(np.float16))
+    published = pd.DataFrame({"version": ["v1"], "key": ["gone"], "source_id": ["s:gone"], "url": [""], "sha256": ["x"],
+                              "width_before": [10], "height_before": [10], "phash": [far[4]], "phash_mirror": ["0" * 16]})  # fmt: skip
+    near, compared = find_near_duplicates(
+        paths, list(parts), NearSettings(embedding_min_similarity=0.99), published=published, embedding_paths=npz
+    )
+    assert near[["key", "kept_key", "signal"]].values.tolist() == [["d", "b", "embedding"]] and compared == 4
+    assert near["distance"].iloc[0] == pytest.approx(float(vectors[1] @ vectors[3]), abs=2e-3)

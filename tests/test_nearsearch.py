@@ -85,3 +85,14 @@ def test_embeddings_pair_by_cosine_similarity_exact_and_binned(tmp_path):
     a, b, _ = near_pairs(chunked(ids, x), len(x), 0.95, False, bin_size=500, scratch=tmp_path)
     binned = set(zip(a.tolist(), b.tolist(), strict=True))
     assert binned <= truth and len(binned) >= 0.9 * len(truth)
+
+
+def test_binned_hashes_within_3_bits_are_all_found(tmp_path):
+    """Whatever the bins do, two hashes at most 3 bits apart agree on one 16-bit block: all are found."""
+    rng = np.random.default_rng(4)
+    codes = random_codes(rng, 8000)
+    planted = plant(rng, codes, 8, 3)
+    ids = np.arange(len(codes))
+    a, b, d = near_pairs(chunked(ids, codes), len(codes), 8, True, bin_size=300, scratch=tmp_path)
+    found = set(zip(a.tolist(), b.tolist(), strict=True))
+    assert planted <= found and found <= brute_force(codes, 8)
