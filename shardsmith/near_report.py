@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image, ImageDraw
 
-from shardsmith.report import _empty, _pyplot, _save
+from shardsmith.report import _counts_axis, _empty, _pyplot, _save
 from shardsmith.tario import atomic_open, read_at
 
 THUMB = 160  # px, the long side of a thumbnail
@@ -32,7 +32,7 @@ def plot_distances(near: pd.DataFrame, settings: dict, path: str) -> str:
         values = near.loc[near["signal"] == signal, "distance"].to_numpy(dtype=float)
         limit = settings["phash_max_distance"] if signal == "phash" else settings["embedding_min_similarity"]
         if not len(values):
-            _empty(ax, "no pairs" if limit is not None else "off (dedupe.embedding_min_similarity: null)")
+            _empty(ax, "no pairs" if limit is not None else "off: no\nembedding_min_similarity")
         elif signal == "phash":
             ax.hist(values, bins=np.arange(-0.5, max(values.max(), limit) + 1.5, 1.0), color="#4c72b0")
         else:
@@ -42,6 +42,8 @@ def plot_distances(near: pd.DataFrame, settings: dict, path: str) -> str:
             ax.legend(loc="upper left")
         ax.set_xlabel(label)
         ax.set_ylabel("samples")
+        if len(values):
+            _counts_axis(ax)
     groups = near["kept_key"].nunique()
     fate = "left out" if settings["near"] == "exclude" else "kept (dedupe.near: report)"
     fig.suptitle(f"near-duplicates: {groups:,} groups, {len(near):,} samples near the kept one of their group, {fate}")

@@ -7,7 +7,7 @@ sample gives ceil(probes x n / bin_size) centroids; each vector is written to th
 centroids (in files under `scratch`), and each bin is searched exactly. Memory is then bounded by the largest bin, not
 by n; a near pair is missed only when the two vectors share none of their bins (bench/near_bench.py
 measures how often). Hashes also go through block_pairs, which finds every pair at most 3 bits apart
-whatever the bins did (resized, recompressed and mirrored copies). `chunks()` is read once to train, once to
+whatever the bins did (most resized, recompressed and mirrored copies). `chunks()` is read once to train, once to
 spill, and for hashes 64 more times by block_pairs: callers pass views of arrays they hold. Hamming distance on ±1 vectors is a squared L2 distance, so hashes are binned the same way.
 """
 
