@@ -37,7 +37,7 @@ except WorkflowError as e:
     hint = f"Fix it in {files}; config/config.schema.yaml describes every key and its default."
     sys.exit(f"shardsmith: config error: {schema_error_message(e)}\n  {hint}")
 try:
-    check_config(config)
+    check_config(config, inputs_needed="--lint" not in sys.argv)
 except ConfigError as e:
     sys.exit(f"shardsmith: config error: {e}")
 

@@ -57,8 +57,9 @@ def output_dirs(config: dict) -> dict[str, str]:
     return dirs
 
 
-def check_paths(config: dict) -> None:
-    """Refuse output folders that coincide or nest, and outputs that overlap an input."""
+def check_paths(config: dict, inputs_needed: bool = True) -> None:
+    """Refuse output folders that coincide or nest, outputs that overlap an input, and (unless not
+    `inputs_needed`: `snakemake --lint` reads the rules, not the data) local inputs that do not exist."""
     outs = {k: _real(v) for k, v in output_dirs(config).items()}
     names = list(outs)
     for i, a in enumerate(names):
@@ -78,15 +79,15 @@ def check_paths(config: dict) -> None:
             continue
         if src["type"] == "folder":
             src_dir = _real(src["path"])
-            if not src_dir.is_dir():
+            if inputs_needed and not src_dir.is_dir():
                 raise ConfigError(f"{where}.path: folder {src['path']} does not exist.")
         else:
             src_dir = _real(static_dir(src["path"]))
             local = [p for p in expand_paths(src["path"]) if not REMOTE.match(p)]
-            if not local:
+            if inputs_needed and not local:
                 raise ConfigError(f"{where}.path: no file matches {src['path']}.")
             missing = [p for p in local if not os.path.exists(p)]
-            if src["type"] == "manifest" and missing:
+            if inputs_needed and src["type"] == "manifest" and missing:
                 raise ConfigError(f"{where}.path: manifest {missing[0]} does not exist.")
             for p in local:
                 for key, out in outs.items():
@@ -147,11 +148,11 @@ def check_download(config: dict) -> None:
             ) from None
 
 
-def check_config(config: dict) -> None:
-    """Everything beyond the schema, in the order a user would fix it."""
+def check_config(config: dict, inputs_needed: bool = True) -> None:
+    """Everything beyond the schema, in the order a user would fix it (see check_paths for `inputs_needed`)."""
     check_sources(config)
     check_download(config)
-    check_paths(config)
+    check_paths(config, inputs_needed)
 
 
 def _dotted(path: list[object]) -> str:
