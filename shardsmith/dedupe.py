@@ -12,6 +12,7 @@ import io
 import os
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from shardsmith.publish import complete_versions, open_store
 from shardsmith.s3 import S3Settings
@@ -45,7 +46,8 @@ def published_records(dest: str, dataset: str, s3: S3Settings | None = None) -> 
         data = store.read(f"{version}/manifest.parquet")
         if data is None or hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise PublishedManifestError(f"{store.where(version)}/manifest.parquet is missing or differs from its {version} marker")
-        df = pd.read_parquet(io.BytesIO(data))
+        present = set(pq.read_schema(io.BytesIO(data)).names)
+        df = pd.read_parquet(io.BytesIO(data), columns=[c for c in PUBLISHED_COLUMNS[1:] + NEAR_COLUMNS if c in present])
         for c in NEAR_COLUMNS:
             if c not in df.columns:
                 df[c] = 0 if c.endswith("before") else ""

@@ -24,13 +24,13 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from shardsmith.dedupe import EXCLUSION_COLUMNS, STAGE
 from shardsmith.errors import ConfigError
 from shardsmith.nearsearch import near_pairs
+from shardsmith.tario import atomic_open
 
-STAGE = "dedupe"
 REASON = "near_duplicate"
 NEAR_COLUMNS = ["key", "kept_key", "kept_version", "signal", "distance", "part", "kept_part"]
-EXCLUSION_COLUMNS = ["key", "stage", "reason", "detail"]
 MODES = ("report", "exclude", "off")
 _CHUNK = 100_000
 
@@ -285,8 +285,6 @@ def summary(near: pd.DataFrame, samples: int) -> dict:
 def write_tables(near: pd.DataFrame, out_dir: str | Path, exclude: bool) -> list[str]:
     """near_duplicates.parquet (always) and, with exclude, the exclusion table plan_shards reads; returns the
     exclusion tables written."""
-    from shardsmith.tario import atomic_open
-
     out_dir = Path(out_dir)
     with atomic_open(out_dir / "near_duplicates.parquet") as f:
         near.to_parquet(f, index=False)
