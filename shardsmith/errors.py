@@ -17,5 +17,14 @@ class Rejection(Exception):
         self.detail = detail
 
 
+class ReasonError(Exception):
+    """A failure with a ledger reason (a short snake_case code) and a detail saying why."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
 class ConfigError(ValueError):
     """The configuration is wrong; the message names the key and what is expected."""

@@ -22,6 +22,8 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
 
+from shardsmith.errors import ReasonError
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 REMOTE_SCHEMES = ("http", "https", "s3")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -38,13 +40,8 @@ _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 
-class Refused(Exception):
+class Refused(ReasonError):
     """A URL, address or path the guard does not allow; `reason` is its ledger reason."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 def address_refusal(ip: IPAddress) -> str | None:

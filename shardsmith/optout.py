@@ -23,19 +23,15 @@ from urllib.parse import urlsplit
 
 from protego import Protego
 
+from shardsmith.errors import ReasonError
 from shardsmith.netguard import Refused
 
 ROBOTS_MAX_BYTES = 500 * 1024  # RFC 9309: parse at least 500 KiB; what follows is ignored
 TDMREP_PATH = "/.well-known/tdmrep.json"
 
 
-class Unreachable(Exception):
+class Unreachable(ReasonError):
     """No answer for the file (`reason`: connection_error, timeout, dns_error, ...): not kept, asked again."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 # (HTTP status, body) of a small GET; raises Refused (a guarded address) or Unreachable (no answer).
