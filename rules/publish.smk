@@ -34,7 +34,9 @@ rule publish_dataset:
     priority: 1  # on the way to publish_dataset: ahead of the report jobs
     conda:
         "../envs/publish.yaml"
-    threads: 2  # files are placed and read back two at a time (cluster profile: cpus_per_task 2)
+    # one file placed and read back at a time here; the cluster profile gives it two (set-threads). Asking
+    # for two cores locally made it wait for whichever report job held the second one
+    threads: 1
     params:
         target=get_publish_target(),
         names_from=OUT,  # a file is published under its path in the output folder (.nv-meta/index.sqlite)

@@ -44,6 +44,7 @@ rule write_shard:
         energon_index=f"{OUT}/{DATASET}-{{shard}}.tar.idx",
     log:
         f"{LOGS}/write_shard/{{shard}}.log",
+    priority: 1  # on the way to publish_dataset: ahead of the report jobs
     conda:
         "../envs/validate.yaml"
     params:
