@@ -285,14 +285,21 @@ class ChildProcessor:
         return value
 
 
-def _child_main(conn, out_tar: str, resize: ResizeSettings, captions: CaptionSettings, threads: int, label: str) -> None:
-    # Decode buffers of large photos (Pillow's 16 MiB blocks) are returned to the OS when freed, rather
-    # than kept in thread heaps: the job holds its download buffers too. Measured on the large mix: job peak
-    # 556-670 MiB instead of 788-871; at the default part size it keeps the job under 1 GiB. Smaller ones
-    # stay on the heap, and up to KEPT_FREE of freed heap is kept for the next image rather than faulted in
-    # again (keep_freed_heap).
+def tune_allocator() -> None:
+    """malloc settings for a process that decodes images while another one fetches in the same job.
+
+    Decode buffers of large photos (Pillow's 16 MiB blocks) are returned to the OS when freed, rather than
+    kept in thread heaps: the job holds its download buffers too. Measured on the large mix: job peak
+    556-670 MiB instead of 788-871; at the default part size it keeps the job under 1 GiB. Smaller ones
+    stay on the heap, and up to KEPT_FREE of freed heap is kept for the next image rather than faulted in
+    again (keep_freed_heap says why that must be said).
+    """
     return_large_buffers(LARGE_BUFFER)
     keep_freed_heap(KEPT_FREE)
+
+
+def _child_main(conn, out_tar: str, resize: ResizeSettings, captions: CaptionSettings, threads: int, label: str) -> None:
+    tune_allocator()
     proc = PartProcessor(out_tar, resize, captions, threads, label=label)
     try:
         while True:
