@@ -202,3 +202,56 @@ def test_the_resize_process_reuses_freed_decode_buffers():
     # a 1400x1000 PNG decodes to 5.6 MB, about 1,400 pages of 4 KiB; with large buffers returned and
     # nothing else, this set usually costs about 700 faults an image (glibc trims the freed heap at once)
     assert faults < 50
+
+
+def test_images_that_decode_large_are_decoded_one_at_a_time(tmp_path, monkeypatch):
+    """Two camera-size PNGs decoding at once held a part's job over 1 GiB; small images and JPEGs that draft
+    mode shrinks still run beside a large one."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    import shardsmith.process as process
+
+    monkeypatch.setattr(process, "LARGE_DECODE", 300 * 200)  # the test's "large": 300x200 and up
+    monkeypatch.setattr(process, "LARGE_FILE", 1000)
+    rng = np.random.default_rng(1)
+
+    def png(w: int, h: int) -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(buf, "PNG")
+        return buf.getvalue()
+
+    big_jpeg = jpeg_bytes((1600, 1200))  # large as stored, but draft mode decodes it at 1/8: 200x150
+    images = [png(400, 300), png(40, 30), png(400, 300), png(40, 30), big_jpeg, png(400, 300), png(40, 30)]
+    large = {0, 2, 5}
+    running: set[int] = set()
+    overlaps = {"large": 0, "beside_large": 0}
+    lock = threading.Lock()
+    real = process.process_image
+
+    def watched(data, settings):
+        i = images.index(data)
+        with lock:
+            if i in large and running & large:
+                overlaps["large"] += 1
+            if i not in large and running & large:
+                overlaps["beside_large"] += 1
+            running.add(i)
+        time.sleep(0.3 if i in large else 0.05)
+        try:
+            return real(data, settings)
+        finally:
+            with lock:
+                running.discard(i)
+
+    monkeypatch.setattr(process, "process_image", watched)
+    proc = PartProcessor(str(tmp_path / "p.tar"), ResizeSettings(max_side=64, min_side=8), CaptionSettings(), threads=3)
+    assert proc._decodes_large(images[0]) and not proc._decodes_large(big_jpeg) and not proc._decodes_large(images[1])
+    rows = [{"key": f"web-{i}", "source": "web", "source_id": f"u{i}", "url": f"u{i}", "rid": i, "status": "ok", "reason": "", "detail": ""} for i in range(len(images))]
+    for i, data in enumerate(images):
+        proc.submit(i, rows[i], {"caption": f"c{i}"}, data)
+    assert proc.finish(pd.DataFrame(rows), str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet")) == (len(images), 0)
+    assert overlaps["large"] == 0
+    assert overlaps["beside_large"] > 0
