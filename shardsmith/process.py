@@ -23,7 +23,7 @@ from shardsmith.captions import CaptionSettings, pick_caption
 from shardsmith.errors import REJECT_COLUMNS, Rejection
 from shardsmith.fetch import keep_freed_heap, return_large_buffers
 from shardsmith.logs import ProgressLog
-from shardsmith.resize import ImageResult, ResizeSettings, decode_pixels, process_image
+from shardsmith.resize import ImageResult, ResizeSettings, process_image
 from shardsmith.tario import ShardWriter, atomic_open, read_at
 
 SAMPLE_COLUMNS = [
@@ -34,12 +34,7 @@ SAMPLE_COLUMNS = [
 
 
 LARGE_BUFFER = 8 << 20  # bytes; see _child_main
-KEPT_FREE = 16 << 20  # bytes kept at the top of each malloc heap; see tune_allocator
-# Images decoding to this many pixels or more (a 6000x4000 PNG: 24 MP, about 100 MB and as much again for
-# its RGB copy) are decoded one at a time per part; others, and JPEGs that draft mode shrinks, in parallel.
-# Files under LARGE_FILE bytes are not looked at first.
-LARGE_DECODE = 8_000_000
-LARGE_FILE = 1 << 20
+KEPT_FREE = 16 << 20  # bytes kept at the top of each malloc heap; see _child_main
 
 
 def raw_members(raw_tar: str | os.PathLike) -> dict[int, dict[str, tuple[int, int]]]:
@@ -108,7 +103,6 @@ class PartProcessor:
         # image then overlap the codec work of the others (measured: 5% faster on 2 cores)
         self._pool = self._stack.enter_context(ThreadPoolExecutor(max(1, threads) + 1))
         self._lock = threading.Lock()
-        self._large = threading.Semaphore(1)  # see LARGE_DECODE
         self._held = 0
         self._raw = None
         self._futures: list[Future] = []
@@ -149,8 +143,7 @@ class PartProcessor:
                     raise OSError(f"raw tar: short read at {where[0]}")
             try:
                 caption, field = pick_caption(fields, self.captions)
-                with self._large if self._decodes_large(data) else contextlib.nullcontext():
-                    result = process_image(data, self.resize)
+                result = process_image(data, self.resize)
             except Rejection as r:
                 with self._lock:
                     self.results[rid] = (r, None)
@@ -173,11 +166,6 @@ class PartProcessor:
             with self._lock:
                 self._held -= held
                 self.progress.update(1)
-
-    def _decodes_large(self, data: bytes) -> bool:
-        """Whether the image decodes to LARGE_DECODE pixels or more: two at once held a part's job over 1 GiB
-        on camera originals (default part size, 60% large photos)."""
-        return len(data) >= LARGE_FILE and decode_pixels(data, self.resize) >= LARGE_DECODE
 
     def finish(self, status: pd.DataFrame, out_samples: str, out_rejected: str) -> tuple[int, int]:
         """Wait for every submitted image, then write the samples and rejection tables in record order and

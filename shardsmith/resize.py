@@ -130,18 +130,6 @@ def fit_within(width: int, height: int, s: ResizeSettings) -> tuple[int, int]:
     return w, h
 
 
-def decode_pixels(data: bytes, s: ResizeSettings) -> int:
-    """Pixels `process_image` decodes `data` at (a JPEG at draft mode's reduction), from the header alone;
-    0 where the header does not parse (process_image then says why)."""
-    try:
-        with Image.open(io.BytesIO(data), formats=FORMATS) as im:
-            if im.format in _JPEG_FORMATS:
-                im.draft("RGB", fit_within(*im.size, s))  # sets the scale only: nothing is decoded
-            return im.size[0] * im.size[1]
-    except Exception:  # process_image rejects it with the reason
-        return 0
-
-
 def process_image(data: bytes, s: ResizeSettings) -> ImageResult:
     """Decode, check, orient, convert to RGB, shrink if over a cap, encode as JPEG.
 
