@@ -145,8 +145,10 @@ class PartProcessor:
                 caption, field = pick_caption(fields, self.captions)
                 result = process_image(data, self.resize)
             except Rejection as r:
+                # kept as a new one: the raised one's traceback holds the decoder's frames, and with them
+                # the image's bytes, until the part is done (a default-size part's job went over 1 GiB)
                 with self._lock:
-                    self.results[rid] = (r, None)
+                    self.results[rid] = (Rejection(r.stage, r.reason, r.detail), None)
                 return
             del data
             txt = caption.encode("utf-8")

@@ -202,3 +202,31 @@ def test_the_resize_process_reuses_freed_decode_buffers():
     # a 1400x1000 PNG decodes to 5.6 MB, about 1,400 pages of 4 KiB; with large buffers returned and
     # nothing else, this set usually costs about 700 faults an image (glibc trims the freed heap at once)
     assert faults < 50
+
+
+def test_rejected_images_are_not_held_until_the_part_is_done(tmp_path):
+    """A rejection's traceback holds the decoder's frames and the image's bytes: kept as raised, every
+    rejected image of a part stayed in memory until the part finished."""
+    import io
+    import tracemalloc
+
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (900, 1200, 3), dtype=np.uint8)).save(buf, "JPEG", quality=95)
+    jpeg = buf.getvalue()  # about 1.3 MB
+    rows = [{"key": f"web-{i}", "source": "web", "source_id": f"u{i}", "url": f"u{i}", "rid": i, "status": "ok", "reason": "", "detail": ""} for i in range(12)]
+    proc = PartProcessor(str(tmp_path / "p.tar"), ResizeSettings(max_side=512), CaptionSettings(), hold_bytes=64 << 20)
+    tracemalloc.start()
+    try:
+        for i in range(12):
+            proc.submit(i, rows[i], {"caption": f"c{i}"}, jpeg[: (1 << 20) - i])  # a new 1 MB object each, cut short
+        for f in proc._futures:
+            f.result()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert all(isinstance(r, Exception) and r.reason == "truncated" for r, _ in proc.results.values())
+    assert held < 4 << 20, f"{held >> 20} MiB still held after 12 rejected images of 1 MB"
+    proc.finish(pd.DataFrame(rows), str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet"))
