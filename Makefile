@@ -26,7 +26,7 @@ demo: demo-data demo-model
 test: setup
 	$(PY) -m pytest
 
-# Fetch again only the records whose download failed for a transient reason (README: Retrying failed downloads).
+# Fetch again only the records whose download failed for a transient reason (docs/running.md: Retrying failed downloads).
 retry-failed: setup
 	$(PY) -m shardsmith.download retry-failed $(CONFIG)
 	$(SNAKEMAKE) --workflow-profile none --cores $(CORES) --configfile $(CONFIG)

@@ -1,6 +1,14 @@
+import os
+
 from snakemake.utils import min_version
 
 min_version("9.0")
+
+# Jobs import the shardsmith package beside this file. `make setup` installs it into .venv (editable);
+# this also serves the conda envs of `--sdm conda`, which do not install it, and a second checkout.
+os.environ.update(
+    PYTHONPATH=os.pathsep.join(filter(None, [workflow.basedir, os.getenv("PYTHONPATH")]))
+)
 
 
 # No configfile here: a run names its own (`--configfile my.yaml`; `make demo` names config/demo.yaml),

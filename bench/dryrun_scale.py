@@ -39,7 +39,7 @@ RESULTS = REPO / "bench" / "results" / "dryrun.json"
 # newer either (Snakemake's `code` trigger), even one edited while the bench runs.
 MTIME = int(time.time()) + 86400
 
-# Recommended sizes (README, "Sizing for LAION scale"). Record counts are the published metadata's.
+# Recommended sizes (docs/sizing.md). Record counts are the published metadata's.
 SCALES = {
     "cc12m": {"records": 12_423_374, "files": ["cc12m.tsv"], "part_size": 100_000, "samples_per_shard": 10_000},
     "laion400m": {

@@ -38,7 +38,7 @@ rule exclude_low_similarity:
         model=config["embed"]["model"],
         min_similarity=config["embed"]["min_similarity"],
     script:
-        "../scripts/embed_exclusions.py"
+        "../scripts/exclude_low_similarity.py"
 
 
 rule write_shard_scores:
@@ -52,7 +52,7 @@ rule write_shard_scores:
     conda:
         "../envs/shards.yaml"
     script:
-        "../scripts/embed_shard_scores.py"
+        "../scripts/write_shard_scores.py"
 
 
 rule write_shard_embeddings:
@@ -65,7 +65,7 @@ rule write_shard_embeddings:
     conda:
         "../envs/shards.yaml"
     script:
-        "../scripts/embed_shard_embeddings.py"
+        "../scripts/write_shard_embeddings.py"
 
 
 rule summarize_embeddings:

@@ -38,7 +38,7 @@ rule plot_dataset:
         max_side=config["resize"]["max_side"],
         max_chars=config["captions"]["max_chars"],
     script:
-        "../scripts/report_plots.py"
+        "../scripts/plot_dataset.py"
 
 
 rule tabulate_dataset:
@@ -65,7 +65,7 @@ rule tabulate_dataset:
     conda:
         "../envs/report.yaml"
     script:
-        "../scripts/report_tables.py"
+        "../scripts/tabulate_dataset.py"
 
 
 rule plot_embeddings:
@@ -84,7 +84,7 @@ rule plot_embeddings:
     conda:
         "../envs/report.yaml"
     script:
-        "../scripts/report_embeddings.py"
+        "../scripts/plot_embeddings.py"
 
 
 # Beside validate_dataset, not after it: the card is published only with a dataset that passed, and

@@ -1,10 +1,6 @@
 """Rule glue for download_part: logic in shardsmith.download (records, raw cache), shardsmith.fetch and
 shardsmith.process (resize, captions; run on each image as it arrives)."""
 
-import sys
-
-sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
-
 from shardsmith.captions import CaptionSettings
 from shardsmith.download import download_part
 from shardsmith.logs import run_job

@@ -1,9 +1,5 @@
 """Rule glue for embed_part: logic in shardsmith.embed (the model lives in this process; workers only decode)."""
 
-import sys
-
-sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
-
 from shardsmith.embed import EmbedSettings, embed_part
 from shardsmith.logs import run_job
 

@@ -1,9 +1,5 @@
 """Rule glue for index_shards: logic in shardsmith.index."""
 
-import sys
-
-sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
-
 from pathlib import Path
 
 from shardsmith.index import LedgerMismatch, build_index

@@ -1,9 +1,5 @@
 """Rule glue for plan_parts: logic in shardsmith.sources."""
 
-import sys
-
-sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
-
 from shardsmith.fetch import Fetcher, FetchSettings
 from shardsmith.leftovers import use_scratch
 from shardsmith.logs import run_job

@@ -1,10 +1,6 @@
 """Rule glue for plan_shards: logic in shardsmith.shards, shardsmith.dedupe (records already published) and
 shardsmith.neardup (near-duplicate images)."""
 
-import sys
-
-sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
-
 import json
 from pathlib import Path
 

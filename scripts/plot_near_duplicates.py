@@ -1,9 +1,5 @@
 """Rule glue for plot_near_duplicates: logic in shardsmith.near_report."""
 
-import sys
-
-sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
-
 import json
 from pathlib import Path
 

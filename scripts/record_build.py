@@ -1,9 +1,5 @@
 """Rule glue for record_build: logic in shardsmith.publish (build metadata published as build.json)."""
 
-import sys
-
-sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
-
 from shardsmith.logs import run_job
 from shardsmith.publish import build_info, write_build_info
 

@@ -1,9 +1,5 @@
 """Rule glue for summarize_embeddings: logic in shardsmith.embed_stats."""
 
-import sys
-
-sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
-
 from shardsmith.embed_stats import write_stats
 from shardsmith.logs import run_job
 

@@ -1,9 +1,5 @@
 """Rule glue for validate_dataset: logic in shardsmith.validate."""
 
-import sys
-
-sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
-
 from pathlib import Path
 
 from shardsmith.logs import run_job

@@ -1,9 +1,5 @@
 """Rule glue for write_energon_meta: logic in shardsmith.energon (the format) and shardsmith.shards (members)."""
 
-import sys
-
-sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
-
 from pathlib import Path
 
 from shardsmith.energon import EnergonError, write_meta

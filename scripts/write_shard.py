@@ -1,10 +1,6 @@
 """Rule glue for write_shard: logic in shardsmith.shards (writing), shardsmith.dali and shardsmith.energon (the
 loaders' per-shard indexes) and shardsmith.validate (re-reading)."""
 
-import sys
-
-sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
-
 from pathlib import Path
 
 from shardsmith import dali, energon

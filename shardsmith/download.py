@@ -14,7 +14,6 @@ fetches only records never fetched and failures whose reason is in `download.ret
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -46,7 +45,7 @@ from shardsmith.netguard import Guard, Refused
 from shardsmith.process import ChildProcessor, PartProcessor, iter_raw, raw_members
 from shardsmith.s3 import S3Error, S3Settings
 from shardsmith.sources import DEFAULT_IMAGE_EXTENSIONS, local_folders, path_stem
-from shardsmith.tario import ShardWriter, atomic_open, atomic_write_text, iter_tar_groups
+from shardsmith.tario import ShardWriter, atomic_open, atomic_write_text, iter_tar_groups, sha256_file
 
 __all__ = ["FetchError", "local_path", "open_source", "fetch_bytes", "download_part", "STATUS_COLUMNS"]
 
@@ -141,7 +140,7 @@ class Keep:
         """The kept status table, or None when there is none or its files do not match (a run killed mid-save)."""
         try:
             meta = json.loads(self.meta.read_text())
-            if self.tar.stat().st_size != meta["tar_size"] or _sha256(self.status) != meta["status_sha256"]:
+            if self.tar.stat().st_size != meta["tar_size"] or sha256_file(self.status) != meta["status_sha256"]:
                 return None
             status = pd.read_parquet(self.status)
         except (OSError, ValueError, KeyError):
@@ -188,19 +187,11 @@ class Keep:
         _link_or_copy(Path(out_status), self.status)
         meta = {
             "tar_size": self.tar.stat().st_size,
-            "status_sha256": _sha256(self.status),
+            "status_sha256": sha256_file(self.status),
             "records": len(status),
             "reasons": dict(Counter(r for r in status["reason"] if r)),
         }
         atomic_write_text(self.meta, json.dumps(meta, indent=1, sort_keys=True) + "\n")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -518,7 +509,7 @@ def mark_failed(raw_dir: str | os.PathLike, reasons: set[str], dry_run: bool = F
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m shardsmith.download retry-failed CONFIG`: see the README (Retrying failed downloads)."""
+    """`python -m shardsmith.download retry-failed CONFIG`: see docs/running.md (Retrying failed downloads)."""
     import yaml
 
     parser = argparse.ArgumentParser(prog="python -m shardsmith.download", allow_abbrev=False)

@@ -19,7 +19,6 @@ cache) or a local checkpoint file, optionally with a custom model config JSON (t
 
 import contextlib
 import difflib
-import hashlib
 import io
 import json
 import logging
@@ -43,7 +42,7 @@ from PIL import Image, features
 from shardsmith.embed_decode import check_tensor_preprocess, decode_jpeg_batch, image_tensor, tensor_preprocess
 from shardsmith.embed_stats import score_columns, write_npz
 from shardsmith.errors import ConfigError
-from shardsmith.tario import atomic_open, atomic_write_text
+from shardsmith.tario import atomic_open, atomic_write_text, sha256_file
 from shardsmith.tinyclip import checkpoint_marker
 
 log = logging.getLogger(__name__)
@@ -106,14 +105,6 @@ def resolve_decode(settings: EmbedSettings, device: torch.device) -> str:
         raise ConfigError("embed.decode is gpu but embed.device is cpu; set decode: cpu, or device: auto or cuda.")
     log.warning("embed.decode is gpu but no CUDA device is visible; the workers decode on the CPU (as decode: cpu)")
     return "cpu"
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def register_model_config(settings: EmbedSettings) -> None:

@@ -7,23 +7,28 @@ a `ConfigError` is the user's to fix before any work starts.
 REJECT_COLUMNS = ["source", "source_id", "url", "key", "stage", "reason", "detail"]  # a row of the rejection ledger
 
 
-class Rejection(Exception):
-    """One record cannot be published; `reason` is a short snake_case code, `detail` says why."""
+class ReasonError(Exception):
+    """The base of every failure with a ledger reason (a short snake_case code) and a detail saying why.
+
+    The message is "reason: detail"; a class whose detail is already the whole message a user should see
+    sets `detail_is_message`.
+    """
+
+    detail_is_message = False
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(detail if self.detail_is_message else f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class Rejection(ReasonError):
+    """One record cannot be published at `stage`; it goes to the ledger and the run goes on."""
 
     def __init__(self, stage: str, reason: str, detail: str = "") -> None:
-        super().__init__(f"{stage}/{reason}: {detail}" if detail else f"{stage}/{reason}")
+        super().__init__(reason, detail)
+        self.args = (f"{stage}/{reason}: {detail}" if detail else f"{stage}/{reason}",)
         self.stage = stage
-        self.reason = reason
-        self.detail = detail
-
-
-class ReasonError(Exception):
-    """A failure with a ledger reason (a short snake_case code) and a detail saying why."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 class ConfigError(ValueError):

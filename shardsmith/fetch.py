@@ -35,6 +35,7 @@ from urllib.parse import unquote, urljoin, urlparse, urlsplit
 import urllib3
 
 from shardsmith import PROJECT_URL, __version__
+from shardsmith.errors import ReasonError
 from shardsmith.netguard import Guard, Refused
 from shardsmith.optout import ROBOTS_MAX_BYTES, OptOuts, Unreachable, opted_out, tdm_header_reserved
 from shardsmith.s3 import S3Error, S3Settings, open_stream
@@ -101,6 +102,12 @@ class FetchSettings:
         return re.split(r"[/\s]", self.user_agent.strip(), maxsplit=1)[0].lower()
 
 
+def backoff_wait(s: FetchSettings, attempt: int) -> float:
+    """Seconds to wait before retry `attempt` (1-based): doubling from backoff_s up to backoff_max_s, times a
+    jitter in [0.5, 1.5) so that a host's failed requests do not all come back at once."""
+    return min(s.backoff_max_s, s.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
+
+
 @dataclass
 class Outcome:
     """What became of one URL: `reason` is "" when `data` holds the bytes."""
@@ -118,15 +125,13 @@ class Outcome:
         return not self.reason
 
 
-class AttemptError(Exception):
+class AttemptError(ReasonError):
     """One attempt failed; `retry_after` is the server's requested pause in seconds, if it gave one."""
 
     def __init__(
         self, reason: str, detail: str, http_status: int = 0, retry_after: float | None = None, nbytes: int = 0
     ) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+        super().__init__(reason, detail)
         self.http_status = http_status
         self.retry_after = retry_after
         self.nbytes = nbytes
@@ -254,13 +259,10 @@ def classify_exception(e: BaseException) -> tuple[str, str]:
 # --- local files --------------------------------------------------------------------------------------
 
 
-class FetchError(Exception):
+class FetchError(ReasonError):
     """A local input cannot be read; `reason` is the status reason."""
 
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
+    detail_is_message = True
 
 
 def local_path(url: str) -> str | None:
@@ -783,7 +785,7 @@ class _Dispatch:
         e = result
         tries = self.attempts[jid]
         if self.f.retryable(e.reason) and tries <= self.s.retries:
-            backoff = min(self.s.backoff_max_s, self.s.backoff_s * 2 ** (tries - 1)) * random.uniform(0.5, 1.5)
+            backoff = backoff_wait(self.s, tries)
             if e.retry_after is not None:
                 pause = min(e.retry_after, self.s.retry_after_max_s)
                 host.not_before = max(host.not_before, now + pause)  # this job's requests to the host back off
@@ -846,13 +848,8 @@ class _Dispatch:
 # --- streams (source shards) ------------------------------------------------------------------------
 
 
-class StreamError(Exception):
+class StreamError(ReasonError):
     """A remote stream broke off; `reason` is a status reason (timeout, truncated_download, deadline, ...)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 class _HTTPBody:
@@ -899,7 +896,7 @@ def open_stream_url(url: str, f: Fetcher) -> Iterator[tuple[IO[bytes], int, int]
             e.attempts = attempts
             if not f.retryable(e.reason) or attempts > f.s.retries:
                 raise
-            pause = min(f.s.backoff_max_s, f.s.backoff_s * 2 ** (attempts - 1)) * random.uniform(0.5, 1.5)
+            pause = backoff_wait(f.s, attempts)
             if e.retry_after is not None:
                 pause = max(pause, min(e.retry_after, f.s.retry_after_max_s))
             if pause >= f.left():

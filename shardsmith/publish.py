@@ -39,7 +39,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from shardsmith.s3 import S3Error, S3Settings, read_object, redact, run, split_url
-from shardsmith.tario import atomic_write_text
+from shardsmith.tario import atomic_write_text, hash_file, sha256_file
 
 MARKER = "_COMPLETE.json"
 LATEST = "latest"
@@ -95,19 +95,6 @@ def human_bytes(value: int | str) -> int:
 
 
 # --- what is published ---------------------------------------------------------------------------
-
-
-def hash_file(path: str | os.PathLike, algorithms: Iterable[str] = ("sha256",)) -> dict[str, str]:
-    hashes = {a: hashlib.new(a) for a in algorithms}
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            for h in hashes.values():
-                h.update(block)
-    return {a: h.hexdigest() for a, h in hashes.items()}
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    return hash_file(path)["sha256"]
 
 
 def publish_names(paths: list[str], names_from: str | os.PathLike | None = None) -> dict[str, str]:

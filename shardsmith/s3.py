@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import IO
 from urllib.parse import urlparse
 
+from shardsmith.errors import ReasonError
+
 
 @dataclass(frozen=True)
 class S3Settings:
@@ -23,13 +25,10 @@ class S3Settings:
     aws_cli: str = "aws"  # path of the `aws` executable
 
 
-class S3Error(Exception):
+class S3Error(ReasonError):
     """An S3 operation failed; `reason` is a short code for the ledger, the message is redacted."""
 
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
+    detail_is_message = True
 
     @property
     def hint(self) -> str:

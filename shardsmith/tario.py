@@ -293,3 +293,17 @@ def write_samples(path: str | os.PathLike, samples: Iterable[tuple[str, dict[str
     with atomic_open(path) as f, ShardWriter(f) as w:
         for key, members in samples:
             w.write(key, members)
+
+
+def hash_file(path: str | os.PathLike, algorithms: Iterable[str] = ("sha256",)) -> dict[str, str]:
+    """{algorithm: hex digest} of a file, read once in 1 MiB blocks."""
+    hashes = {a: hashlib.new(a) for a in algorithms}
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            for h in hashes.values():
+                h.update(block)
+    return {a: h.hexdigest() for a, h in hashes.items()}
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    return hash_file(path)["sha256"]

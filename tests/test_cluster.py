@@ -64,7 +64,7 @@ def slurm():
 
 
 def start_on_cluster(root: Path, config: dict) -> subprocess.Popen:
-    """`snakemake --profile cluster`, typed as in the README, from a folder holding a link to the profile.
+    """`snakemake --profile cluster`, typed as in docs/slurm.md, from a folder holding a link to the profile.
 
     Only the first status poll is made sooner than the profile's (a test-time choice, not a site value).
     Output goes to root/snakemake.{out,err}: a pipe nobody reads would stall the run.

@@ -126,7 +126,7 @@ def refreshed(s3_server, tmp_path_factory):
     third, third_jobs, third_log = refresh(root, checkout(repo))  # the same workflow, checked out again
     v3 = latest_version(dest, "demo", s3_server)
     versions = list(complete_versions(dest, "demo", s3_server))
-    named, named_jobs, _ = refresh(root, repo, "--config", "version=v2")  # as the README and --help say
+    named, named_jobs, _ = refresh(root, repo, "--config", "version=v2")  # as docs/publishing.md and --help say
     return {
         "root": root, "dest": dest, "s3": s3_server, "v1": v1, "v2": v2, "added": added,
         "jobs": [first_jobs, second_jobs, third_jobs], "runs": [first, second, third], "third_log": third_log,

@@ -41,6 +41,8 @@ if grep -q avx2 /proc/cpuinfo 2>/dev/null; then
 else
   echo "setup: CPU has no AVX2; keeping plain Pillow" >&2
 fi
+# the package itself, editable: `python -m shardsmith` and the jobs import the code of this checkout
+pip install --no-deps --no-build-isolation -e .
 "$VENV/bin/python" -c "import PIL, PIL.Image; print('setup: PIL', PIL.__version__)"
 command -v aws >/dev/null && aws --version || true
 rm -f "$VENV"/.shardsmith-setup-*

@@ -1,9 +1,5 @@
 """Rule glue for plot_dataset: logic in shardsmith.report."""
 
-import sys
-
-sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
-
 import json
 from pathlib import Path
 

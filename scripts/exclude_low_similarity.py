@@ -1,9 +1,5 @@
 """Rule glue for exclude_low_similarity: logic in shardsmith.embed_stats."""
 
-import sys
-
-sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
-
 from shardsmith.embed_stats import write_exclusions
 from shardsmith.logs import run_job
 

@@ -1,9 +1,5 @@
 """Rule glue for write_shard_embeddings: logic in shardsmith.embed_stats."""
 
-import sys
-
-sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the shardsmith package beside scripts/
-
 from shardsmith.embed_stats import write_shard_embeddings
 from shardsmith.logs import run_job
 
