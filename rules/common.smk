@@ -9,6 +9,7 @@ sys.path.insert(0, workflow.basedir)  # the shardsmith package beside this Snake
 
 from shardsmith.config import check_config, plain_data, schema_error_message
 from shardsmith.errors import ConfigError
+from shardsmith.index import INDEX_FILES
 from shardsmith.summary import print_failure, print_success, stop_scheduler_timers
 
 if not config and "--lint" in sys.argv:
@@ -46,13 +47,6 @@ RAW = f"{config['paths']['raw']}/{DATASET}"
 WORK = f"{config['paths']['work']}/{DATASET}"
 OUT = f"{config['paths']['output']}/{DATASET}"
 LOGS = f"{config['paths']['logs']}/{DATASET}"
-INDEX_FILES = [
-    "sizes.json",
-    "wids-index.json",
-    "manifest.parquet",
-    "rejected.parquet",
-    "stats.json",
-]
 SOURCES = {s["name"]: s for s in config["sources"]}
 SCRATCH = f"{WORK}/tmp"  # jobs' scratch folders (not a node's /tmp): a killed job's are removed by the next run
 

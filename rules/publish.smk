@@ -6,7 +6,7 @@ from shardsmith.card import fingerprinted_config
 # Beside validate_dataset, not after it (see write_card); rerun whenever the dataset is indexed again.
 rule record_build:
     input:
-        f"{OUT}/stats.json",
+        rules.index_shards.output.stats,
     output:
         f"{OUT}/build.json",
     log:

@@ -4,9 +4,9 @@
 
 rule plot_dataset:
     input:
-        stats=f"{OUT}/stats.json",
-        manifest=f"{OUT}/manifest.parquet",
-        rejected=f"{OUT}/rejected.parquet",
+        stats=rules.index_shards.output.stats,
+        manifest=rules.index_shards.output.manifest,
+        rejected=rules.index_shards.output.rejected,
     output:
         funnel=report(
             f"{WORK}/report/funnel.png",
@@ -43,8 +43,8 @@ rule plot_dataset:
 
 rule tabulate_dataset:
     input:
-        stats=f"{OUT}/stats.json",
-        rejected=f"{OUT}/rejected.parquet",
+        stats=rules.index_shards.output.stats,
+        rejected=rules.index_shards.output.rejected,
         infos=get_shard_infos,
         plan_dir=ancient(rules.plan_shards.output[0]),  # see write_shard
     output:
@@ -70,7 +70,7 @@ rule tabulate_dataset:
 
 rule plot_embeddings:
     input:
-        stats=f"{OUT}/embedding_stats.json",
+        stats=rules.summarize_embeddings.output[0],
         scores=get_all_part_scores,
     output:
         report(
@@ -91,9 +91,9 @@ rule plot_embeddings:
 # waiting cost a job on every run's critical path.
 rule write_card:
     input:
-        stats=f"{OUT}/stats.json",
-        sizes=f"{OUT}/sizes.json",
-        rejected=f"{OUT}/rejected.parquet",
+        stats=rules.index_shards.output.stats,
+        sizes=rules.index_shards.output.sizes,
+        rejected=rules.index_shards.output.rejected,
         reports=get_validation_reports,
         embedding_stats=get_card_embedding_stats,
         plan_dir=ancient(rules.plan_shards.output[0]),  # see validate_dataset

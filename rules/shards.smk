@@ -61,7 +61,11 @@ rule index_shards:
         plans=get_shard_plans,
         plan_dir=rules.plan_shards.output[0],
     output:
-        [f"{OUT}/{name}" for name in INDEX_FILES],
+        sizes=f"{OUT}/{INDEX_FILES['sizes']}",
+        wids=f"{OUT}/{INDEX_FILES['wids']}",
+        manifest=f"{OUT}/{INDEX_FILES['manifest']}",
+        rejected=f"{OUT}/{INDEX_FILES['rejected']}",
+        stats=f"{OUT}/{INDEX_FILES['stats']}",
     log:
         f"{LOGS}/index_shards.log",
     priority: 1  # on the way to publish_dataset: ahead of the report jobs

@@ -2,9 +2,9 @@
 rule validate_dataset:
     input:
         reports=get_validation_reports,
-        sizes=f"{OUT}/sizes.json",
-        manifest=f"{OUT}/manifest.parquet",
-        energon_info=f"{OUT}/.nv-meta/.info.json",  # .nv-meta/ is checked against sizes.json
+        sizes=rules.index_shards.output.sizes,
+        manifest=rules.index_shards.output.manifest,
+        energon_info=rules.write_energon_meta.output.info,  # .nv-meta/ is checked against sizes.json
         # a direct dependency on the checkpoint, so the shard list is read again when plan_shards
         # reruns within a run; ancient: that alone triggers nothing
         plan_dir=ancient(rules.plan_shards.output[0]),

@@ -13,7 +13,7 @@ def main() -> None:
         shard_plans=list(snakemake.input.plans),
         status_paths=list(snakemake.input.status),
         rejected_paths=list(snakemake.input.rejected),
-        out_dir=Path(snakemake.output[0]).parent,
+        out_dir=Path(snakemake.output.sizes).parent,
     )
     print(f"{stats['input_records']} input records = {stats['published']} published + {stats['rejected']} rejected")
 

@@ -22,6 +22,16 @@ MANIFEST_COLUMNS = [
     "bytes", "sha256", "caption_length", "phash", "phash_mirror",
 ]  # fmt: skip
 
+# The index files by role: their names, the workflow's outputs (rules/shards.smk: index_shards) and what
+# build_index writes.
+INDEX_FILES = {
+    "sizes": "sizes.json",
+    "wids": "wids-index.json",
+    "manifest": "manifest.parquet",
+    "rejected": "rejected.parquet",
+    "stats": "stats.json",
+}
+
 
 class LedgerMismatch(RuntimeError):
     pass
@@ -73,8 +83,8 @@ def build_index(
     passthrough = 0
     out_dir.mkdir(parents=True, exist_ok=True)
     with (
-        ParquetAppender(out_dir / "manifest.parquet", MANIFEST_COLUMNS) as manifest,
-        ParquetAppender(out_dir / "rejected.parquet", REJECT_COLUMNS) as rejected,
+        ParquetAppender(out_dir / INDEX_FILES["manifest"], MANIFEST_COLUMNS) as manifest,
+        ParquetAppender(out_dir / INDEX_FILES["rejected"], REJECT_COLUMNS) as rejected,
     ):
         for path in shard_plans:  # in Arrow: counted by group_by, not row by row in Python
             plan = pq.ParquetFile(path).read(columns=[c for c in MANIFEST_COLUMNS if c != "shard"] + ["passthrough"])
@@ -109,7 +119,7 @@ def build_index(
         "rejected_by_source": dict(sorted(by_source_rejected.items())),
         "passed_through_unchanged": passthrough,
     }
-    atomic_write_text(out_dir / "sizes.json", dumps(sizes))
-    atomic_write_text(out_dir / "wids-index.json", dumps(wids))
-    atomic_write_text(out_dir / "stats.json", dumps(stats))
+    atomic_write_text(out_dir / INDEX_FILES["sizes"], dumps(sizes))
+    atomic_write_text(out_dir / INDEX_FILES["wids"], dumps(wids))
+    atomic_write_text(out_dir / INDEX_FILES["stats"], dumps(stats))
     return stats
