@@ -184,7 +184,7 @@ def get_shard_embed_inputs(wildcards):
     parts = get_shard_parts(wildcards.shard)
     return {
         "plan": plan,
-        "plan_dir": ancient(rules.plan_shards.output[0]),  # see write_shard
+        "plan_dir": PLANNED,
         "scores": expand(rules.embed_part.output.scores, part=parts),
         "embeddings": expand(rules.embed_part.output.embeddings, part=parts),
     }
@@ -194,7 +194,7 @@ def get_embed_summary_inputs(wildcards):
     shards = get_shard_ids()
     save = config["embed"]["save_embeddings"]
     return {
-        "plan_dir": ancient(rules.plan_shards.output[0]),  # see write_shard
+        "plan_dir": PLANNED,
         "scores": expand(rules.write_shard_scores.output.scores, shard=shards),
         "sums": expand(rules.write_shard_scores.output.sums, shard=shards),
         "infos": expand(rules.embed_part.output.info, part=get_part_ids()),

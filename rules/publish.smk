@@ -25,8 +25,7 @@ rule publish_dataset:
     input:
         files=get_publish_files,
         infos=get_shard_infos,  # each shard's size and sha256, hashed when written: not hashed again
-        # the shard list is read again when plan_shards reruns within a run (see validate_dataset)
-        plan_dir=ancient(rules.plan_shards.output[0]),
+        plan_dir=PLANNED,
     output:
         f"{WORK}/published/{config['version']}.json",
     log:

@@ -46,7 +46,7 @@ rule tabulate_dataset:
         stats=rules.index_shards.output.stats,
         rejected=rules.index_shards.output.rejected,
         infos=get_shard_infos,
-        plan_dir=ancient(rules.plan_shards.output[0]),  # see write_shard
+        plan_dir=PLANNED,
     output:
         rejections=report(
             f"{WORK}/report/rejections.html",
@@ -96,7 +96,7 @@ rule write_card:
         rejected=rules.index_shards.output.rejected,
         reports=get_validation_reports,
         embedding_stats=get_card_embedding_stats,
-        plan_dir=ancient(rules.plan_shards.output[0]),  # see validate_dataset
+        plan_dir=PLANNED,
     output:
         report(
             f"{OUT}/README.md",
@@ -118,7 +118,7 @@ rule write_card:
 # Near-duplicate images (plan_shards found them): the distances, and example pairs to judge the thresholds by.
 rule plot_near_duplicates:
     input:
-        plan_dir=ancient(rules.plan_shards.output[0]),  # see write_shard
+        plan_dir=PLANNED,
         samples=get_all_part_samples,
         tars=get_all_part_tars,
     output:

@@ -24,12 +24,16 @@ checkpoint plan_shards:
         "../scripts/plan_shards.py"
 
 
+# The shard plan as an input of the rules that read the shard list: a direct dependency on the checkpoint
+# keeps it in the DAG (rerun when its inputs change) and the list is read again when it reruns within a
+# run; ancient: its rerun alone triggers nothing, only a changed plan or part rewrites a shard (refreshes).
+PLANNED = ancient(rules.plan_shards.output[0])
+
+
 rule write_shard:
     input:
         unpack(get_shard_inputs),
-        # keeps the checkpoint in the DAG (rerun when its inputs change); ancient: a rerun of the
-        # checkpoint alone rewrites no shard, only a changed plan or part does (scheduled refreshes)
-        plan_dir=ancient(rules.plan_shards.output[0]),
+        plan_dir=PLANNED,
     output:
         tar=f"{OUT}/{DATASET}-{{shard}}.tar",
         info=f"{WORK}/shards/{DATASET}-{{shard}}.json",
@@ -81,7 +85,7 @@ rule index_shards:
 rule write_energon_meta:
     input:
         members=get_shard_members,
-        plan_dir=ancient(rules.plan_shards.output[0]),  # see validate_dataset
+        plan_dir=PLANNED,
     output:
         info=f"{OUT}/.nv-meta/.info.json",
         dataset=f"{OUT}/.nv-meta/dataset.yaml",

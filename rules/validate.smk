@@ -5,9 +5,7 @@ rule validate_dataset:
         sizes=rules.index_shards.output.sizes,
         manifest=rules.index_shards.output.manifest,
         energon_info=rules.write_energon_meta.output.info,  # .nv-meta/ is checked against sizes.json
-        # a direct dependency on the checkpoint, so the shard list is read again when plan_shards
-        # reruns within a run; ancient: that alone triggers nothing
-        plan_dir=ancient(rules.plan_shards.output[0]),
+        plan_dir=PLANNED,
     output:
         f"{OUT}/validation.json",
     log:
