@@ -9,7 +9,7 @@ import pandas as pd
 from shardsmith.dedupe import PublishedManifestError, published_records, write_exclusions
 from shardsmith.logs import run_job
 from shardsmith.neardup import NearSettings, find_near_duplicates, summary, write_tables
-from shardsmith.publish import PublishError
+from shardsmith.stores import PublishError
 from shardsmith.s3 import S3Error, S3Settings
 from shardsmith.shards import plan_shards
 from shardsmith.tario import atomic_write_text

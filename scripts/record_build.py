@@ -1,7 +1,7 @@
 """Rule glue for record_build: logic in shardsmith.publish (build metadata published as build.json)."""
 
 from shardsmith.logs import run_job
-from shardsmith.publish import build_info, write_build_info
+from shardsmith.build import build_info, write_build_info
 
 
 def main() -> None:

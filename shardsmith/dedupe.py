@@ -14,7 +14,7 @@ import os
 import pandas as pd
 import pyarrow.parquet as pq
 
-from shardsmith.publish import complete_versions, open_store
+from shardsmith.stores import complete_versions, open_store
 from shardsmith.s3 import S3Settings
 from shardsmith.tario import atomic_open
 

@@ -11,7 +11,7 @@ at any point leaves `latest` on the previous complete version.
 - S3 has no rename, so the marker is the commit point: objects are uploaded into the version prefix
   (`aws s3 sync`), listed and read back (or checked against their ETags), then the marker goes up, then
   `latest`. Readers and validators must treat a version without a marker as absent: use
-  `complete_versions`, `latest_version` and `read_complete` here rather than listing the prefix.
+  `complete_versions`, `latest_version` and `read_complete` (shardsmith.stores) rather than listing the prefix.
 
 Publishing the same content under the same version again is a no-op; different content under an existing
 version is refused (PublishConflict). `version: auto` names a new version `{UTC date}-{content fingerprint}`
@@ -33,18 +33,28 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from shardsmith.s3 import S3Error, S3Settings, read_object, redact, run, split_url
+from shardsmith.build import BUILD_INFO
+from shardsmith.s3 import S3Error, S3Settings, redact, run
+from shardsmith.stores import (
+    LATEST,
+    MARKER,
+    LocalStore,
+    PublishError,
+    S3Store,
+    Store,
+    by_age,
+    complete_versions,
+    latest_version,
+    open_store,
+)
 from shardsmith.tario import atomic_write_text, hash_file, sha256_file
 
-MARKER = "_COMPLETE.json"
-LATEST = "latest"
 AUTO = "auto"
-BUILD_INFO = "build.json"
 CARD = "README.md"  # the dataset card (shardsmith.card): its title names the version
 DESCRIBES_THE_BUILD = (BUILD_INFO, CARD)  # not data: left out of the content fingerprint
 VERIFY_MODES = ("readback", "etag")
@@ -55,10 +65,6 @@ _NO_TIMEOUT = None  # uploads of a large dataset take as long as they take; the 
 
 class PublishConflict(RuntimeError):
     """Different content under a version that is already published."""
-
-
-class PublishError(RuntimeError):
-    """The destination does not hold what was sent (verification failed), or is unusable."""
 
 
 @dataclass(frozen=True)
@@ -169,207 +175,6 @@ def same_data(a: dict[str, dict], b: dict[str, dict]) -> bool:
 def auto_version(table: dict[str, dict], now: dt.datetime) -> str:
     """`{UTC date}-{first 8 hex of the content fingerprint}`: sorts by date, differs when the data differs."""
     return f"{now.astimezone(dt.UTC):%Y-%m-%d}-{content_fingerprint(table)[:8]}"
-
-
-# --- build metadata (reproducible rebuilds) ------------------------------------------------------
-
-_CODE = ("Snakefile", "rules/*.smk", "scripts/*.py", "shardsmith/*.py", "envs/*")
-
-
-def code_fingerprint(repo: str | os.PathLike) -> dict[str, str]:
-    """{relative path: sha256} of the workflow code and pinned envs, for comparing two builds."""
-    repo = Path(repo)
-    files = sorted({p for pattern in _CODE for p in repo.glob(pattern) if p.is_file()})
-    return {str(p.relative_to(repo)): sha256_file(p) for p in files}
-
-
-def build_info(config: dict, snakemake_version: str, repo: str | os.PathLike) -> dict:
-    """What `build.json` records; no time, host or absolute path, so a rebuild writes the same bytes.
-
-    The config fingerprint and package list are the dataset card's (shardsmith.card), so the card and
-    build.json always agree. Packages are read where this job runs (with --sdm conda: the shards env);
-    `code` also fingerprints the pinned envs/*.yaml that the other jobs ran in.
-    """
-    from shardsmith.card import config_fingerprint, fingerprinted_config, package_versions
-
-    code = code_fingerprint(repo)
-    return {
-        "config_fingerprint": config_fingerprint(config),
-        "config": fingerprinted_config(config),
-        "packages": {**package_versions(), "snakemake": snakemake_version},
-        "code_fingerprint": "sha256:" + hashlib.sha256(json.dumps(code, sort_keys=True).encode()).hexdigest(),
-        "code": code,
-    }
-
-
-def write_build_info(path: str, info: dict) -> None:
-    atomic_write_text(path, json.dumps(info, indent=1, sort_keys=True, ensure_ascii=False, default=str) + "\n")
-
-
-# --- destinations --------------------------------------------------------------------------------
-
-
-def is_s3(dest: str) -> bool:
-    return dest.startswith("s3://")
-
-
-class _Store:
-    """One dataset's folder on a destination, `{dest}/{dataset}/`."""
-
-    def __init__(self, dest: str, dataset: str) -> None:
-        self.dest = dest.rstrip("/")
-        self.dataset = dataset
-        self.root = f"{self.dest}/{dataset}"
-
-    def where(self, version: str) -> str:
-        return f"{self.root}/{version}"
-
-    def read(self, rel: str) -> bytes | None:
-        raise NotImplementedError
-
-    def candidates(self) -> list[str]:
-        """Names of version folders or prefixes, complete or not."""
-        raise NotImplementedError
-
-    def write_latest(self, version: str) -> None:
-        raise NotImplementedError
-
-    def delete_version(self, version: str) -> None:
-        raise NotImplementedError
-
-    def marker(self, version: str) -> dict | None:
-        data = self.read(f"{version}/{MARKER}")
-        return json.loads(data) if data is not None else None
-
-    def latest(self) -> str | None:
-        data = self.read(LATEST)
-        if data is None:
-            return None
-        return data.decode("utf-8").strip() or None
-
-    def state(self) -> tuple[str | None, dict[str, dict]]:
-        """(what `latest` names, {version: marker} of the complete versions, oldest first)."""
-        markers = {v: m for v in self.candidates() if (m := self.marker(v)) is not None}
-        return self.latest(), _by_age(markers)
-
-
-def _by_age(markers: dict[str, dict]) -> dict[str, dict]:
-    return dict(sorted(markers.items(), key=lambda item: (item[1].get("published_at", ""), item[0])))
-
-
-class LocalStore(_Store):
-    def read(self, rel: str) -> bytes | None:
-        try:
-            return Path(self.root, rel).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def candidates(self) -> list[str]:
-        root = Path(self.root)
-        return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
-
-    def write_latest(self, version: str) -> None:
-        atomic_write_text(Path(self.root, LATEST), version + "\n")
-
-    def delete_version(self, version: str) -> None:
-        # Rename first: the version disappears for readers at once, and a killed delete leaves only a dot folder.
-        final = Path(self.where(version))
-        doomed = Path(tempfile.mkdtemp(prefix=f".{version}.", suffix=".deleting", dir=self.root))
-        os.rename(final, doomed / version)
-        shutil.rmtree(doomed)
-
-
-class S3Store(_Store):
-    def __init__(self, dest: str, dataset: str, s3: S3Settings) -> None:
-        super().__init__(dest, dataset)
-        self.s3 = s3
-        split_url(self.root)  # refuse a malformed URL early
-
-    def read(self, rel: str) -> bytes | None:
-        try:
-            return read_object(f"{self.root}/{rel}", self.s3)
-        except S3Error as e:
-            if "NoSuchBucket" in e.detail:
-                raise PublishError(f"bucket of {self.dest} does not exist; create it (and its policy) first: {e.detail}") from None
-            if e.reason == "not_found":
-                return None
-            raise
-
-    def listing(self, prefix_url: str, delimiter: bool = False) -> tuple[dict[str, dict], list[str]]:
-        """({key below prefix: {size, etag}}, [sub-prefixes]) of an s3:// prefix ending in '/'."""
-        bucket, prefix = split_url(prefix_url)
-        args = ["s3api", "list-objects-v2", "--bucket", bucket, "--prefix", prefix, "--output", "json"]
-        out = run(self.s3, *args, *(["--delimiter", "/"] if delimiter else []))
-        data = json.loads(out) if out.strip() else {}
-        objects = {
-            o["Key"][len(prefix) :]: {"size": int(o["Size"]), "etag": o.get("ETag", "").strip('"')} for o in data.get("Contents") or []
-        }
-        prefixes = [p["Prefix"][len(prefix) :].rstrip("/") for p in data.get("CommonPrefixes") or []]
-        return objects, prefixes
-
-    def candidates(self) -> list[str]:
-        return sorted(self.listing(self.root + "/", delimiter=True)[1])
-
-    def state(self) -> tuple[str | None, dict[str, dict]]:
-        # One CLI run for `latest` and every marker (starting the CLI costs about a second each time).
-        with tempfile.TemporaryDirectory(prefix="shardsmith-state-") as tmp:
-            try:
-                run(self.s3, "s3", "cp", "--recursive", "--only-show-errors", self.root + "/", tmp,
-                    "--exclude", "*", "--include", LATEST, "--include", f"*/{MARKER}")  # fmt: skip
-            except S3Error as e:
-                if "NoSuchBucket" in e.detail:
-                    raise PublishError(f"bucket of {self.dest} does not exist; create it (and its policy) first: {e.detail}") from None
-                raise
-            pointer = Path(tmp, LATEST)
-            latest = (pointer.read_text().strip() or None) if pointer.is_file() else None
-            markers = {p.parent.name: json.loads(p.read_text()) for p in Path(tmp).glob(f"*/{MARKER}")}
-        return latest, _by_age(markers)
-
-    def upload_bytes(self, rel: str, data: bytes, *options: str) -> None:
-        with tempfile.TemporaryDirectory(prefix="shardsmith-publish-") as tmp:
-            path = Path(tmp, rel.rsplit("/", 1)[-1])
-            path.write_bytes(data)
-            run(self.s3, "s3", "cp", "--only-show-errors", *options, str(path), f"{self.root}/{rel}")
-
-    def write_latest(self, version: str) -> None:
-        # no-cache: a reader behind a caching proxy or CDN must not follow a stale pointer
-        self.upload_bytes(LATEST, (version + "\n").encode(), "--content-type", "text/plain", "--cache-control", "no-cache")
-
-    def delete_version(self, version: str) -> None:
-        # Marker first: from then on readers treat the version as absent, even if the rest of the delete dies.
-        run(self.s3, "s3", "rm", "--only-show-errors", f"{self.where(version)}/{MARKER}")
-        run(self.s3, "s3", "rm", "--only-show-errors", "--recursive", f"{self.where(version)}/", timeout=_NO_TIMEOUT)
-
-
-def open_store(dest: str, dataset: str, s3: S3Settings | None = None) -> _Store:
-    return S3Store(dest, dataset, s3 or S3Settings()) if is_s3(dest) else LocalStore(dest, dataset)
-
-
-# --- readers -------------------------------------------------------------------------------------
-
-
-def complete_versions(dest: str, dataset: str, s3: S3Settings | None = None) -> dict[str, dict]:
-    """{version: marker} of every complete version, oldest first (by publish time, then name)."""
-    return open_store(dest, dataset, s3).state()[1]
-
-
-def latest_version(dest: str, dataset: str, s3: S3Settings | None = None) -> str | None:
-    """The version `latest` names (None before the first publish); refused if it has no completion marker."""
-    store = open_store(dest, dataset, s3)
-    version, markers = store.state()
-    if version is not None and version not in markers:
-        raise PublishError(f"{store.root}/latest names {version}, which has no {MARKER}: not a complete version")
-    return version
-
-
-def read_complete(dest: str, dataset: str, version: str = LATEST, s3: S3Settings | None = None) -> dict:
-    """The marker of a complete version (`latest` by default); PublishError for a partial or missing one."""
-    store = open_store(dest, dataset, s3)
-    latest, markers = store.state()
-    name = latest if version == LATEST else version
-    if name not in markers:
-        raise PublishError(f"{store.root}/{name or version} is not a complete published version (no {MARKER})")
-    return markers[name]
 
 
 # --- verification on S3 --------------------------------------------------------------------------
@@ -631,11 +436,11 @@ def _publish_s3(
     return marker
 
 
-def apply_retention(store: _Store, keep: int | None, latest: str, markers: dict[str, dict]) -> list[str]:
+def apply_retention(store: Store, keep: int | None, latest: str, markers: dict[str, dict]) -> list[str]:
     """Delete complete versions beyond the newest `keep`, never the one `latest` names; returns the deleted."""
     if not keep:
         return []
-    versions = list(_by_age(markers))
+    versions = list(by_age(markers))
     doomed = [v for v in versions[: max(0, len(versions) - keep)] if v != latest]
     for version in doomed:
         store.delete_version(version)

@@ -11,26 +11,21 @@ from pathlib import Path
 
 import pytest
 
+from shardsmith.build import BUILD_INFO, build_info
 from shardsmith.publish import (
-    BUILD_INFO,
     CARD,
-    MARKER,
     PublishConflict,
-    PublishError,
     PublishSettings,
     _batches,
     auto_version,
-    build_info,
-    complete_versions,
     content_fingerprint,
     expected_etag,
     file_table,
     human_bytes,
-    latest_version,
     publish,
     publish_local,
-    read_complete,
 )
+from shardsmith.stores import MARKER, PublishError, complete_versions, latest_version, read_complete
 from shardsmith.tario import atomic_write_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -16,17 +16,8 @@ from dataclasses import replace
 import pytest
 
 from servers import s3_bucket, s3_server  # noqa: F401 - fixtures
-from shardsmith.publish import (
-    MARKER,
-    PublishConflict,
-    PublishError,
-    PublishSettings,
-    complete_versions,
-    expected_etag,
-    latest_version,
-    publish,
-    read_complete,
-)
+from shardsmith.publish import PublishConflict, PublishSettings, expected_etag, publish
+from shardsmith.stores import MARKER, PublishError, complete_versions, latest_version, read_complete
 from shardsmith.s3 import read_object, run
 from workflow_helpers import REPO
 

@@ -21,7 +21,7 @@ import yaml
 
 from servers import s3_server  # noqa: F401 - fixture
 from shardsmith.demo import jpeg, make_demo, photo
-from shardsmith.publish import MARKER, complete_versions, latest_version
+from shardsmith.stores import MARKER, complete_versions, latest_version
 from shardsmith.refresh import jobs_run, snakemake_logs
 from shardsmith.s3 import read_object, run
 from workflow_helpers import REPO, demo_config

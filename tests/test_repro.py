@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from shardsmith.demo import make_demo
-from shardsmith.publish import MARKER
+from shardsmith.stores import MARKER
 from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
 
 pytestmark = pytest.mark.workflow

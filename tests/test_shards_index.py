@@ -273,7 +273,7 @@ def test_the_jobs_after_planning_run_without_pandas(built, tmp_path):
 import sys
 from shardsmith.shards import write_shard
 from shardsmith.card import card_text
-from shardsmith.publish import build_info
+from shardsmith.build import build_info
 info = write_shard({plan!r}, {parts!r}, {str(out / f"{n}.tar")!r}, {str(out / "info.json")!r})
 stats = {stats!r}
 card_text({{"dataset": "ds", "samples_per_shard": 4}}, stats, {{info["shard"]: info["nsamples"]}}, "open_clip_train.data", versions={{}})
