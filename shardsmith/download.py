@@ -26,20 +26,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from shardsmith.fetch import (
-    DEFAULT_RETRY_REASONS,
-    AttemptError,
-    Fetcher,
-    FetchError,
-    FetchSettings,
-    Outcome,
-    StreamError,
-    check_hash,
-    local_path,
-    open_source,
-    open_stream_url,
-    return_large_buffers,
-)
+from shardsmith.fetch import DEFAULT_RETRY_REASONS, Fetcher, FetchSettings, Outcome
+from shardsmith.localfiles import FetchError, local_path, open_source
+from shardsmith.memory import return_large_buffers
+from shardsmith.responses import AttemptError, check_hash
+from shardsmith.streams import StreamError, open_stream_url
 from shardsmith.keys import make_key
 from shardsmith.netguard import Guard, Refused
 from shardsmith.process import ChildProcessor, PartProcessor, iter_raw, raw_members

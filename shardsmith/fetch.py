@@ -13,11 +13,11 @@ the opt-outs, and the X-Robots-Tag and tdm-reservation of the final response rea
 CLI (shardsmith.s3), plain paths and file:// from disk within the allowed folders. Every URL passes
 shardsmith.netguard first (schemes, credentials, control characters, addresses, local folders), every
 image URL shardsmith.optout (robots.txt, TDMRep). Every downloaded body is sniffed: an HTML error page
-served as image/jpeg is `not_an_image` here, not later.
+served as image/jpeg is `not_an_image` here, not later (the checks: shardsmith.responses). Local files are
+opened by shardsmith.localfiles, source shards streamed by shardsmith.streams.
 """
 
 import contextlib
-import hashlib
 import heapq
 import queue
 import random
@@ -26,18 +26,26 @@ import threading
 import time
 import urllib.request
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from email.utils import parsedate_to_datetime
-from typing import IO
-from urllib.parse import unquote, urljoin, urlparse, urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import urllib3
 
 from shardsmith import PROJECT_URL, __version__
-from shardsmith.errors import ReasonError
+from shardsmith.localfiles import FetchError, open_source
 from shardsmith.netguard import Guard, Refused
 from shardsmith.optout import ROBOTS_MAX_BYTES, OptOuts, Unreachable, opted_out, tdm_header_reserved
+from shardsmith.responses import (
+    AttemptError,
+    check_hash,
+    classify_exception,
+    describe_non_image,
+    host_key,
+    http_status_reason,
+    parse_retry_after,
+    sniff_image,
+)
 from shardsmith.s3 import S3Error, S3Settings, open_stream
 
 # Transient reasons: retried within a job (except `deadline`) and refetched by a retry run. As in the schema.
@@ -125,203 +133,7 @@ class Outcome:
         return not self.reason
 
 
-class AttemptError(ReasonError):
-    """One attempt failed; `retry_after` is the server's requested pause in seconds, if it gave one."""
-
-    def __init__(
-        self, reason: str, detail: str, http_status: int = 0, retry_after: float | None = None, nbytes: int = 0
-    ) -> None:
-        super().__init__(reason, detail)
-        self.http_status = http_status
-        self.retry_after = retry_after
-        self.nbytes = nbytes
-        self.attempts = 1  # set by callers that retry on their own (open_stream_url)
-
-
-# --- checks on a response -------------------------------------------------------------------------
-
-_SIGNATURES = (
-    (0, b"\xff\xd8\xff", "jpeg"),
-    (0, b"\x89PNG\r\n\x1a\n", "png"),
-    (0, b"GIF87a", "gif"),
-    (0, b"GIF89a", "gif"),
-    (0, b"BM", "bmp"),
-    (0, b"II*\x00", "tiff"),
-    (0, b"MM\x00*", "tiff"),
-    (0, b"\x00\x00\x01\x00", "ico"),
-    (0, b"\x00\x00\x00\x0cjP  \r\n\x87\n", "jpeg2000"),
-    (0, b"\xff\x4f\xff\x51", "jpeg2000"),
-    (0, b"\xff\x0a", "jxl"),
-    (0, b"\x00\x00\x00\x0cJXL \r\n\x87\n", "jxl"),
-    (0, b"8BPS", "psd"),
-)
-_HEIF_BRANDS = {b"avif", b"avis", b"heic", b"heix", b"heim", b"heis", b"mif1", b"msf1"}
-
-
-def sniff_image(data: bytes) -> str | None:
-    """The image format the first bytes announce, or None: the body, not the Content-Type, decides."""
-    for offset, magic, name in _SIGNATURES:
-        if data[offset : offset + len(magic)] == magic:
-            return name
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    if data[4:8] == b"ftyp" and data[8:12] in _HEIF_BRANDS:
-        return "avif" if data[8:11] == b"avi" else "heif"
-    return None
-
-
-def describe_non_image(data: bytes, content_type: str) -> str:
-    head = data[:512].lstrip().lower()
-    if head.startswith((b"<!doctype html", b"<html", b"<head", b"<body")) or b"<html" in head:
-        kind = "an HTML page"
-    elif head.startswith((b"<?xml", b"<svg")) or b"<svg" in head:
-        kind = "XML/SVG"
-    elif head.startswith((b"{", b"[")):
-        kind = "JSON"
-    elif not data:
-        kind = "empty"
-    else:
-        kind = "not a known image format"
-    return f"body is {kind} (Content-Type {content_type or 'none'}; starts with {data[:24]!r})"
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date); None when absent or unreadable."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-
-
-def check_hash(data: bytes, expected: str | None, hash_type: str) -> None:
-    if not expected:
-        return
-    got = hashlib.new(hash_type, data).hexdigest()
-    if got != expected.strip().lower():
-        raise AttemptError("hash_mismatch", f"{hash_type} {got} != {expected.strip().lower()} in the manifest")
-
-
-def host_key(url: str) -> str:
-    """What per-host limits count: the host of http(s) URLs, the bucket of s3 URLs, '' for local files."""
-    try:
-        u = urlsplit(url)
-        hostname = u.hostname
-    except ValueError:  # a malformed URL: its attempt reports bad_url
-        return ""
-    scheme = u.scheme.lower()
-    if scheme in ("http", "https"):
-        return (hostname or "").lower()
-    if scheme == "s3":
-        return f"s3://{u.netloc}"
-    return ""
-
-
-def _http_status_reason(status: int) -> str:
-    if status in (404, 410):
-        return "not_found"
-    if status in (401, 403, 451):
-        return "forbidden"
-    if status == 429:
-        return "rate_limited"
-    if status == 408:
-        return "timeout"
-    if status >= 500:
-        return "server_error"
-    return "http_error"
-
-
-def classify_exception(e: BaseException) -> tuple[str, str]:
-    """(reason, detail) for an exception raised while talking to a server."""
-    text = f"{type(e).__name__}: {e}"
-    chain = [e, e.__cause__, e.__context__, *[a for a in getattr(e, "args", ()) if isinstance(a, BaseException)]]
-    if any(isinstance(x, urllib3.exceptions.IncompleteRead) for x in chain) or "IncompleteRead" in text:
-        return "truncated_download", f"connection closed before the end of the body ({text})"
-    if isinstance(e, urllib3.exceptions.NameResolutionError):
-        return "dns_error", text
-    if isinstance(e, urllib3.exceptions.NewConnectionError):  # before timeouts: it subclasses ConnectTimeoutError
-        return "connection_error", text
-    if isinstance(e, (urllib3.exceptions.TimeoutError, TimeoutError)):
-        return "timeout", text
-    if isinstance(e, urllib3.exceptions.SSLError):
-        return "ssl_error", text
-    if isinstance(e, (urllib3.exceptions.LocationValueError, urllib3.exceptions.LocationParseError, ValueError)):
-        return "bad_url", text
-    if isinstance(e, (urllib3.exceptions.HTTPError, OSError)):
-        return "connection_error", text
-    return "fetch_error", text
-
-
-# --- local files --------------------------------------------------------------------------------------
-
-
-class FetchError(ReasonError):
-    """A local input cannot be read; `reason` is the status reason."""
-
-    detail_is_message = True
-
-
-def local_path(url: str) -> str | None:
-    """The filesystem path of a local URL (plain path or file://), else None."""
-    if url.startswith("file://"):
-        return unquote(urlparse(url).path)
-    if "://" in url:
-        return None
-    return url
-
-
-def open_source(url: str) -> IO[bytes]:
-    """Open a local path or file:// URL for reading; FetchError (not_found, unreadable, unsupported_url) if not."""
-    path = local_path(url)
-    if path is None:
-        raise FetchError("unsupported_url", f"no local file for {url.split('://')[0]}:// URLs")
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise FetchError("not_found", f"no such file: {path}") from None
-    except IsADirectoryError:
-        raise FetchError("unreadable", f"is a folder, not a file: {path}") from None
-    except OSError as e:
-        raise FetchError("unreadable", f"{path}: {e.strerror or e}") from None
-
-
 # --- single attempts ------------------------------------------------------------------------------
-
-
-def return_large_buffers(threshold: int = 1 << 20) -> None:
-    """Serve allocations of `threshold` bytes and more with mmap, so freeing them returns memory to the OS.
-
-    glibc raises its mmap threshold after the first large free (up to 32 MiB) and then keeps later
-    bodies in per-thread heaps it seldom trims: a download job with 32 threads held 743 MiB for 256 MiB of
-    bodies. A fixed threshold brought it to 418 MiB. Process-wide, so only the fetching process calls it: in
-    the resize process it made small images 16% dearer (every decode buffer a fresh mapping). No-op without glibc.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(-3, threshold)  # -3: M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
-def keep_freed_heap(limit: int) -> None:
-    """Keep up to `limit` bytes freed at the top of each malloc heap instead of returning them at once.
-
-    Setting the mmap threshold (return_large_buffers) also pins glibc's trim threshold at 128 KiB, so every
-    freed decode buffer under the threshold went back to the OS and the next image faulted its pages in
-    again: 1.2 ms of system time per web-size image in the resize process, a fifth of the codec's cost.
-    No-op without glibc.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(-1, limit)  # -1: M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
 
 
 class _ByteBudget:
@@ -500,7 +312,7 @@ class Fetcher:
             status = resp.status
             if status in _REDIRECTS:
                 location = resp.headers.get("Location")
-                _discard(resp)
+                discard(resp)
                 if not location:
                     raise AttemptError("http_error", f"HTTP {status} without a Location header", status)
                 hops += 1
@@ -514,17 +326,17 @@ class Fetcher:
                 continue
             if not 200 <= status < 300:
                 retry_after = parse_retry_after(resp.headers.get("Retry-After")) if status in (429, 503) else None
-                _discard(resp)
+                discard(resp)
                 raise AttemptError(
-                    _http_status_reason(status), f"HTTP {status} {resp.reason or ''}".strip(), status, retry_after
+                    http_status_reason(status), f"HTTP {status} {resp.reason or ''}".strip(), status, retry_after
                 )
             if self.s.respect_optout:
                 said = opted_out(resp.headers.getlist("X-Robots-Tag"), self.s.ua_token, self.s.optout_directives)
                 if said:
-                    _discard(resp)
+                    discard(resp)
                     raise AttemptError("opted_out", f"X-Robots-Tag: {said}", status)
             if optouts and self.s.respect_tdm_reservation and (said := tdm_header_reserved(resp.headers)):
-                _discard(resp)
+                discard(resp)
                 raise AttemptError("tdm_reserved", said, status)
             return resp, url
 
@@ -558,7 +370,7 @@ class Fetcher:
                         continue
                     return resp.status, resp.read(ROBOTS_MAX_BYTES)
                 finally:
-                    _discard(resp)
+                    discard(resp)
                     if self.s.per_host_rate:  # the next request to this host keeps the rate (see _Dispatch)
                         time.sleep(1.0 / self.s.per_host_rate)
             return 404, b""  # a redirect loop: as if the file did not exist
@@ -571,7 +383,7 @@ class Fetcher:
         status = resp.status
         clean = False
         try:
-            declared = _content_length(resp)
+            declared = content_length(resp)
             if declared is not None and declared > self.s.max_bytes:
                 raise AttemptError(
                     "too_large", f"Content-Length {declared} is over max_bytes={self.s.max_bytes}", status
@@ -610,7 +422,7 @@ class Fetcher:
             if clean and _reusable(resp):
                 resp.release_conn()
             else:
-                _discard(resp)
+                discard(resp)
 
     def _s3(self, url: str) -> bytearray:
         try:
@@ -656,7 +468,7 @@ class Fetcher:
                 done.put((jid, AttemptError("fetch_error", f"{type(e).__name__}: {e}")))
 
 
-def _content_length(resp: urllib3.BaseHTTPResponse) -> int | None:
+def content_length(resp: urllib3.BaseHTTPResponse) -> int | None:
     try:
         value = resp.headers.get("Content-Length")
         return int(value) if value is not None else None
@@ -671,7 +483,7 @@ def _reusable(resp: urllib3.BaseHTTPResponse) -> bool:
     return resp.headers.get("Content-Length") is not None or bool(getattr(resp, "chunked", False))
 
 
-def _discard(resp: urllib3.BaseHTTPResponse) -> None:
+def discard(resp: urllib3.BaseHTTPResponse) -> None:
     """Drop a response whose body we do not read: close its connection so no unread bytes reach a later request."""
     with contextlib.suppress(Exception):
         resp.close()
@@ -845,64 +657,3 @@ class _Dispatch:
             self._finish(jid, Outcome(reason="deadline", detail=detail))
 
 
-# --- streams (source shards) ------------------------------------------------------------------------
-
-
-class StreamError(ReasonError):
-    """A remote stream broke off; `reason` is a status reason (timeout, truncated_download, deadline, ...)."""
-
-
-class _HTTPBody:
-    """A streaming response as a file for tarfile: deadline checked on every read, errors as StreamError."""
-
-    def __init__(self, resp: urllib3.BaseHTTPResponse, f: Fetcher) -> None:
-        self.resp, self.f, self.count = resp, f, 0
-        self.declared = _content_length(resp)
-
-    def read(self, n: int = -1) -> bytes:
-        if self.f.left() <= 0:
-            raise StreamError("deadline", f"part deadline reached after {self.count} bytes")
-        try:
-            data = self.resp.read1(n if n and n > 0 else 1 << 16)
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise StreamError(*classify_exception(e)) from None
-        self.count += len(data)
-        if not data and self.declared is not None and self.count < self.declared:
-            raise StreamError("truncated_download", f"got {self.count} of {self.declared} bytes")
-        return data
-
-
-@contextlib.contextmanager
-def open_stream_url(url: str, f: Fetcher) -> Iterator[tuple[IO[bytes], int, int]]:
-    """Open a remote source shard for streaming: yields (file, HTTP status, attempts).
-
-    Opening is retried like an image (backoff, Retry-After); a stream that breaks later raises StreamError
-    (or, for s3://, S3Error when the block ends). Nothing is retried mid-stream: the shard's rows say what
-    was read, and a retry run reads the shard again.
-    """
-    scheme = urlsplit(url).scheme.lower()
-    if scheme == "s3":
-        timeout = None if f.deadline == float("inf") else max(0.1, f.left())
-        with open_stream(url, f.s3, timeout=timeout) as stream:
-            yield stream, 0, 1
-        return
-    attempts = 0
-    while True:
-        attempts += 1
-        try:
-            resp, _ = f.open_http(url)
-            break
-        except AttemptError as e:
-            e.attempts = attempts
-            if not f.retryable(e.reason) or attempts > f.s.retries:
-                raise
-            pause = backoff_wait(f.s, attempts)
-            if e.retry_after is not None:
-                pause = max(pause, min(e.retry_after, f.s.retry_after_max_s))
-            if pause >= f.left():
-                raise
-            time.sleep(pause)
-    try:
-        yield _HTTPBody(resp, f), resp.status, attempts
-    finally:
-        _discard(resp)

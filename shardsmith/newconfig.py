@@ -34,7 +34,7 @@ import yaml
 from shardsmith.config import REMOTE, check_config, expand_paths
 from shardsmith.download import member_fields, read_sidecars
 from shardsmith.errors import ConfigError
-from shardsmith.fetch import sniff_image
+from shardsmith.responses import sniff_image
 from shardsmith.s3 import S3Error, S3Settings, run, split_url
 from shardsmith.sources import iter_folder_parts, manifest_format
 from shardsmith.tario import iter_tar_groups

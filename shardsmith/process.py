@@ -21,7 +21,7 @@ import pandas as pd
 
 from shardsmith.captions import CaptionSettings, pick_caption
 from shardsmith.errors import REJECT_COLUMNS, Rejection
-from shardsmith.fetch import keep_freed_heap, return_large_buffers
+from shardsmith.memory import keep_freed_heap, return_large_buffers
 from shardsmith.logs import ProgressLog
 from shardsmith.resize import ImageResult, ResizeSettings, process_image
 from shardsmith.tario import ShardWriter, atomic_open, read_at

@@ -85,7 +85,9 @@ def readable_manifest(path: str, fetcher: "Fetcher | None" = None) -> Iterator[s
     if not REMOTE.match(path):
         yield path
         return
-    from shardsmith.fetch import AttemptError, Fetcher, FetchSettings, StreamError, open_stream_url
+    from shardsmith.fetch import Fetcher, FetchSettings
+    from shardsmith.responses import AttemptError
+    from shardsmith.streams import StreamError, open_stream_url
     from shardsmith.s3 import S3Error
 
     fetcher = fetcher or Fetcher(FetchSettings(part_deadline_s=None), log=lambda _: None)

@@ -9,15 +9,8 @@ from conftest import jpeg_bytes
 from httpserver import Reply, http_server, redirect  # noqa: F401 - fixture
 from servers import ALLOW_LOOPBACK, free_port
 
-from shardsmith.fetch import (
-    AttemptError,
-    Fetcher,
-    FetchSettings,
-    Outcome,
-    check_hash,
-    parse_retry_after,
-    sniff_image,
-)
+from shardsmith.fetch import Fetcher, FetchSettings, Outcome
+from shardsmith.responses import AttemptError, check_hash, parse_retry_after, sniff_image
 from workflow_helpers import REPO
 
 JPEG = [("Content-Type", "image/jpeg")]
