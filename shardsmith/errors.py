@@ -16,8 +16,10 @@ class ReasonError(Exception):
 
     detail_is_message = False
 
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(detail if self.detail_is_message else f"{reason}: {detail}")
+    def __init__(self, reason: str, detail: str = "", message: str | None = None) -> None:
+        if message is None:
+            message = detail if self.detail_is_message else f"{reason}: {detail}"
+        super().__init__(message)
         self.reason = reason
         self.detail = detail
 
@@ -26,8 +28,7 @@ class Rejection(ReasonError):
     """One record cannot be published at `stage`; it goes to the ledger and the run goes on."""
 
     def __init__(self, stage: str, reason: str, detail: str = "") -> None:
-        super().__init__(reason, detail)
-        self.args = (f"{stage}/{reason}: {detail}" if detail else f"{stage}/{reason}",)
+        super().__init__(reason, detail, f"{stage}/{reason}: {detail}" if detail else f"{stage}/{reason}")
         self.stage = stage
 
 

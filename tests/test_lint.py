@@ -24,3 +24,9 @@ def test_snakefmt_check_is_clean():
     snakefmt = SNAKEMAKE.parent / "snakefmt"
     proc = subprocess.run([str(snakefmt), "--check", "Snakefile", "rules/"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_rule_scripts_import_the_installed_package():
+    """No script edits sys.path: the package is installed (make setup) or on the jobs' PYTHONPATH (Snakefile)."""
+    editing = [p.name for p in sorted((REPO / "scripts").glob("*.py")) if "sys.path" in p.read_text()]
+    assert editing == []
