@@ -28,12 +28,14 @@ def demo_config(data: Path, root: Path, **overrides) -> dict:
     return config
 
 
-def run_workflow(root: Path, config: dict, *args: str, check: bool = True, cores: int = 2) -> subprocess.CompletedProcess:
+def run_workflow(
+    root: Path, config: dict, *args: str, check: bool = True, cores: int = 2, snakefile: Path = REPO / "Snakefile"
+) -> subprocess.CompletedProcess:
     root.mkdir(parents=True, exist_ok=True)
     cfg = root / "config.yaml"
     cfg.write_text(yaml.safe_dump(config, sort_keys=False))
     cmd = [
-        str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile", str(cfg),
+        str(SNAKEMAKE), "-s", str(snakefile), "--directory", str(root), "--configfile", str(cfg),
         "--workflow-profile", "none", "--cores", str(cores), *args,
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
