@@ -43,6 +43,8 @@ bench: setup
 lint: setup
 	$(SNAKEMAKE) --lint --workflow-profile none --configfile config/demo.yaml
 	$(VENV)/bin/snakefmt --check Snakefile rules/
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean-demo:
 	rm -rf demo/cache demo/work demo/results demo/fast-storage demo/logs

@@ -78,11 +78,17 @@ def summarize(runs: list[dict]) -> dict:
             f"{o['jobs']} job processes with {o['job_startup_s_total']} s of start-up in all (an interpreter, "
             "Snakemake's script preamble and the script's imports; one job per stage and per part or shard), "
             f"of {wall} s of wall time on the cores they share",
-            *(f"{name}: {jobs[name]} jobs x {each[name]} s of start-up" + (
-                " (torch and open_clip, imported to embed a few images: a fixed cost per part)" if name == "embed_part" else ""
-            ) for name in heaviest),
+            *(
+                f"{name}: {jobs[name]} jobs x {each[name]} s of start-up"
+                + (
+                    " (torch and open_clip, imported to embed a few images: a fixed cost per part)"
+                    if name == "embed_part"
+                    else ""
+                )
+                for name in heaviest
+            ),
             f"{o['no_job_running_s']} s with no job running: Snakemake's own start-up, exit and DAG updates",
-        ]  # fmt: skip
+        ]
     return {"median_wall_s": wall, "median_overhead_share": share, "target": target}
 
 

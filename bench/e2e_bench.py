@@ -8,13 +8,12 @@ parquet manifest (url, caption), serves the images from a ThreadingHTTPServer on
 process (the same server for every run), then alternates (a) img2dataset (its own venv, see
 bench/setup_img2dataset.sh; 2 processes x 32 threads, count/8 samples per shard so both processes stay busy)
 and (b) this workflow from manifest to published, validated, indexed shards (embedding off; `--parts` parts,
-one per core by default; the same shard size unless `--our-samples-per-shard`), `--rounds` times each. Reports records/s (records in /
-wall s), the ratio b/a (best and median round), CPU s per record (rusage of the whole process tree), peak
-RSS per process (psutil samples), the workflow overhead (wall time with no job running, plus job start-up),
-and checks output quality on a sample: EXIF orientation, colour, no upscaling, and for this workflow the
-byte-identical pass-through of small RGB JPEGs and a ledger that adds up. Raw figures go to
-bench/results/e2e-<mix>.json. A failed quality check is reported as a failure, never as a win.
-"""
+one per core by default; the same shard size unless `--our-samples-per-shard`), `--rounds` times each. Reports
+records/s (records in / wall s), the ratio b/a (best and median round), CPU s per record (rusage of the whole
+process tree), peak RSS per process (psutil samples), the workflow overhead (wall time with no job running,
+plus job start-up), and checks output quality on a sample: EXIF orientation, colour, no upscaling, and for
+this workflow the byte-identical pass-through of small RGB JPEGs and a ledger that adds up. Raw figures go to
+bench/results/e2e-<mix>.json. A failed quality check is reported as a failure, never as a win."""
 
 from __future__ import annotations
 
@@ -59,8 +58,20 @@ MAX_SIDE = 512
 QUALITY = 90
 # The mixes of the speed targets: web-size images (a quarter within MAX_SIDE), and large photos.
 MIXES = {
-    "web-size": {"count": 8000, "large_share": 0.0, "large_formats": "web", "small_sides": (200, 1500), "speed_target": 1.8},
-    "large": {"count": 2000, "large_share": 0.4, "large_formats": "camera", "small_sides": (200, 1500), "speed_target": 2.3},
+    "web-size": {
+        "count": 8000,
+        "large_share": 0.0,
+        "large_formats": "web",
+        "small_sides": (200, 1500),
+        "speed_target": 1.8,
+    },
+    "large": {
+        "count": 2000,
+        "large_share": 0.4,
+        "large_formats": "camera",
+        "small_sides": (200, 1500),
+        "speed_target": 2.3,
+    },
 }
 CPU_VS_CODEC_TARGET = 1.15  # CPU per image of the whole run against the bare codec loop's
 BUSY_TARGET = 0.90  # share of the cores' time the run keeps busy
@@ -72,7 +83,9 @@ BUSY_TARGET = 0.90  # share of the cores' time the run keeps busy
 UNIQUE = 300  # distinct images generated per mix; larger sets repeat them under new names (hard links)
 
 
-def prepare(count: int, large_share: float, seed: int, large_formats: str = "camera", small_sides: tuple[int, int] = (200, 900)) -> Path:
+def prepare(
+    count: int, large_share: float, seed: int, large_formats: str = "camera", small_sides: tuple[int, int] = (200, 900)
+) -> Path:
     """The image set and manifest for one mix, generated once and reused (bench/data/ is git-ignored).
 
     Generating a 6000 px photo takes seconds, so sets larger than UNIQUE reuse the first UNIQUE images under
@@ -101,7 +114,12 @@ def prepare(count: int, large_share: float, seed: int, large_formats: str = "cam
 
 def write_manifest(data: Path, base_url: str) -> Path:
     rows = json.loads((data / "imageset.json").read_text())
-    df = pd.DataFrame({"url": [f"{base_url}/{r['name']}" for r in rows], "caption": [f"a {r['kind']} photo number {i}" for i, r in enumerate(rows)]})
+    df = pd.DataFrame(
+        {
+            "url": [f"{base_url}/{r['name']}" for r in rows],
+            "caption": [f"a {r['kind']} photo number {i}" for i, r in enumerate(rows)],
+        }
+    )
     out = data / "manifest.parquet"
     df.to_parquet(out, index=False)
     return out
@@ -120,7 +138,8 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 
 
 class _CountingServer(ThreadingHTTPServer):
-    """Counts requests that ended in an error (e.g. the client closed the connection mid-response) instead of printing them."""
+    """Counts requests that ended in an error (the client closed the connection mid-response, say) instead of
+    printing them."""
 
     errors = None  # multiprocessing.Value, set before serving
     request_queue_size = 256  # the default backlog of 5 drops connections when 64 requests arrive at once
@@ -187,13 +206,21 @@ class TreeSampler(threading.Thread):
                     if info is None:
                         cmd = " ".join(p.cmdline())[:300]
                         ppid = p.ppid()
-                        info = self.procs[p.pid] = {"cmd": cmd, "ppid": ppid, "start": p.create_time() - skew, "end": now, "rss": 0}
+                        info = self.procs[p.pid] = {
+                            "cmd": cmd,
+                            "ppid": ppid,
+                            "start": p.create_time() - skew,
+                            "end": now,
+                            "rss": 0,
+                        }
                     info["rss"] = max(info["rss"], rss)
                     info["end"] = now
                     cpu = p.cpu_times()
                     info["cpu"] = cpu.user + cpu.system  # as of the last sample: a floor for short jobs
                     parent = self.procs.get(info["ppid"])
-                    if parent is not None and parent["cmd"] == info["cmd"]:  # forked by its job: pages shared with it count once
+                    if (
+                        parent is not None and parent["cmd"] == info["cmd"]
+                    ):  # forked by its job: pages shared with it count once
                         job_now[info["ppid"]] = job_now.get(info["ppid"], 0) + p.memory_full_info().uss
                     else:
                         job_now[p.pid] = job_now.get(p.pid, 0) + rss
@@ -243,7 +270,8 @@ def _peaks(run: dict, label) -> dict:
 
 
 def img2dataset_bin(arg: str | None) -> Path:
-    """img2dataset from --img2dataset, $IMG2DATASET, $IMG2DATASET_VENV, or bench/.venv-img2dataset (created if missing)."""
+    """img2dataset from --img2dataset, $IMG2DATASET, $IMG2DATASET_VENV, or bench/.venv-img2dataset (created if
+    missing)."""
     if arg or os.environ.get("IMG2DATASET"):
         return Path(arg or os.environ["IMG2DATASET"])
     venv = Path(os.environ.get("IMG2DATASET_VENV", DEFAULT_I2D_VENV))
@@ -255,13 +283,44 @@ def img2dataset_bin(arg: str | None) -> Path:
 
 def run_img2dataset(exe: Path, manifest: Path, out: Path, count: int, per_shard: int) -> dict:
     cmd = [
-        str(exe), "--url_list", str(manifest), "--input_format", "parquet", "--url_col", "url", "--caption_col", "caption",
-        "--output_folder", str(out), "--output_format", "webdataset", "--resize_mode", "keep_ratio_largest",
-        "--image_size", str(MAX_SIDE), "--resize_only_if_bigger", "True", "--encode_format", "jpg",
-        "--encode_quality", str(QUALITY), "--processes_count", "2", "--thread_count", "32",
-        "--number_sample_per_shard", str(per_shard), "--timeout", "60", "--retries", "0",
-        "--distributor", "multiprocessing", "--enable_wandb", "False",
-    ]  # fmt: skip
+        str(exe),
+        "--url_list",
+        str(manifest),
+        "--input_format",
+        "parquet",
+        "--url_col",
+        "url",
+        "--caption_col",
+        "caption",
+        "--output_folder",
+        str(out),
+        "--output_format",
+        "webdataset",
+        "--resize_mode",
+        "keep_ratio_largest",
+        "--image_size",
+        str(MAX_SIDE),
+        "--resize_only_if_bigger",
+        "True",
+        "--encode_format",
+        "jpg",
+        "--encode_quality",
+        str(QUALITY),
+        "--processes_count",
+        "2",
+        "--thread_count",
+        "32",
+        "--number_sample_per_shard",
+        str(per_shard),
+        "--timeout",
+        "60",
+        "--retries",
+        "0",
+        "--distributor",
+        "multiprocessing",
+        "--enable_wandb",
+        "False",
+    ]
     run = measured(cmd, out.parent / "img2dataset.log")
     main = run["root_pid"]
     run["peak_rss_mib"] = _peaks(run, lambda pid, p: "main" if pid == main else "worker")
@@ -283,7 +342,12 @@ def workflow_config(root: Path, manifest: Path, count: int, per_shard: int, part
             "embed": {"enabled": False},
             # img2dataset has no per-host limit and 32 threads: the same 32 requests in flight here
             # the server is on loopback, which the network guard refuses unless allowed
-            "download": {"concurrency": 32, "per_host_concurrency": 32, "retries": 0, "allow_networks": ["127.0.0.0/8"]},
+            "download": {
+                "concurrency": 32,
+                "per_host_concurrency": 32,
+                "retries": 0,
+                "allow_networks": ["127.0.0.0/8"],
+            },
             "publish": {"dest": str(root / "fast-storage")},
         }
     )
@@ -395,7 +459,11 @@ def phases(run: dict) -> dict:
     first = min((s for s, _, n in jobs if n == "download_part"), default=run["t0"])
     last = max((e for _, e, n in jobs if n == "download_part"), default=first)
     end = run["t0"] + run["wall_s"]
-    return {"head_s": round(first - run["t0"], 2), "fetch_and_resize_s": round(last - first, 2), "tail_s": round(end - last, 2)}
+    return {
+        "head_s": round(first - run["t0"], 2),
+        "fetch_and_resize_s": round(last - first, 2),
+        "tail_s": round(end - last, 2),
+    }
 
 
 def codec_loop(images: Path, rows: list[dict]) -> dict:
@@ -424,7 +492,11 @@ def codec_loop(images: Path, rows: list[dict]) -> dict:
                 pass
             best = min(best, time.thread_time() - t)
         total += best * repeats[i]
-    return {"cpu_s_per_image": round(total / len(rows), 5), "images": len(rows), "distinct_timed": min(len(rows), UNIQUE)}
+    return {
+        "cpu_s_per_image": round(total / len(rows), 5),
+        "images": len(rows),
+        "distinct_timed": min(len(rows), UNIQUE),
+    }
 
 
 def slurm_probe_s() -> float:
@@ -509,7 +581,9 @@ def read_samples(tars: list[Path]) -> dict[str, dict]:
     return out
 
 
-def check_quality(images: Path, rows: list[dict], base_url: str, samples: dict[str, dict], ours: bool, sample_size: int = 80) -> dict:
+def check_quality(
+    images: Path, rows: list[dict], base_url: str, samples: dict[str, dict], ours: bool, sample_size: int = 80
+) -> dict:
     """Check a sample of outputs; every failure is listed. EXIF-rotated and CMYK images are always in the sample.
 
     - size: long side is min(original displayed long side, 512) (+-1 px), aspect kept, never upscaled;
@@ -535,7 +609,9 @@ def check_quality(images: Path, rows: list[dict], base_url: str, samples: dict[s
         scale = min(1.0, MAX_SIDE / max(w, h))
         want = (w * scale, h * scale)
         if abs(out.width - want[0]) > 1.01 or abs(out.height - want[1]) > 1.01:
-            failures.append(f"{r['name']} ({r['kind']}): size {out.size}, expected about {tuple(round(x) for x in want)}")
+            failures.append(
+                f"{r['name']} ({r['kind']}): size {out.size}, expected about {tuple(round(x) for x in want)}"
+            )
         ref = reference(images / r["name"])
         ta, tb = _thumb(out), _thumb(ref)
         if r["kind"] == "png_alpha":  # the transparent top third may be flattened onto any colour
@@ -555,7 +631,9 @@ def check_quality(images: Path, rows: list[dict], base_url: str, samples: dict[s
         "missing": missing,
         "passthrough_identical": f"{passthrough_ok}/{passthrough_total}",
         "max_thumb_diff": round(max(diffs), 1) if diffs else None,
-        "failure_kinds": dict(Counter(f.split(" (", 1)[1].split(")", 1)[0] if " (" in f else "passthrough" for f in failures)),
+        "failure_kinds": dict(
+            Counter(f.split(" (", 1)[1].split(")", 1)[0] if " (" in f else "passthrough" for f in failures)
+        ),
         "failures": failures[:30],
         "failure_count": len(failures),
         "ok": not failures,
@@ -578,7 +656,11 @@ def ledger_adds_up(root: Path, count: int) -> dict:
 
 def save_result(out: Path, result: dict) -> None:
     """Write a results file, stamped with when and by which command it was measured."""
-    result = {**result, "when": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
+    result = {
+        **result,
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
 
@@ -589,7 +671,8 @@ def bounds(s_a: dict, s_b: dict) -> list[str]:
     fixed = statistics.median(p["head_s"] + p["tail_s"] for p in s_b["phases"])
     cpu = s_a["cpu_s_per_image"] / s_b["cpu_s_per_image"]
     return [
-        f"CPU per image: img2dataset uses {cpu:.2f}x shardsmith's ({s_a['cpu_s_per_image']} vs {s_b['cpu_s_per_image']} s), "
+        f"CPU per image: img2dataset uses {cpu:.2f}x shardsmith's "
+        f"({s_a['cpu_s_per_image']} vs {s_b['cpu_s_per_image']} s), "
         "so at equal use of the cores that is the ratio's ceiling (per-kind codec costs: bench/README.md)",
         f"per-run fixed cost: {fixed:.1f} s of {walls:.1f} s before the first download and after the last "
         "resize: Snakemake's own start-up (~1 s: it imports its plugins, among them the SLURM executor's "
@@ -615,21 +698,53 @@ def summarize(runs: list[dict], count: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mix", choices=sorted(MIXES), help="a named mix with its target: sets count, large share and sizes")
+    ap.add_argument(
+        "--mix", choices=sorted(MIXES), help="a named mix with its target: sets count, large share and sizes"
+    )
     ap.add_argument("--count", type=int, default=2000)
     ap.add_argument("--large-share", type=float, default=0.6)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--large-formats", choices=["camera", "web"], default="camera", help="formats of the large images (bench/imageset.py)")
-    ap.add_argument("--small-sides", type=int, nargs=2, default=(200, 900), metavar=("MIN", "MAX"), help="long side of the small images")
-    ap.add_argument("--latency-ms", type=float, default=0.0, help="each HTTP response waits this long (a distant server); 0 for the targets")
+    ap.add_argument(
+        "--large-formats",
+        choices=["camera", "web"],
+        default="camera",
+        help="formats of the large images (bench/imageset.py)",
+    )
+    ap.add_argument(
+        "--small-sides",
+        type=int,
+        nargs=2,
+        default=(200, 900),
+        metavar=("MIN", "MAX"),
+        help="long side of the small images",
+    )
+    ap.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        help="each HTTP response waits this long (a distant server); 0 for the targets",
+    )
     ap.add_argument("--rounds", type=int, default=2, help="(a, b) pairs; the order alternates every round")
-    ap.add_argument("--img2dataset", help="img2dataset executable (default: $IMG2DATASET, $IMG2DATASET_VENV/bin or bench/.venv-img2dataset)")
+    ap.add_argument(
+        "--img2dataset",
+        help="img2dataset executable (default: $IMG2DATASET, $IMG2DATASET_VENV/bin or bench/.venv-img2dataset)",
+    )
     ap.add_argument("--out", type=Path, help="results file (default bench/results/e2e-<mix>.json)")
-    ap.add_argument("--samples-per-shard", type=int, help="both tools (default count/8: img2dataset keeps both processes busy)")
-    ap.add_argument("--parts", type=int, default=2, help="this workflow's parts (part_size = count / parts): one per core")
-    ap.add_argument("--our-samples-per-shard", type=int, help="this workflow's shard size (default: the same as img2dataset's)")
+    ap.add_argument(
+        "--samples-per-shard", type=int, help="both tools (default count/8: img2dataset keeps both processes busy)"
+    )
+    ap.add_argument(
+        "--parts", type=int, default=2, help="this workflow's parts (part_size = count / parts): one per core"
+    )
+    ap.add_argument(
+        "--our-samples-per-shard", type=int, help="this workflow's shard size (default: the same as img2dataset's)"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
-    ap.add_argument("--only-ours", action="store_true", help="profiling aid: run only this workflow, keep its folder, write no results")
+    ap.add_argument(
+        "--only-ours",
+        action="store_true",
+        help="profiling aid: run only this workflow, keep its folder, write no results",
+    )
     a = ap.parse_args()
     if a.mix:
         for k, v in MIXES[a.mix].items():
@@ -677,14 +792,27 @@ def main() -> None:
             last = runs["shardsmith"][-1]
             print(json.dumps(last["overhead"], indent=1), f"\nrun folder: {tmp}")
             cpu_img = last["cpu_s"] / a.count
-            print(f"wall {last['wall_s']:.1f} s, CPU {cpu_img * 1000:.2f} ms/image = {cpu_img / codec['cpu_s_per_image']:.2f}x the codec loop's "
-                  f"{codec['cpu_s_per_image'] * 1000:.2f}; cores busy {last['cpu_s'] / (last['wall_s'] * CORES):.0%}")
+            print(
+                f"wall {last['wall_s']:.1f} s, CPU {cpu_img * 1000:.2f} ms/image = "
+                f"{cpu_img / codec['cpu_s_per_image']:.2f}x the codec loop's "
+                f"{codec['cpu_s_per_image'] * 1000:.2f}; cores busy {last['cpu_s'] / (last['wall_s'] * CORES):.0%}"
+            )
             if a.out:  # e.g. peak memory at the default part and shard sizes, without img2dataset
-                summary = {k: last[k] for k in ("wall_s", "cpu_s", "peak_rss_mib", "overhead", "phases", "in_job_work_s")}
-                summary |= {"count": a.count, "large_share": a.large_share, "large_formats": a.large_formats, "parts": a.parts,
-                            "samples_per_shard": our_per_shard, "codec_loop": codec}  # fmt: skip
+                summary = {
+                    k: last[k] for k in ("wall_s", "cpu_s", "peak_rss_mib", "overhead", "phases", "in_job_work_s")
+                }
+                summary |= {
+                    "count": a.count,
+                    "large_share": a.large_share,
+                    "large_formats": a.large_formats,
+                    "parts": a.parts,
+                    "samples_per_shard": our_per_shard,
+                    "codec_loop": codec,
+                }
                 save_result(a.out, summary)
-            for start, end, name in sorted((p["start"], p["end"], _job_name(p["cmd"])) for p in last["procs"].values() if _job_name(p["cmd"])):
+            for start, end, name in sorted(
+                (p["start"], p["end"], _job_name(p["cmd"])) for p in last["procs"].values() if _job_name(p["cmd"])
+            ):
                 print(f"  {start - last['t0']:6.1f} {end - last['t0']:6.1f}  {name}")
             a.keep = True
             return
@@ -726,11 +854,23 @@ def main() -> None:
         s["cores_busy"] = [round(r["cpu_s"] / (r["wall_s"] * CORES), 3) for r in runs[tool]]
     cpu_vs_codec = s_b["cpu_vs_codec_loop"]
     busy = statistics.median(s_b["cores_busy"])
-    peak_job = max((v for k, v in s_b["peak_rss_mib"].items() if k != "snakemake" and not k.endswith("(child)")), default=0.0)
+    peak_job = max(
+        (v for k, v in s_b["peak_rss_mib"].items() if k != "snakemake" and not k.endswith("(child)")), default=0.0
+    )
     overhead_share = statistics.median(o["share"] for o in s_b["overhead"])
     result = {
-        "mix": {"name": a.mix, "small_sides": list(a.small_sides), "count": a.count, "large_share": a.large_share, "large_formats": a.large_formats, "unique_images": min(a.count, UNIQUE), "seed": a.seed, "kinds": {k: sum(r["kind"] == k for r in rows) for k in sorted({r["kind"] for r in rows})},
-                "large_images": sum(max(r["width"], r["height"]) >= 2000 for r in rows), "mb": round(sum(r["bytes"] for r in rows) / 1e6, 1)},
+        "mix": {
+            "name": a.mix,
+            "small_sides": list(a.small_sides),
+            "count": a.count,
+            "large_share": a.large_share,
+            "large_formats": a.large_formats,
+            "unique_images": min(a.count, UNIQUE),
+            "seed": a.seed,
+            "kinds": {k: sum(r["kind"] == k for r in rows) for k in sorted({r["kind"] for r in rows})},
+            "large_images": sum(max(r["width"], r["height"]) >= 2000 for r in rows),
+            "mb": round(sum(r["bytes"] for r in rows) / 1e6, 1),
+        },
         "rounds": a.rounds,
         "latency_ms": a.latency_ms,
         "codec_loop": codec,
@@ -738,21 +878,58 @@ def main() -> None:
         "parts": a.parts,
         "img2dataset": s_a,
         "shardsmith": s_b,
-        "ratio_b_over_a": {"best": ratio_best, "median": ratio_median, "median_without_slurm_probe_stall": ratio_no_stall},
+        "ratio_b_over_a": {
+            "best": ratio_best,
+            "median": ratio_median,
+            "median_without_slurm_probe_stall": ratio_no_stall,
+        },
         "quality": quality,
         "targets": {
-            "speed": {"target": f">= {target}x img2dataset", "measured": ratio_median, "without_slurm_probe_stall": ratio_no_stall, "met": ratio_median >= target and quality["shardsmith"]["ok"],
-                      "short_by": f"{max(0.0, 1 - ratio_median / target):.0%}", "bounded_by": bounds(s_a, s_b)},
-            "cpu_per_image_vs_codec_loop": {"target": f"<= {CPU_VS_CODEC_TARGET}x", "measured": cpu_vs_codec, "codec_loop_cpu_s_per_image": codec["cpu_s_per_image"], "met": cpu_vs_codec <= CPU_VS_CODEC_TARGET,
-                                            "short_by": f"{max(0.0, cpu_vs_codec - CPU_VS_CODEC_TARGET):.2f}x"},
-            "cores_busy": {"target": f">= {BUSY_TARGET:.0%} of cores x wall time", "measured": busy, "met": busy >= BUSY_TARGET, "short_by": f"{max(0.0, BUSY_TARGET - busy):.0%}"},
-            "peak_memory_per_job_mib": {"target": "< 1024", "measured": round(peak_job, 1), "note": "a job with a forked child: both at once, the child's own pages only", "met": peak_job < 1024},
-            "workflow_overhead_share": {"target": "< 0.10", "measured": overhead_share, "short_by": f"{max(0.0, overhead_share - 0.10):.0%} of the wall time", "without_slurm_probe_stall": statistics.median(o["share_without_stall"] for o in s_b["overhead"]), "met": overhead_share < 0.10},
+            "speed": {
+                "target": f">= {target}x img2dataset",
+                "measured": ratio_median,
+                "without_slurm_probe_stall": ratio_no_stall,
+                "met": ratio_median >= target and quality["shardsmith"]["ok"],
+                "short_by": f"{max(0.0, 1 - ratio_median / target):.0%}",
+                "bounded_by": bounds(s_a, s_b),
+            },
+            "cpu_per_image_vs_codec_loop": {
+                "target": f"<= {CPU_VS_CODEC_TARGET}x",
+                "measured": cpu_vs_codec,
+                "codec_loop_cpu_s_per_image": codec["cpu_s_per_image"],
+                "met": cpu_vs_codec <= CPU_VS_CODEC_TARGET,
+                "short_by": f"{max(0.0, cpu_vs_codec - CPU_VS_CODEC_TARGET):.2f}x",
+            },
+            "cores_busy": {
+                "target": f">= {BUSY_TARGET:.0%} of cores x wall time",
+                "measured": busy,
+                "met": busy >= BUSY_TARGET,
+                "short_by": f"{max(0.0, BUSY_TARGET - busy):.0%}",
+            },
+            "peak_memory_per_job_mib": {
+                "target": "< 1024",
+                "measured": round(peak_job, 1),
+                "note": "a job with a forked child: both at once, the child's own pages only",
+                "met": peak_job < 1024,
+            },
+            "workflow_overhead_share": {
+                "target": "< 0.10",
+                "measured": overhead_share,
+                "short_by": f"{max(0.0, overhead_share - 0.10):.0%} of the wall time",
+                "without_slurm_probe_stall": statistics.median(o["share_without_stall"] for o in s_b["overhead"]),
+                "met": overhead_share < 0.10,
+            },
             "quality": {"met": quality["shardsmith"]["ok"]},
         },
-        "machine": {"cpus": os.cpu_count(), "load_avg_at_end": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(),
+        },
     }
-    out = a.out or BENCH / "results" / f"e2e-{a.mix or ('large' if large else 'small')}{'' if a.samples_per_shard is None else f'-shard{per_shard}'}.json"
+    mix = a.mix or ("large" if large else "small")
+    shard = "" if a.samples_per_shard is None else f"-shard{per_shard}"
+    out = a.out or BENCH / "results" / f"e2e-{mix}{shard}.json"
     save_result(out, result)
     print(json.dumps({k: result[k] for k in ("ratio_b_over_a", "targets")}, indent=1))
     print(f"img2dataset {s_a['median_img_per_s']} img/s, shardsmith {s_b['median_img_per_s']} img/s; results: {out}")

@@ -23,6 +23,7 @@ name, e.g. embed-nvidia-h100-80gb-hbm3.json).
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -37,24 +38,42 @@ from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-import numpy as np  # noqa: E402
-import open_clip  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-from open_clip.transform import PreprocessCfg, image_transform_v2  # noqa: E402
+import numpy as np
+import open_clip
+import pandas as pd
+import torch
+from open_clip.transform import PreprocessCfg, image_transform_v2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shardsmith import embed  # noqa: E402
-from shardsmith.demo import jpeg, photo  # noqa: E402
-from shardsmith.embed import EmbedSettings, embed_part  # noqa: E402
-from shardsmith.process import SAMPLE_COLUMNS  # noqa: E402
-from shardsmith.tario import ShardWriter, atomic_open  # noqa: E402
-from shardsmith.tinyclip import NAME, RANDOM_MARKER, write_tiny_clip  # noqa: E402
+from shardsmith import embed
+from shardsmith.demo import jpeg, photo
+from shardsmith.embed import EmbedSettings, embed_part
+from shardsmith.process import SAMPLE_COLUMNS
+from shardsmith.tario import ShardWriter, atomic_open
+from shardsmith.tinyclip import NAME, RANDOM_MARKER, write_tiny_clip
 
 NOT_MEASURED = "not measured: no GPU lent"
 BUSY = 0.9  # the GPU must be at least this busy: the workers feed 1/BUSY of its rate
 TARGET_B32 = 3000  # issue 19's end-to-end target for ViT-B-32 on one H100/H200, images/s
-WORDS = "a photo of the old harbour at dusk with boats and gulls over calm water near hills".split()
+WORDS = [
+    "a",
+    "photo",
+    "of",
+    "the",
+    "old",
+    "harbour",
+    "at",
+    "dusk",
+    "with",
+    "boats",
+    "and",
+    "gulls",
+    "over",
+    "calm",
+    "water",
+    "near",
+    "hills",
+]
 DEFAULTS = {  # (count, batch sizes, worker counts, decodes, forward iterations, feed images)
     "cuda": {"count": 8192, "batch": [128, 256, 512], "workers": [7, 11, 15], "decode": ["cpu", "gpu"], "iters": 20},
     "cpu": {"count": 32, "batch": [8, 16], "workers": [0, 1], "decode": ["cpu"], "iters": 1},
@@ -212,10 +231,8 @@ class GpuSampler:
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            try:
+            with contextlib.suppress(ValueError):  # a line that is not a reading
                 self.samples.append((time.perf_counter(), float(line.strip())))
-            except ValueError:
-                pass
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -383,7 +400,8 @@ def main(argv: list[str] | None = None) -> dict:
             None
             if device.type == "cuda"
             else (
-                f"CPU run: tiny counts (ViT-L-14 {CPU_COUNTS['ViT-L-14']} images, others {d['count']}) so that it stays "
+                f"CPU run: tiny counts (ViT-L-14 {CPU_COUNTS['ViT-L-14']} images, others {d['count']}) "
+                "so that it stays "
                 "short; the model's forward pass on the CPU bounds these rates, not the feed. They show the bench runs "
                 "and is correct; GPU figures come from a run on a GPU node."
             )

@@ -85,16 +85,30 @@ def measure(folder: Path, samples: int, part_size: int, per_shard: int) -> dict:
     args.write_text(json.dumps({"parts": parts, "part_ids": part_ids}))
     load = f"import json\na = json.load(open({str(args)!r}))\n"
     out["plan_shards"] = peak_rss_mib(
-        f"{load}from shardsmith.shards import plan_shards\nplan_shards(a['parts'], a['part_ids'], 'ds', {per_shard}, {str(plan)!r})"
+        f"{load}from shardsmith.shards import plan_shards\n"
+        f"plan_shards(a['parts'], a['part_ids'], 'ds', {per_shard}, {str(plan)!r})"
     )
     names = sorted(p.name.split(".")[0] for p in plan.glob("*.samples.parquet"))
     infos = []
     for n in names:  # what write_shard leaves (no tars are written: the index jobs do not read them)
         rows = len(pd.read_parquet(plan / f"{n}.samples.parquet", columns=["key"]))
         info = folder / f"{n}.json"
-        info.write_text(json.dumps({"shard": f"{n}.tar", "nsamples": rows, "filesize": rows * 4096, "md5sum": "0" * 32, "sha256": "0" * 64}))
+        info.write_text(
+            json.dumps(
+                {"shard": f"{n}.tar", "nsamples": rows, "filesize": rows * 4096, "md5sum": "0" * 32, "sha256": "0" * 64}
+            )
+        )
         (folder / f"{n}.report.json").write_text(
-            json.dumps({"shard": f"{n}.tar", "loader": "open_clip_train.data", "groups": rows, "passed": rows, "decoded": 0, "problems": []})
+            json.dumps(
+                {
+                    "shard": f"{n}.tar",
+                    "loader": "open_clip_train.data",
+                    "groups": rows,
+                    "passed": rows,
+                    "decoded": 0,
+                    "problems": [],
+                }
+            )
         )
         infos.append(str(info))
     plans = [str(plan / f"{n}.samples.parquet") for n in names]
@@ -102,7 +116,9 @@ def measure(folder: Path, samples: int, part_size: int, per_shard: int) -> dict:
     rejected = [*(p.replace(".samples.", ".rejected.") for p in parts), str(plan / "dropped.parquet")]
     index = folder / "index"
     reports = [str(folder / f"{n}.report.json") for n in names]
-    args.write_text(json.dumps({"infos": infos, "plans": plans, "status": status, "rejected": rejected, "reports": reports}))
+    args.write_text(
+        json.dumps({"infos": infos, "plans": plans, "status": status, "rejected": rejected, "reports": reports})
+    )
     out["index_shards"] = peak_rss_mib(
         f"{load}from shardsmith.index import build_index\n"
         f"build_index('ds', a['infos'], a['plans'], a['status'], a['rejected'], {str(index)!r})"
@@ -148,10 +164,18 @@ def verdict(rows: list[dict]) -> dict:
     slope = {j: round((b[j][0] - a[j][0]) * 2**20 / max(1, b["samples"] - a["samples"]), 1) for j in jobs}
     peak = max(r[j][0] for r in rows for j in jobs)
     flat = all(v < 1.0 for v in slope.values())
-    target = {"target": "< 1024 MiB per job, flat as the dataset grows", "peak_mib": peak, "under_1gib": peak < 1024, "flat": flat, "met": peak < 1024 and flat}
+    target = {
+        "target": "< 1024 MiB per job, flat as the dataset grows",
+        "peak_mib": peak,
+        "under_1gib": peak < 1024,
+        "flat": flat,
+        "met": peak < 1024 and flat,
+    }
     if not flat:
         worst = max(slope, key=slope.get)
-        target["short_by"] = f"{slope[worst]} bytes per added sample ({worst}, {a['samples']:,} -> {b['samples']:,} samples)"
+        target["short_by"] = (
+            f"{slope[worst]} bytes per added sample ({worst}, {a['samples']:,} -> {b['samples']:,} samples)"
+        )
         target["bounded_by"] = [
             "not traced further: with fixed-size parts, per-part overhead and allocator growth look alike",
             "the binned key check holds one bin (BIN_ROWS keys) at a time; bins grow past 512 of them",

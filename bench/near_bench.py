@@ -20,6 +20,7 @@ Raw figures go to bench/results/near.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import subprocess
@@ -47,13 +48,22 @@ def threshold_figures(n: int) -> dict:
         return Image.open(io.BytesIO(data)).convert("RGB")
 
     def crop(im, a):
-        return im.crop((round(im.width * a), round(im.height * a), im.width - round(im.width * a), im.height - round(im.height * a)))
+        return im.crop(
+            (
+                round(im.width * a),
+                round(im.height * a),
+                im.width - round(im.width * a),
+                im.height - round(im.height * a),
+            )
+        )
 
     copies = {
         "resized to half": lambda im: im.resize((im.width // 2, im.height // 2), Image.Resampling.LANCZOS),
         "recompressed q50": lambda im: decoded(jpeg(im, quality=50)),
         "mirrored": lambda im: im.transpose(Image.Transpose.FLIP_LEFT_RIGHT),
-        "mirrored, resized, q60": lambda im: decoded(jpeg(im.transpose(Image.Transpose.FLIP_LEFT_RIGHT).resize((320, 240)), quality=60)),
+        "mirrored, resized, q60": lambda im: decoded(
+            jpeg(im.transpose(Image.Transpose.FLIP_LEFT_RIGHT).resize((320, 240)), quality=60)
+        ),
         "cropped 1% a side": lambda im: crop(im, 0.01),
         "cropped 2% a side": lambda im: crop(im, 0.02),
         "cropped 3% off one side": lambda im: im.crop((round(im.width * 0.03), 0, im.width, im.height)),
@@ -101,7 +111,9 @@ def cost_figures(count: int) -> dict:
     for mix in ("web-size", "large"):
         m = MIXES[mix]
         with tempfile.TemporaryDirectory() as folder:
-            rows = make_imageset(Path(folder), count, m["large_share"], large_formats=m["large_formats"], small_sides=m["small_sides"])
+            rows = make_imageset(
+                Path(folder), count, m["large_share"], large_formats=m["large_formats"], small_sides=m["small_sides"]
+            )
             blobs = [(Path(folder) / r["name"]).read_bytes() for r in rows]
         times = {"with": [], "without": []}
         for _ in range(5):  # alternating rounds; the least of each (other work on the machine only adds)
@@ -111,25 +123,24 @@ def cost_figures(count: int) -> dict:
                 resize.HASH_SIDE = side if label == "with" else 0
                 t = time.process_time()
                 for b in blobs:
-                    try:
+                    with contextlib.suppress(Exception):  # broken images cost their time too
                         resize.process_image(b, settings)
-                    except Exception:
-                        pass
                 times[label].append(time.process_time() - t)
         resize.phash_pair, resize.HASH_SIDE = real, side
         w, wo = min(times["with"]), min(times["without"])
         out[mix] = {
-            "images": len(blobs), "process_ms_per_image": round(1e3 * wo / len(blobs), 3),
-            "hash_ms_per_image": round(1e3 * (w - wo) / len(blobs), 3), "hash_share_of_process": round((w - wo) / wo, 4),
-        }  # fmt: skip
+            "images": len(blobs),
+            "process_ms_per_image": round(1e3 * wo / len(blobs), 3),
+            "hash_ms_per_image": round(1e3 * (w - wo) / len(blobs), 3),
+            "hash_share_of_process": round((w - wo) / wo, 4),
+        }
     # the reduced hash against imagehash's plain path, and a pass-through's hash against its full decode
     rng = np.random.default_rng(3)
     from shardsmith.demo import jpeg, scene
-
     from shardsmith.phash import hash_reduced, reduce
 
     same, passthrough, exact = [], [], 0
-    for i in range(200):
+    for _ in range(200):
         w = int(rng.integers(200, 1000))
         img = scene(rng, w, int(w * rng.uniform(0.5, 1.0)))
         plain = to_codes([str(imagehash.phash(img))])[0]
@@ -150,8 +161,14 @@ def cost_figures(count: int) -> dict:
         str(imagehash.phash(small)), str(imagehash.phash(small.transpose(Image.Transpose.FLIP_LEFT_RIGHT)))
     theirs = (time.perf_counter() - t) / 2000
     out["hash_and_mirror_us"] = {"numpy": round(ours * 1e6, 1), "imagehash": round(theirs * 1e6, 1)}
-    out["reduced_vs_imagehash_plain"] = {"identical": round(float(np.mean(np.array(same) == 0)), 3), "max_bits": max(same)}
-    out["passthrough_vs_full_decode"] = {"identical": round(float(np.mean(np.array(passthrough) == 0)), 3), "max_bits": max(passthrough)}
+    out["reduced_vs_imagehash_plain"] = {
+        "identical": round(float(np.mean(np.array(same) == 0)), 3),
+        "max_bits": max(same),
+    }
+    out["passthrough_vs_full_decode"] = {
+        "identical": round(float(np.mean(np.array(passthrough) == 0)), 3),
+        "max_bits": max(passthrough),
+    }
     return out
 
 
@@ -165,7 +182,9 @@ def write_tables(folder: Path, n: int, part_size: int = 50_000) -> tuple[list[st
     for p, lo in enumerate(range(0, n, part_size)):
         rng = np.random.default_rng(1000 + p)
         m = min(part_size, n - lo)
-        code = rng.integers(0, 2**63, m, dtype=np.int64).astype(np.uint64) ^ (rng.integers(0, 2, m).astype(np.uint64) << np.uint64(63))
+        code = rng.integers(0, 2**63, m, dtype=np.int64).astype(np.uint64) ^ (
+            rng.integers(0, 2, m).astype(np.uint64) << np.uint64(63)
+        )
         for i in range(1, m, 100):
             flip = rng.choice(64, 2 * int(rng.integers(1, 5)), replace=False).astype(np.uint64)
             code[i] = code[i - 1] ^ np.bitwise_or.reduce(np.uint64(1) << flip)
@@ -186,7 +205,11 @@ def write_tables(folder: Path, n: int, part_size: int = 50_000) -> tuple[list[st
 
 def _peak_rss() -> int:
     """VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork and exec."""
-    return next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM"))
+    return next(
+        int(line.split()[1]) * 1024
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if line.startswith("VmHWM")
+    )
 
 
 def step_child(folder: str, bin_size: int) -> dict:
@@ -196,9 +219,17 @@ def step_child(folder: str, bin_size: int) -> dict:
     paths = sorted(str(p) for p in Path(folder).glob("*.samples.parquet"))
     t = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
-        near, compared = find_near_duplicates(paths, [Path(p).name.split(".")[0] for p in paths], NearSettings(bin_size=bin_size), scratch=scratch)
+        near, compared = find_near_duplicates(
+            paths, [Path(p).name.split(".")[0] for p in paths], NearSettings(bin_size=bin_size), scratch=scratch
+        )
     wall = time.perf_counter() - t
-    return {"samples": compared, "wall_s": round(wall, 1), "peak_rss_mib": round(_peak_rss() / 2**20, 1), "left_out": len(near), "keys": near[["key", "kept_key"]].values.tolist()}
+    return {
+        "samples": compared,
+        "wall_s": round(wall, 1),
+        "peak_rss_mib": round(_peak_rss() / 2**20, 1),
+        "left_out": len(near),
+        "keys": near[["key", "kept_key"]].values.tolist(),
+    }
 
 
 def embedding_child(n: int, bin_size: int) -> dict:
@@ -212,7 +243,9 @@ def embedding_child(n: int, bin_size: int) -> dict:
             rng = np.random.default_rng(2000 + c)
             m = min(chunk, n - lo)
             x = rng.standard_normal((m, 512), dtype=np.float32)
-            x[1::100] = x[0:-1:100][: len(x[1::100])] + rng.standard_normal((len(x[1::100]), 512), dtype=np.float32) * 0.2
+            x[1::100] = (
+                x[0:-1:100][: len(x[1::100])] + rng.standard_normal((len(x[1::100]), 512), dtype=np.float32) * 0.2
+            )
             x /= np.linalg.norm(x, axis=1, keepdims=True)
             yield np.arange(lo, lo + m, dtype=np.int64), x.astype(np.float16)
 
@@ -223,7 +256,14 @@ def embedding_child(n: int, bin_size: int) -> dict:
     found = set(zip(a.tolist(), b.tolist(), strict=True))
     planted = [(lo + i - 1, lo + i) for lo in range(0, n, chunk) for i in range(1, min(chunk, n - lo), 100)]
     recall = sum(p in found for p in planted) / max(1, len(planted))
-    return {"samples": n, "wall_s": round(wall, 1), "peak_rss_mib": round(_peak_rss() / 2**20, 1), "pairs": len(a), "planted": len(planted), "recall": round(recall, 4)}
+    return {
+        "samples": n,
+        "wall_s": round(wall, 1),
+        "peak_rss_mib": round(_peak_rss() / 2**20, 1),
+        "pairs": len(a),
+        "planted": len(planted),
+        "recall": round(recall, 4),
+    }
 
 
 def _child(*args: str) -> dict:
@@ -257,7 +297,9 @@ def main() -> None:
     ap.add_argument("--semantic", type=int, nargs="*", default=[100_000, 1_000_000])
     ap.add_argument("--bin-size", type=int, default=20_000)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "near.json"))
-    ap.add_argument("--only", nargs="+", choices=["threshold", "cost", "scale"], help="measure these again, keep the rest of --out")
+    ap.add_argument(
+        "--only", nargs="+", choices=["threshold", "cost", "scale"], help="measure these again, keep the rest of --out"
+    )
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

@@ -22,10 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from servers import aws_cli, free_port, wait_for_port  # noqa: E402
+
 from shardsmith.publish import PublishSettings, file_table, verify_s3  # noqa: E402
+from shardsmith.s3 import S3Settings, open_stream, run  # noqa: E402
 from shardsmith.stores import S3Store  # noqa: E402
 from shardsmith.tario import hash_file  # noqa: E402
-from shardsmith.s3 import S3Settings, open_stream, run  # noqa: E402
 
 
 def best(fn, repeat: int) -> float:
@@ -56,16 +57,20 @@ def case(label: str, count: int, size: int, s3: S3Settings, repeat: int, per_obj
         bucket = f"bench-{label}-{os.getpid()}"
         run(s3, "s3", "mb", f"s3://{bucket}")
         store = S3Store(f"s3://{bucket}/x", "ds", s3)
-        upload = best(lambda: run(s3, "s3", "sync", "--only-show-errors", tmp + "/", store.where("v1") + "/", timeout=None), 1)
+        upload = best(
+            lambda: run(s3, "s3", "sync", "--only-show-errors", tmp + "/", store.where("v1") + "/", timeout=None), 1
+        )
         result = {"objects": count, "bytes": count * size, "upload_s": round(upload, 2)}
         for mode in ("readback", "etag"):
             settings = PublishSettings(verify=mode)
-            t = best(lambda: verify_s3(store, "v1", table, by_name, settings), repeat)
+            t = best(lambda settings=settings: verify_s3(store, "v1", table, by_name, settings), repeat)
             assert not verify_s3(store, "v1", table, by_name, settings)
             result[f"verify_{mode}_s"] = round(t, 2)
         result["local_sha256_s"] = round(best(lambda: [hash_file(p) for p in paths], repeat), 2)
         if per_object:
-            result["readback_one_cli_per_object_s"] = round(best(lambda: per_object_readback(store, "v1", list(table)), 1), 2)
+            result["readback_one_cli_per_object_s"] = round(
+                best(lambda: per_object_readback(store, "v1", list(table)), 1), 2
+            )
         run(s3, "s3", "rb", "--force", f"s3://{bucket}")
     return result
 
@@ -80,14 +85,20 @@ def main() -> None:
     port = free_port()
     env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_DEFAULT_REGION": "us-east-1"}
     os.environ.update(env)
-    proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         wait_for_port(port)
         s3 = S3Settings(endpoint_url=f"http://127.0.0.1:{port}", aws_cli=aws_cli() or "aws", region="us-east-1")
         n, mib = map(int, a.big.split("x"))
         m, kib = map(int, a.small.split("x"))
         results = {
-            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "aws": subprocess.run([s3.aws_cli, "--version"], capture_output=True, text=True).stdout.strip()},
+            "machine": {
+                "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+                "aws": subprocess.run([s3.aws_cli, "--version"], capture_output=True, text=True).stdout.strip(),
+            },
             "large_shards": case("big", n, mib * 1024**2, s3, a.repeat, per_object=False),
             "many_objects": case("small", m, kib * 1024, s3, a.repeat, per_object=True),
         }

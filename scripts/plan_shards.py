@@ -9,9 +9,9 @@ import pandas as pd
 from shardsmith.dedupe import PublishedManifestError, published_records, write_exclusions
 from shardsmith.logs import run_job
 from shardsmith.neardup import NearSettings, find_near_duplicates, summary, write_tables
-from shardsmith.stores import PublishError
 from shardsmith.s3 import S3Error, S3Settings
 from shardsmith.shards import plan_shards
+from shardsmith.stores import PublishError
 from shardsmith.tario import atomic_write_text
 
 
@@ -34,13 +34,17 @@ def main() -> None:
             f"{n['excluded']} new ones already published (url or image sha256) left out"
         )
     if near.near != "off":
-        excluded = set(pd.concat([pd.read_parquet(p, columns=["key"])["key"] for p in exclusions])) if exclusions else set()
+        excluded = (
+            set(pd.concat([pd.read_parquet(p, columns=["key"])["key"] for p in exclusions])) if exclusions else set()
+        )
         found, compared = find_near_duplicates(
             paths, parts, near, excluded, published, list(snakemake.input.embeddings), snakemake.params.scratch
         )
         exclusions += write_tables(found, out_dir, exclude=near.near == "exclude")
         counts = summary(found, compared)
-        atomic_write_text(out_dir / "near_duplicates.json", json.dumps({**counts, "settings": vars(near)}, indent=1) + "\n")
+        atomic_write_text(
+            out_dir / "near_duplicates.json", json.dumps({**counts, "settings": vars(near)}, indent=1) + "\n"
+        )
         left = "left out" if near.near == "exclude" else "reported, all kept (dedupe.near: report)"
         print(f"near-duplicates: {counts['near_duplicates']} samples in {counts['groups']} groups {left}")
     names = plan_shards(

@@ -6,8 +6,8 @@ from pathlib import Path
 from shardsmith.leftovers import use_scratch
 from shardsmith.logs import run_job
 from shardsmith.publish import PublishConflict, PublishSettings, publish
-from shardsmith.stores import PublishError
 from shardsmith.s3 import S3Error, S3Settings
+from shardsmith.stores import PublishError
 from shardsmith.tario import atomic_write_text
 
 

@@ -11,10 +11,15 @@ from shardsmith.shards import read_members
 def main() -> None:
     use_scratch(snakemake.params.scratch)  # TMPDIR, where SQLite spills while it builds the indexes
     tables = list(snakemake.input.members)
-    shards = ((Path(p).name.removesuffix(".members.parquet") + ".tar", read_members(p)) for p in tables)  # one at a time
+    shards = (
+        (Path(p).name.removesuffix(".members.parquet") + ".tar", read_members(p)) for p in tables
+    )  # one at a time
     out_dir = Path(snakemake.output.info).parent.parent
     counts = write_meta(out_dir, shards, val_shards=snakemake.params.val_shards)
-    print(f"{out_dir}/.nv-meta: {sum(counts.values())} samples in {len(counts)} shards, {snakemake.params.val_shards} held out as val")
+    print(
+        f"{out_dir}/.nv-meta: {sum(counts.values())} samples in {len(counts)} shards, "
+        f"{snakemake.params.val_shards} held out as val"
+    )
 
 
 run_job(snakemake.log[0], main, expected=(EnergonError,))

@@ -12,7 +12,9 @@ COMMANDS = {"new-config": newconfig}  # name: module with HELP, add_arguments(pa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shardsmith", description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="python -m shardsmith", description=__doc__.split("\n")[0], allow_abbrev=False
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in COMMANDS.items():
         sub = commands.add_parser(

@@ -64,9 +64,7 @@ class CaptionSettings:
     def __post_init__(self) -> None:
         fields = self.fields
         if isinstance(fields, str) or not all(isinstance(f, str) and f.strip() for f in fields):
-            raise ConfigError(
-                f"caption.fields must be a list of non-empty field paths, got {fields!r}"
-            )
+            raise ConfigError(f"caption.fields must be a list of non-empty field paths, got {fields!r}")
         if not fields:
             raise ConfigError("caption.fields must name at least one field")
         # A list from YAML is accepted, but stored as a tuple so the settings stay hashable.
@@ -77,8 +75,7 @@ class CaptionSettings:
                 raise ConfigError(f"caption.{name} must be an integer >= 1, got {value!r}")
         if self.min_chars > self.max_chars:
             raise ConfigError(
-                f"caption.min_chars ({self.min_chars}) must not exceed "
-                f"caption.max_chars ({self.max_chars})"
+                f"caption.min_chars ({self.min_chars}) must not exceed caption.max_chars ({self.max_chars})"
             )
 
 
@@ -253,8 +250,6 @@ def pick_caption(fields: Mapping, s: CaptionSettings = CaptionSettings()) -> tup
             if not caption:
                 why = "empty after normalization"
             else:
-                why = (
-                    f"{len(caption)} chars after normalization, fewer than min_chars={s.min_chars}"
-                )
+                why = f"{len(caption)} chars after normalization, fewer than min_chars={s.min_chars}"
         findings.append(f"{path} ({why})")
     raise Rejection(STAGE, "no_caption", "tried " + ", ".join(findings))

@@ -83,7 +83,9 @@ def _yaml(data: dict) -> str:
         return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flat)
 
     Dumper.add_representer(list, seq)
-    return yaml.dump(data, Dumper=Dumper, sort_keys=True, default_flow_style=False, width=110, allow_unicode=True).rstrip()
+    return yaml.dump(
+        data, Dumper=Dumper, sort_keys=True, default_flow_style=False, width=110, allow_unicode=True
+    ).rstrip()
 
 
 def _human(n: int) -> str:
@@ -120,13 +122,20 @@ def _clip_section(emb: dict) -> list[str]:
                 rows.append([f"{field.replace('_', ' ')} {key}", f"{d[key]:.4f}"])
         q = d.get("quantiles") if field == "similarity" else None
         if isinstance(q, dict):  # a few quantiles; all of them are in embedding_stats.json
-            rows += [[f"similarity quantile {k}", f"{v:.4f}"] for k, v in q.items() if k in CARD_QUANTILES and isinstance(v, (int, float))]
+            rows += [
+                [f"similarity quantile {k}", f"{v:.4f}"]
+                for k, v in q.items()
+                if k in CARD_QUANTILES and isinstance(v, (int, float))
+            ]
     for name in ("precision", "device"):
         if prov.get(name) is not None:
             value = prov[name].get("used", prov[name]) if isinstance(prov[name], dict) else prov[name]
             rows.append([name, f"`{value}`"])
     lines += _table(["", "value"], rows) if rows else ["(no statistics in embedding_stats.json)"]
-    lines += ["", "Statistics, histogram and full provenance (model, weights, preprocessing, versions): `embedding_stats.json`."]
+    lines += [
+        "",
+        "Statistics, histogram and full provenance (model, weights, preprocessing, versions): `embedding_stats.json`.",
+    ]
     return lines + [""]
 
 
@@ -140,7 +149,8 @@ def _near_section(near: dict) -> list[str]:
     out = [
         "## Near-duplicates",
         "",
-        f"Of {near['samples_compared']:,} samples compared, {near['samples_in_groups']:,} fall in {near['groups']:,} groups "
+        f"Of {near['samples_compared']:,} samples compared, {near['samples_in_groups']:,} fall in "
+        f"{near['groups']:,} groups "
         f"of near-duplicate images ({signals}), within this version and against the published ones. One sample",
         f"of each group is kept (already published, else the largest image, else the earliest record); the other "
         f"{near['near_duplicates']:,} are {left}.",
@@ -157,7 +167,9 @@ def _other_loaders(shards: list[str], config: dict) -> list[str]:
     from shardsmith import dali, energon
 
     val = (config.get("loaders") or {}).get("energon_val_shards", 0)
-    split = f"the last {val} shards are the `val` split, the rest `train`" if val else "every shard is in the `train` split"
+    split = (
+        f"the last {val} shards are the `val` split, the rest `train`" if val else "every shard is in the `train` split"
+    )
     return [
         "With NVIDIA DALI (`fn.readers.webdataset`; each shard's `.idx` saves DALI a scan of every tar at start-up):",
         "",
@@ -245,8 +257,15 @@ def card_text(
         rank = {s: i for i, s in enumerate(ordered_stages(r.split("/", 1)[0] for r in reasons))}
         order = sorted(reasons, key=lambda r: (rank[r.split("/", 1)[0]], -reasons[r], r))
         total = max(stats["input_records"], 1)
-        out += _table(["stage/reason", "records", "share of input"], [[r, reasons[r], f"{100 * reasons[r] / total:.2f} %"] for r in order])
-        out += ["", "Every rejected record is listed in `rejected.parquet` (source, source id, URL, key, stage, reason, detail)."]
+        out += _table(
+            ["stage/reason", "records", "share of input"],
+            [[r, reasons[r], f"{100 * reasons[r] / total:.2f} %"] for r in order],
+        )
+        out += [
+            "",
+            "Every rejected record is listed in `rejected.parquet` "
+            "(source, source id, URL, key, stage, reason, detail).",
+        ]
     else:
         out += ["No input record was rejected."]
     out += [""]
@@ -258,8 +277,10 @@ def card_text(
         "## Build",
         "",
         f"- Config fingerprint: `{config_fingerprint(config)}` (sha256 of the canonical JSON of the validated",
-        f"  config without {', '.join(f'`{k}`' for k in FINGERPRINT_EXCLUDES)}: the settings that cannot change the shards).",
-        f"- Sample keys are unique; shards hold {config.get('samples_per_shard', '?'):,} samples each, the last one fewer.",
+        f"  config without {', '.join(f'`{k}`' for k in FINGERPRINT_EXCLUDES)}: "
+        "the settings that cannot change the shards).",
+        f"- Sample keys are unique; shards hold {config.get('samples_per_shard', '?'):,} samples each, "
+        "the last one fewer.",
         "",
         "Package versions:",
         "",
@@ -282,9 +303,16 @@ def card_text(
         [f"`{brace_pattern(shards)}`" if shards else "(no shards)", "the shards"],
         ["`sizes.json`", "samples per shard (OpenCLIP reads it for epoch accounting)"],
         ["`*.idx`", "NVIDIA DALI's index per shard (`fn.readers.webdataset(index_paths=...)`)"],
-        ["`*.tar.idx`, `.nv-meta/`", "Megatron-Energon's per-shard sample offsets, dataset type, splits and sample index"],
+        [
+            "`*.tar.idx`, `.nv-meta/`",
+            "Megatron-Energon's per-shard sample offsets, dataset type, splits and sample index",
+        ],
         ["`wids-index.json`", "wids shard index: url, nsamples, md5sum, filesize per shard"],
-        ["`manifest.parquet`", "one row per sample: key, shard, source, URL, sizes, bytes, sha256, caption length, perceptual hash (pHash, and of the mirror image)"],
+        [
+            "`manifest.parquet`",
+            "one row per sample: key, shard, source, URL, sizes, bytes, sha256, caption length, "
+            "perceptual hash (pHash, and of the mirror image)",
+        ],
         ["`rejected.parquet`", "one row per rejected record, with stage, reason and detail"],
         ["`stats.json`", "the counts above"],
         ["`validation.json`", "what validation checked, and with which loader"],

@@ -92,7 +92,9 @@ def check_paths(config: dict, inputs_needed: bool = True) -> None:
             for p in local:
                 for key, out in outs.items():
                     if _real(p) == out or out in _real(p).parents:
-                        raise ConfigError(f"{where}.path: input {p} lies inside {key} ({out}); keep inputs out of output folders.")
+                        raise ConfigError(
+                            f"{where}.path: input {p} lies inside {key} ({out}); keep inputs out of output folders."
+                        )
             if src["type"] == "manifest":
                 continue  # a manifest's own folder is not an input folder
         for key, out in outs.items():

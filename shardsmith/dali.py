@@ -65,7 +65,9 @@ def parse_index(text: str) -> list[list[tuple[str, int, int, str | None]]]:
         raise ValueError("empty index file")
     head = lines[0].split()
     if len(head) != 2 or head[0] not in READ_VERSIONS or not head[1].isdigit():
-        raise ValueError(f"first line {lines[0]!r} is not '<version> <samples>' with a version DALI reads {READ_VERSIONS}")
+        raise ValueError(
+            f"first line {lines[0]!r} is not '<version> <samples>' with a version DALI reads {READ_VERSIONS}"
+        )
     width = 4 if head[0] == "v1.2" else 3
     if int(head[1]) != len(lines) - 1:
         raise ValueError(f"the first line says {head[1]} samples, {len(lines) - 1} lines follow")
@@ -103,7 +105,11 @@ def check_index(path: str | os.PathLike, members: Sequence[TarMember]) -> list[s
 def reader_snippet(shards: Sequence[str]) -> str:
     """Python that reads the shards (in the folder it runs from) with DALI's webdataset reader and index files."""
     names = sorted(shards)
-    prefix, first, last = names[0].rsplit("-", 1)[0], names[0].split("-")[-1].split(".")[0], names[-1].split("-")[-1].split(".")[0]
+    prefix, first, last = (
+        names[0].rsplit("-", 1)[0],
+        names[0].split("-")[-1].split(".")[0],
+        names[-1].split("-")[-1].split(".")[0],
+    )
     return "\n".join([
         "from nvidia.dali import fn, pipeline_def",
         "",

@@ -14,8 +14,8 @@ import os
 import pandas as pd
 import pyarrow.parquet as pq
 
-from shardsmith.stores import complete_versions, open_store
 from shardsmith.s3 import S3Settings
+from shardsmith.stores import complete_versions, open_store
 from shardsmith.tario import atomic_open
 
 STAGE = "dedupe"
@@ -45,9 +45,13 @@ def published_records(dest: str, dataset: str, s3: S3Settings | None = None) -> 
             continue
         data = store.read(f"{version}/manifest.parquet")
         if data is None or hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise PublishedManifestError(f"{store.where(version)}/manifest.parquet is missing or differs from its {version} marker")
+            raise PublishedManifestError(
+                f"{store.where(version)}/manifest.parquet is missing or differs from its {version} marker"
+            )
         present = set(pq.read_schema(io.BytesIO(data)).names)
-        df = pd.read_parquet(io.BytesIO(data), columns=[c for c in PUBLISHED_COLUMNS[1:] + NEAR_COLUMNS if c in present])
+        df = pd.read_parquet(
+            io.BytesIO(data), columns=[c for c in PUBLISHED_COLUMNS[1:] + NEAR_COLUMNS if c in present]
+        )
         for c in NEAR_COLUMNS:
             if c not in df.columns:
                 df[c] = 0 if c.endswith("before") else ""
@@ -84,7 +88,9 @@ def already_published(samples: pd.DataFrame, published: pd.DataFrame) -> pd.Data
             hit, what = first_sha.loc[rec["sha256"]], "image sha256"
         else:
             continue
-        rows.append([rec["key"], STAGE, REASON, f"{what} already published as {hit['key']} in version {hit['version']}"])
+        rows.append(
+            [rec["key"], STAGE, REASON, f"{what} already published as {hit['key']} in version {hit['version']}"]
+        )
     return pd.DataFrame(rows, columns=EXCLUSION_COLUMNS)
 
 

@@ -146,7 +146,11 @@ def make_manifest_images(rng: np.random.Generator, out: Path) -> list[tuple[str,
     add("alpha.png", alpha_png(photo(rng, 600, 400)), "Product shot with a transparent background")
     add("deep.png", sixteen_bit_png(photo(rng, 500, 400)), "Sixteen-bit scan of a print")
     add("photo.webp", encoded(photo(rng, 700, 500), "WEBP", quality=85), "WebP photo of a hillside")
-    add("palette.gif", encoded(photo(rng, 400, 300).convert("P", palette=Image.Palette.ADAPTIVE), "GIF"), "Animated-era GIF")
+    add(
+        "palette.gif",
+        encoded(photo(rng, 400, 300).convert("P", palette=Image.Palette.ADAPTIVE), "GIF"),
+        "Animated-era GIF",
+    )
     good = jpeg(photo(rng, 800, 600))
     add("truncated.jpg", good[: len(good) // 2], "A download cut off half way")
     add("error_page.jpg", b"<!DOCTYPE html><html><body><h1>404 Not Found</h1></body></html>", "Page saved as jpg")

@@ -27,15 +27,15 @@ from pathlib import Path
 import pandas as pd
 
 from shardsmith.fetch import DEFAULT_RETRY_REASONS, Fetcher, FetchSettings, Outcome
+from shardsmith.keys import make_key
 from shardsmith.localfiles import FetchError, local_path, open_source
 from shardsmith.memory import return_large_buffers
-from shardsmith.responses import AttemptError, check_hash
-from shardsmith.streams import StreamError, open_stream_url
-from shardsmith.keys import make_key
 from shardsmith.netguard import Guard, Refused
 from shardsmith.process import ChildProcessor, PartProcessor, iter_raw, raw_members
+from shardsmith.responses import AttemptError, check_hash
 from shardsmith.s3 import S3Error, S3Settings
 from shardsmith.sources import DEFAULT_IMAGE_EXTENSIONS, local_folders, path_stem
+from shardsmith.streams import StreamError, open_stream_url
 from shardsmith.tario import ShardWriter, atomic_open, atomic_write_text, iter_tar_groups, sha256_file
 
 __all__ = ["FetchError", "local_path", "open_source", "fetch_bytes", "download_part", "STATUS_COLUMNS"]
@@ -304,7 +304,12 @@ def download_records(
         rid = rec["rid"]
         if rid in reused:
             prev = reused[rid]
-            rows.append({**{c: prev[c] for c in STATUS_COLUMNS}, **{c: rec[c] for c in ("rid", "source", "source_id", "url", "key")}})
+            rows.append(
+                {
+                    **{c: prev[c] for c in STATUS_COLUMNS},
+                    **{c: rec[c] for c in ("rid", "source", "source_id", "url", "key")},
+                }
+            )
         else:
             rows.append(_row(rec, outcomes[rid]))
     return rows
@@ -470,7 +475,8 @@ def download_part(
     keep.save(out_tar, out_status, status)
     ok = int((status["status"] == "ok").sum())
     log(
-        f"download {label}: {len(status)} records, {ok} ok, {len(status) - ok} failed in {time.monotonic() - started:.1f} s"
+        f"download {label}: {len(status)} records, {ok} ok, {len(status) - ok} failed "
+        f"in {time.monotonic() - started:.1f} s"
     )
     return status
 

@@ -50,7 +50,8 @@ _SCHEMA = (
 _INDEXES = (
     "CREATE INDEX idx_samples_by_tar_and_idx ON samples(tar_file_id, sample_index)",
     "CREATE INDEX idx_sample_parts_seq ON sample_parts(tar_file_id, sample_index, content_byte_offset)",
-    "CREATE INDEX idx_sample_parts_full ON sample_parts(tar_file_id, sample_index, part_name, content_byte_offset, content_byte_size)",
+    "CREATE INDEX idx_sample_parts_full ON sample_parts"
+    "(tar_file_id, sample_index, part_name, content_byte_offset, content_byte_size)",
 )
 
 
@@ -128,7 +129,9 @@ def dataset_yaml() -> str:
     return _yaml({"sample_type": dict(SAMPLE_TYPE), "field_map": dict(FIELD_MAP)})
 
 
-def write_meta(out_dir: str | os.PathLike, shards: Iterable[tuple[str, Sequence[TarMember]]], val_shards: int = 0) -> dict[str, int]:
+def write_meta(
+    out_dir: str | os.PathLike, shards: Iterable[tuple[str, Sequence[TarMember]]], val_shards: int = 0
+) -> dict[str, int]:
     """Write `.nv-meta/` for the shards (name and members, in shard order); returns {shard: samples}.
 
     One shard's members are held at a time: the index is filled as they come, then indexed once.
@@ -206,7 +209,9 @@ def check_meta(out_dir: str | os.PathLike, sizes: dict[str, int]) -> list[str]:
     try:
         db = sqlite3.connect(f"file:{meta / SQLITE}?mode=ro", uri=True)
         try:
-            rows = db.execute("SELECT tar_file_id, COUNT(*), MIN(sample_index), MAX(sample_index) FROM samples GROUP BY tar_file_id").fetchall()
+            rows = db.execute(
+                "SELECT tar_file_id, COUNT(*), MIN(sample_index), MAX(sample_index) FROM samples GROUP BY tar_file_id"
+            ).fetchall()
             parts_of = dict(db.execute("SELECT part_name, COUNT(*) FROM sample_parts GROUP BY part_name").fetchall())
         finally:
             db.close()

@@ -188,7 +188,9 @@ class Fetcher:
         self.deadline = deadline if deadline is not None else float("inf")
         self.log = log
         self.headers = {"User-Agent": settings.user_agent, "Accept": "image/*,*/*;q=0.8", "Accept-Encoding": "identity"}
-        self.guard = Guard(settings.allow_networks, settings.allow_hosts, (*local_folders, *settings.allow_local_folders))
+        self.guard = Guard(
+            settings.allow_networks, settings.allow_hosts, (*local_folders, *settings.allow_local_folders)
+        )
         self.optouts = OptOuts(
             self._get_small, settings.ua_token, settings.respect_robots_txt, settings.respect_tdm_reservation
         )
@@ -211,7 +213,9 @@ class Fetcher:
             return self._proxy_pools[proxy]
         return self._direct
 
-    def attempt(self, url: str, expected_hash: str | None = None, hash_type: str = "md5", hold: bool = False) -> tuple[bytes, int]:
+    def attempt(
+        self, url: str, expected_hash: str | None = None, hash_type: str = "md5", hold: bool = False
+    ) -> tuple[bytes, int]:
         """One attempt at one URL: (bytes, HTTP status). Raises AttemptError.
 
         With `hold`, the memory budget the body took stays taken (`self.held()` says how much) until the
@@ -348,7 +352,13 @@ class Fetcher:
         if pool is not self._direct:
             self.guard.check_remote(url)
         return pool.request(
-            "GET", url, headers=self.headers, redirect=False, retries=False, preload_content=False, timeout=self._timeout()
+            "GET",
+            url,
+            headers=self.headers,
+            redirect=False,
+            retries=False,
+            preload_content=False,
+            timeout=self._timeout(),
         )
 
     def optout_requests(self, key: str) -> int:
@@ -583,7 +593,8 @@ class _Dispatch:
         self.last_log = now
         took = max(now - self.started, 1e-6)
         self.f.log(
-            f"download {self.label}: {self.done}/{len(self.jobs)} records done ({self.ok} ok, {self.done - self.ok} failed), "
+            f"download {self.label}: {self.done}/{len(self.jobs)} records done "
+            f"({self.ok} ok, {self.done - self.ok} failed), "
             f"{self.done / took:.1f} records/s, {self.nbytes / took / 1e6:.2f} MB/s, {len(self.waiting)} in backoff"
         )
 
@@ -655,5 +666,3 @@ class _Dispatch:
             self.inflight.pop(jid, None)
             detail = f"not fetched within the part deadline ({self.s.part_deadline_s} s)"
             self._finish(jid, Outcome(reason="deadline", detail=detail))
-
-

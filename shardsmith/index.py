@@ -73,7 +73,10 @@ def build_index(
         "__kind__": "wids-shard-index-v1",
         "wids_version": 1,
         "name": dataset,
-        "shardlist": [{k: i[k] for k in ("url", "nsamples", "md5sum", "filesize")} for i in ({**i, "url": i["shard"]} for i in infos)],
+        "shardlist": [
+            {k: i[k] for k in ("url", "nsamples", "md5sum", "filesize")}
+            for i in ({**i, "url": i["shard"]} for i in infos)
+        ],
     }
     inputs = sum(num_rows(p) for p in status_paths)
     by_source: Counter = Counter()

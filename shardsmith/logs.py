@@ -45,7 +45,14 @@ class ProgressLog:
     Plain lines rather than a tqdm bar: a rule log is a file, read with `tail -f` or after the fact.
     """
 
-    def __init__(self, label: str, total: int | None = None, every: int = 1000, seconds: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        label: str,
+        total: int | None = None,
+        every: int = 1000,
+        seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.label, self.total, self.every, self.seconds, self.clock = label, total, max(1, every), seconds, clock
         self.done = 0
         self.started = self.last = clock()

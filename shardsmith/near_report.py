@@ -93,7 +93,9 @@ def sheet(examples: pd.DataFrame, where: dict[str, tuple[str, int, int]], path: 
     return path
 
 
-def image_places(examples: pd.DataFrame, samples: dict[str, str], tars: dict[str, str]) -> dict[str, tuple[str, int, int]]:
+def image_places(
+    examples: pd.DataFrame, samples: dict[str, str], tars: dict[str, str]
+) -> dict[str, tuple[str, int, int]]:
     """(tar, offset, size) of the jpg of every key on the sheet, from the parts' sample tables."""
     want: dict[str, set[str]] = {}
     for r in examples.to_dict("records"):

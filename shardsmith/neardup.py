@@ -89,7 +89,11 @@ def candidates(sample_paths: list[str], excluded: set[str], published: pd.DataFr
     first = published.drop_duplicates("source_id") if published is not None else None
     versions = sorted(set(first["version"])) if first is not None else []
     pub_index = pd.Index(first["source_id"]) if first is not None else pd.Index([])
-    pub_version = first["version"].map({v: i for i, v in enumerate(versions)}).to_numpy(np.int16) if first is not None else np.empty(0, np.int16)
+    pub_version = (
+        first["version"].map({v: i for i, v in enumerate(versions)}).to_numpy(np.int16)
+        if first is not None
+        else np.empty(0, np.int16)
+    )
     present = np.zeros(len(pub_index), bool)
     gone = first.iloc[0:0] if first is not None else None
     if first is not None:  # samples of earlier versions whose source_id is no longer in the build: below
@@ -163,7 +167,12 @@ def phash_pairs(c: Candidates, ids: np.ndarray, s: NearSettings, scratch: str | 
 
 
 def embedding_pairs(
-    c: Candidates, searched: np.ndarray, sample_paths: list[str], embedding_paths: list[str], s: NearSettings, scratch: str | None = None
+    c: Candidates,
+    searched: np.ndarray,
+    sample_paths: list[str],
+    embedding_paths: list[str],
+    s: NearSettings,
+    scratch: str | None = None,
 ) -> pd.DataFrame:
     """Pairs of candidates of this build (those `searched` marks) whose CLIP image embeddings are at least the
     similarity apart.

@@ -7,8 +7,9 @@ sample gives ceil(probes x n / bin_size) centroids; each vector is written to th
 centroids (in files under `scratch`), and each bin is searched exactly. Memory is then bounded by the largest bin, not
 by n; a near pair is missed only when the two vectors share none of their bins (bench/near_bench.py
 measures how often). Hashes also go through block_pairs, which finds every pair at most 3 bits apart
-whatever the bins did (most resized, recompressed and mirrored copies). `chunks()` is read once to train, once to
-spill, and for hashes 64 more times by block_pairs: callers pass views of arrays they hold. Hamming distance on ±1 vectors is a squared L2 distance, so hashes are binned the same way.
+whatever the bins did (most resized, recompressed and mirrored copies). `chunks()` is read once to train,
+once to spill, and for hashes 64 more times by block_pairs: callers pass views of arrays they hold. Hamming
+distance on ±1 vectors is a squared L2 distance, so hashes are binned the same way.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ def _as_float(x: np.ndarray, binary: bool) -> np.ndarray:
     return _signs(x) if binary else np.ascontiguousarray(x, dtype=np.float32)
 
 
-def exact_pairs(ids: np.ndarray, x: np.ndarray, threshold: float, binary: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def exact_pairs(
+    ids: np.ndarray, x: np.ndarray, threshold: float, binary: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(a, b, score) for every pair of rows within the threshold, a < b by row: score is the Hamming distance
     (binary) or the cosine similarity. Ids are passed through: rows with equal ids are not paired."""
     n = len(ids)
@@ -64,7 +67,9 @@ def exact_pairs(ids: np.ndarray, x: np.ndarray, threshold: float, binary: bool) 
     return ids[rows[keep]], ids[found[keep]], dist[keep].astype(np.float32)
 
 
-def best_pairs(a: np.ndarray, b: np.ndarray, score: np.ndarray, binary: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def best_pairs(
+    a: np.ndarray, b: np.ndarray, score: np.ndarray, binary: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One row per unordered id pair (lower id first), its best score (least distance, most similarity)."""
     lo, hi = np.minimum(a, b), np.maximum(a, b)
     order = np.lexsort((score if binary else -score, hi, lo))
@@ -74,7 +79,9 @@ def best_pairs(a: np.ndarray, b: np.ndarray, score: np.ndarray, binary: bool) ->
     return lo[first], hi[first], score[first]
 
 
-def near_pairs(chunks: Chunks, n: int, threshold: float, binary: bool, bin_size: int, scratch: str | os.PathLike | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def near_pairs(
+    chunks: Chunks, n: int, threshold: float, binary: bool, bin_size: int, scratch: str | os.PathLike | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """best_pairs over all `n` vectors that `chunks()` yields (read once when exact; see the module for binned)."""
     if n <= bin_size:
         got = list(chunks())

@@ -85,7 +85,9 @@ def _networks(values: Iterable[str]) -> tuple[ipaddress.IPv4Network | ipaddress.
         try:
             out.append(ipaddress.ip_network(str(v).strip(), strict=False))
         except ValueError:
-            raise ValueError(f"download.allow_networks: '{v}' is not a network (e.g. 10.1.0.0/16 or fd00::/8)") from None
+            raise ValueError(
+                f"download.allow_networks: '{v}' is not a network (e.g. 10.1.0.0/16 or fd00::/8)"
+            ) from None
     return tuple(out)
 
 
@@ -113,7 +115,9 @@ class Guard:
         """The URL's scheme ('' or 'file' for a local path) if it may be fetched; raises Refused if not."""
         if _CONTROL.search(url):
             where = _CONTROL.search(url).start()
-            raise Refused("control_characters_in_url", f"control character {url[where]!r} at position {where}: {url[:200]!r}")
+            raise Refused(
+                "control_characters_in_url", f"control character {url[where]!r} at position {where}: {url[:200]!r}"
+            )
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         if scheme in ("", "file"):
             return scheme
@@ -140,9 +144,12 @@ class Guard:
         """Why `ip` is refused under this policy, or None."""
         if any(ip in net for net in self.networks if net.version == ip.version):
             return None
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            if any(ip.ipv4_mapped in net for net in self.networks if net.version == 4):
-                return None
+        if (
+            isinstance(ip, ipaddress.IPv6Address)
+            and ip.ipv4_mapped is not None
+            and any(ip.ipv4_mapped in net for net in self.networks if net.version == 4)
+        ):
+            return None
         return address_refusal(ip)
 
     def addresses(self, host: str, port: int) -> list[tuple]:
@@ -150,7 +157,9 @@ class Guard:
 
         Raises socket.gaierror when the name does not resolve.
         """
-        infos = socket.getaddrinfo(host.strip("[]"), port, urllib3.util.connection.allowed_gai_family(), socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(
+            host.strip("[]"), port, urllib3.util.connection.allowed_gai_family(), socket.SOCK_STREAM
+        )
         if self.host_allowed(host):
             return infos
         allowed, refused = [], []

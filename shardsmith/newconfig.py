@@ -426,7 +426,7 @@ def forced_column(cols: list[Column], wanted: str, flag: str) -> Column:
     if wanted.isdigit() and 1 <= int(wanted) <= len(cols):
         return cols[int(wanted) - 1]
     have = ", ".join(c.label for c in cols)
-    how = "a number from 1 to %d (the file has no header)" % len(cols) if cols and cols[0].name is None else "one of"
+    how = f"a number from 1 to {len(cols)} (the file has no header)" if cols and cols[0].name is None else "one of"
     raise InputError(f"{flag} {wanted}: no such column; give {how}: {have}")
 
 

@@ -152,7 +152,9 @@ class OptOuts:
         if 200 <= status < 300:
             return Protego.parse(body[:ROBOTS_MAX_BYTES].decode("utf-8", "replace"))
         if status >= 500:
-            return Refused("robots_unavailable", f"{url} answered HTTP {status}: the host counts as disallowed for this run")
+            return Refused(
+                "robots_unavailable", f"{url} answered HTTP {status}: the host counts as disallowed for this run"
+            )
         return Protego.parse("")  # 4xx (or a redirect loop): no rules, everything allowed
 
     def _load_tdmrep(self, url: str) -> object:
@@ -160,5 +162,7 @@ class OptOuts:
         if 200 <= status < 300:
             return parse_tdmrep(body)
         if status >= 500:
-            return Refused("tdmrep_unavailable", f"{url} answered HTTP {status}: the origin counts as reserved for this run")
+            return Refused(
+                "tdmrep_unavailable", f"{url} answered HTTP {status}: the origin counts as reserved for this run"
+            )
         return []

@@ -21,8 +21,8 @@ import pandas as pd
 
 from shardsmith.captions import CaptionSettings, pick_caption
 from shardsmith.errors import REJECT_COLUMNS, Rejection
-from shardsmith.memory import keep_freed_heap, return_large_buffers
 from shardsmith.logs import ProgressLog
+from shardsmith.memory import keep_freed_heap, return_large_buffers
 from shardsmith.resize import ImageResult, ResizeSettings, process_image
 from shardsmith.tario import ShardWriter, atomic_open, read_at
 
@@ -116,7 +116,14 @@ class PartProcessor:
             self._raw.close()
         self._raw = open(raw_tar, "rb")  # noqa: SIM115 - closed in _close, after the last worker
 
-    def submit(self, rid: int, record: dict, fields: dict | bytes, data: bytes | None = None, where: tuple[int, int] | None = None) -> None:
+    def submit(
+        self,
+        rid: int,
+        record: dict,
+        fields: dict | bytes,
+        data: bytes | None = None,
+        where: tuple[int, int] | None = None,
+    ) -> None:
         """Process one record (`record`: its key, source, source_id and url; `fields`: its source fields, or
         their JSON as the raw tar holds it); never blocks the caller.
 
@@ -132,7 +139,9 @@ class PartProcessor:
             self._held += len(data)
         self._futures.append(self._pool.submit(self._run, rid, record, fields, data, None))
 
-    def _run(self, rid: int, record: dict, fields: dict | bytes, data: bytes | None, where: tuple[int, int] | None) -> None:
+    def _run(
+        self, rid: int, record: dict, fields: dict | bytes, data: bytes | None, where: tuple[int, int] | None
+    ) -> None:
         held = 0 if data is None else len(data)
         try:
             if isinstance(fields, bytes):
@@ -197,8 +206,13 @@ class PartProcessor:
             seen[row["key"]] = row["source_id"]
             samples.append(
                 {
-                    **{c: row[c] for c in ("key", "source", "source_id", "url")}, **result,
-                    **{f"{ext}_{n}": v for ext, (off, size) in placed.items() for n, v in (("offset", off), ("size", size))},
+                    **{c: row[c] for c in ("key", "source", "source_id", "url")},
+                    **result,
+                    **{
+                        f"{ext}_{n}": v
+                        for ext, (off, size) in placed.items()
+                        for n, v in (("offset", off), ("size", size))
+                    },
                 }
             )
         self.progress.finish(samples=len(samples), rejected=len(rejected))
@@ -237,10 +251,14 @@ class ChildProcessor:
     The child is forked when this is made, before the download starts any thread.
     """
 
-    def __init__(self, out_tar: str, resize: ResizeSettings, captions: CaptionSettings, threads: int = 1, label: str = "") -> None:
+    def __init__(
+        self, out_tar: str, resize: ResizeSettings, captions: CaptionSettings, threads: int = 1, label: str = ""
+    ) -> None:
         ctx = multiprocessing.get_context("fork")
         self._conn, child = ctx.Pipe()
-        self._child = ctx.Process(target=_child_main, args=(child, out_tar, resize, captions, threads, label), daemon=True)
+        self._child = ctx.Process(
+            target=_child_main, args=(child, out_tar, resize, captions, threads, label), daemon=True
+        )
         self._child.start()
         child.close()
 
@@ -250,7 +268,14 @@ class ChildProcessor:
         self._send(("raw", os.fspath(raw_tar)))
         self._reply(last=False)
 
-    def submit(self, rid: int, record: dict, fields: dict | bytes, data: bytes | None = None, where: tuple[int, int] | None = None) -> None:
+    def submit(
+        self,
+        rid: int,
+        record: dict,
+        fields: dict | bytes,
+        data: bytes | None = None,
+        where: tuple[int, int] | None = None,
+    ) -> None:
         if where is None:
             raise ValueError(f"record {rid}: a child processor reads images from the raw tar, so needs where they lie")
         self._send(("item", rid, {c: record[c] for c in ("key", "source", "source_id", "url")}, fields, where))
@@ -300,7 +325,9 @@ def tune_allocator() -> None:
     keep_freed_heap(KEPT_FREE)
 
 
-def _child_main(conn, out_tar: str, resize: ResizeSettings, captions: CaptionSettings, threads: int, label: str) -> None:
+def _child_main(
+    conn, out_tar: str, resize: ResizeSettings, captions: CaptionSettings, threads: int, label: str
+) -> None:
     tune_allocator()
     proc = PartProcessor(out_tar, resize, captions, threads, label=label)
     try:
@@ -318,7 +345,7 @@ def _child_main(conn, out_tar: str, resize: ResizeSettings, captions: CaptionSet
                 proc.abort()
                 conn.send(("aborted", None))
                 return
-    except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the job with it
+    except BaseException as e:
         proc.abort()
         with contextlib.suppress(OSError):
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))

@@ -59,7 +59,16 @@ CARD = "README.md"  # the dataset card (shardsmith.card): its title names the ve
 DESCRIBES_THE_BUILD = (BUILD_INFO, CARD)  # not data: left out of the content fingerprint
 VERIFY_MODES = ("readback", "etag")
 _MiB = 1024**2
-_SIZE_SUFFIX = {"kb": 1024, "mb": _MiB, "gb": 1024**3, "tb": 1024**4, "kib": 1024, "mib": _MiB, "gib": 1024**3, "tib": 1024**4}
+_SIZE_SUFFIX = {
+    "kb": 1024,
+    "mb": _MiB,
+    "gb": 1024**3,
+    "tb": 1024**4,
+    "kib": 1024,
+    "mib": _MiB,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
 _NO_TIMEOUT = None  # uploads of a large dataset take as long as they take; the CLI retries by itself
 
 
@@ -122,7 +131,9 @@ def publish_names(paths: list[str], names_from: str | os.PathLike | None = None)
         parts = name.split("/")
         if any(part in ("", ".", "..") for part in parts) or "\\" in name:
             raise ValueError(f"{name!r} cannot be published: names are relative paths without '.' or '..' parts")
-    if any(name.rsplit("/", 1)[-1] in (MARKER, LATEST) for name in named):  # in a sub-folder too: S3 state reads */MARKER
+    if any(
+        name.rsplit("/", 1)[-1] in (MARKER, LATEST) for name in named
+    ):  # in a sub-folder too: S3 state reads */MARKER
         raise ValueError(f"{MARKER} and {LATEST} are written by publishing, not published from the inputs")
     return dict(sorted(named.items()))
 
@@ -184,7 +195,8 @@ def expected_etag(path: str | os.PathLike, threshold: int = 8 * _MiB, chunksize:
     """The ETag S3 gives a file uploaded by the AWS CLI: md5, or md5 of the part md5s + '-N' for multipart.
 
     Mirrors s3transfer: multipart from `threshold` bytes on, parts of `chunksize`, doubled until at most
-    10000 parts, then kept within 5 MiB..5 GiB. Only a hint: a mismatch (SSE-KMS, another part size) is settled by reading the object back.
+    10000 parts, then kept within 5 MiB..5 GiB. Only a hint: a mismatch (SSE-KMS, another part size) is
+    settled by reading the object back.
     """
     size = os.path.getsize(path)
     if size < threshold:
@@ -202,7 +214,9 @@ def expected_etag(path: str | os.PathLike, threshold: int = 8 * _MiB, chunksize:
 READBACK_BATCH_BYTES = 2 * 1024**3  # local scratch used at once while reading back
 
 
-def _batches(names: list[str], table: dict[str, dict], limit: int = READBACK_BATCH_BYTES, most: int = 500) -> Iterator[list[str]]:
+def _batches(
+    names: list[str], table: dict[str, dict], limit: int = READBACK_BATCH_BYTES, most: int = 500
+) -> Iterator[list[str]]:
     batch: list[str] = []
     size = 0
     for name in names:
@@ -226,7 +240,19 @@ def read_back(store: "S3Store", version: str, names: list[str], table: dict[str,
     with tempfile.TemporaryDirectory(prefix="shardsmith-readback-") as tmp:
         for batch in _batches(names, table):
             filters = [arg for name in batch for arg in ("--include", name)]
-            run(store.s3, "s3", "cp", "--recursive", "--only-show-errors", url, tmp, "--exclude", "*", *filters, timeout=_NO_TIMEOUT)
+            run(
+                store.s3,
+                "s3",
+                "cp",
+                "--recursive",
+                "--only-show-errors",
+                url,
+                tmp,
+                "--exclude",
+                "*",
+                *filters,
+                timeout=_NO_TIMEOUT,
+            )
             for name in batch:
                 path = Path(tmp, name)
                 if path.is_file():
@@ -243,7 +269,11 @@ def verify_s3(
     """{name: problem} for every file that is not on the destination as sent ({} when all are)."""
     objects, _ = store.listing(store.where(version) + "/")
     problems = {n: "missing" for n in table if n not in objects}
-    problems |= {n: f"size {objects[n]['size']} != {e['size']}" for n, e in table.items() if n in objects and objects[n]["size"] != e["size"]}
+    problems |= {
+        n: f"size {objects[n]['size']} != {e['size']}"
+        for n, e in table.items()
+        if n in objects and objects[n]["size"] != e["size"]
+    }
     problems |= {n: "not part of this version" for n in objects if n not in table and n != MARKER}
     todo = [n for n in table if n not in problems]
     if settings.verify == "etag":
@@ -277,7 +307,9 @@ def cli_config(settings: PublishSettings, s3: S3Settings) -> Iterator[None]:
         exe = shutil.which(s3.aws_cli) or s3.aws_cli
         profile = ["--profile", s3.profile] if s3.profile else []
         for key, value in values.items():
-            proc = subprocess.run([exe, "configure", "set", f"s3.{key}", value, *profile], capture_output=True, text=True)
+            proc = subprocess.run(
+                [exe, "configure", "set", f"s3.{key}", value, *profile], capture_output=True, text=True
+            )
             if proc.returncode:
                 raise PublishError(f"aws configure set s3.{key} {value}: {redact(proc.stderr.strip())}")
         yield
@@ -301,7 +333,14 @@ def _conflict(where: str, version: str) -> PublishConflict:
 
 
 def _publish_local(
-    by_name: dict[str, str], table: dict, store: LocalStore, version: str, marker: dict, old: dict | None, hardlink: bool, threads: int
+    by_name: dict[str, str],
+    table: dict,
+    store: LocalStore,
+    version: str,
+    marker: dict,
+    old: dict | None,
+    hardlink: bool,
+    threads: int,
 ) -> dict:
     final = Path(store.where(version))
     if final.exists():
@@ -345,7 +384,9 @@ def _publish_local(
 
 
 # os.link fails with these where a copy still works: another file system, links not supported or not allowed
-_NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
+_NO_LINK = frozenset(
+    {errno.EXDEV, errno.EPERM, errno.EACCES, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
+)
 
 
 def _place(src: str, dst: Path, hardlink: bool, readable: int) -> tuple[dict, bool]:
@@ -396,7 +437,13 @@ def _umask() -> int:
 
 
 def _publish_s3(
-    named: dict[str, str], table: dict, store: S3Store, version: str, marker: dict, old: dict | None, settings: PublishSettings
+    named: dict[str, str],
+    table: dict,
+    store: S3Store,
+    version: str,
+    marker: dict,
+    old: dict | None,
+    settings: PublishSettings,
 ) -> dict:
     if old is not None:
         if old["files"] != table:
@@ -418,7 +465,10 @@ def _publish_s3(
         for _ in range(2):  # what sync skipped or the store mangled is sent again, one file at a time
             if not problems:
                 break
-            print(f"re-sending {len(problems)} files that did not verify: " + "; ".join(f"{n}: {p}" for n, p in sorted(problems.items())[:5]))
+            print(
+                f"re-sending {len(problems)} files that did not verify: "
+                + "; ".join(f"{n}: {p}" for n, p in sorted(problems.items())[:5])
+            )
             for name in problems:
                 if name in by_name:
                     run(store.s3, "s3", "cp", "--only-show-errors", by_name[name], url + name, timeout=_NO_TIMEOUT)
@@ -429,10 +479,18 @@ def _publish_s3(
             if sha256_file(by_name[name]) != table[name]["sha256"]:
                 raise PublishError(_changed(name, by_name[name]))
         if problems:
-            raise PublishError(f"{url} does not hold what was sent: " + "; ".join(f"{n}: {p}" for n, p in sorted(problems.items())[:10]))
+            raise PublishError(
+                f"{url} does not hold what was sent: "
+                + "; ".join(f"{n}: {p}" for n, p in sorted(problems.items())[:10])
+            )
         how = "ETags (reading back mismatches)" if settings.verify == "etag" else f"reading back {total / 1e6:.1f} MB"
         print(f"verified {len(table)} objects by size and {how} in {time.monotonic() - started:.1f} s")
-    store.upload_bytes(f"{version}/{MARKER}", (json.dumps(marker, indent=1, sort_keys=True) + "\n").encode(), "--content-type", "application/json")
+    store.upload_bytes(
+        f"{version}/{MARKER}",
+        (json.dumps(marker, indent=1, sort_keys=True) + "\n").encode(),
+        "--content-type",
+        "application/json",
+    )
     return marker
 
 
@@ -493,7 +551,9 @@ def publish(
     if isinstance(store, S3Store):
         committed = _publish_s3(named, table, store, version, marker, markers.get(version), settings)
     else:
-        committed = _publish_local(named, table, store, version, marker, markers.get(version), settings.hardlink, threads)
+        committed = _publish_local(
+            named, table, store, version, marker, markers.get(version), settings.hardlink, threads
+        )
     unchanged = committed is not marker
     if unchanged:
         print(f"{store.where(version)} is already published with this content: nothing to upload")
@@ -541,9 +601,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--multipart-threshold")
     p.add_argument("--multipart-chunksize")
     p.add_argument("--max-concurrent-requests", type=int)
-    p.add_argument("--no-hardlink", action="store_true", help="on a mounted path, always copy (default: hard-link where possible)")
+    p.add_argument(
+        "--no-hardlink", action="store_true", help="on a mounted path, always copy (default: hard-link where possible)"
+    )
     p.add_argument("--threads", type=int, default=1, help="files placed and read back at once on a mounted path")
-    p.add_argument("--names-from", help="a folder: files inside it are published under their path relative to it (default: basenames)")
+    p.add_argument(
+        "--names-from",
+        help="a folder: files inside it are published under their path relative to it (default: basenames)",
+    )
     _s3_args(p)
     s = sub.add_parser("show", help="print the complete versions and what latest names", allow_abbrev=False)
     s.add_argument("--dest", required=True)
@@ -553,17 +618,32 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.command == "publish":
             settings = PublishSettings(
-                a.keep_versions, a.verify, a.multipart_threshold, a.multipart_chunksize, a.max_concurrent_requests, not a.no_hardlink
+                a.keep_versions,
+                a.verify,
+                a.multipart_threshold,
+                a.multipart_chunksize,
+                a.max_concurrent_requests,
+                not a.no_hardlink,
             )
             receipt = publish(
-                a.files, a.dest, a.dataset, a.version, settings, _s3_settings(a), threads=a.threads, names_from=a.names_from
+                a.files,
+                a.dest,
+                a.dataset,
+                a.version,
+                settings,
+                _s3_settings(a),
+                threads=a.threads,
+                names_from=a.names_from,
             )
             print(f"published {a.dest.rstrip('/')}/{a.dataset}/{receipt['version']} ({len(receipt['files'])} files)")
         else:
             versions = complete_versions(a.dest, a.dataset, _s3_settings(a))
             latest = latest_version(a.dest, a.dataset, _s3_settings(a))
             for v, m in versions.items():
-                print(f"{v}\t{m.get('published_at', '?')}\t{len(m['files'])} files" + ("\t<- latest" if v == latest else ""))
+                print(
+                    f"{v}\t{m.get('published_at', '?')}\t{len(m['files'])} files"
+                    + ("\t<- latest" if v == latest else "")
+                )
     except (PublishConflict, PublishError, S3Error) as e:
         print(f"shardsmith: {redact(str(e))}", file=sys.stderr)
         return 1

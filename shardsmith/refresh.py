@@ -79,7 +79,9 @@ def summarize(jobs: list[tuple[str, dict[str, str]]]) -> str:
     lines = [f"refresh: {len(jobs)} jobs ran"]
     for rule, n in counts.items():
         which = [",".join(w.values()) for r, w in jobs if r == rule and w]
-        lines.append(f"  {rule} x{n}" + (f": {' '.join(which[:20])}{' ...' if len(which) > 20 else ''}" if which else ""))
+        lines.append(
+            f"  {rule} x{n}" + (f": {' '.join(which[:20])}{' ...' if len(which) > 20 else ''}" if which else "")
+        )
     return "\n".join(lines)
 
 

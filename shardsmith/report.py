@@ -105,7 +105,9 @@ def rejection_summary(rejected_path: str, examples: int = EXAMPLES_PER_REASON) -
         by_source_stage.update(df.groupby(["source", "stage"]).size().to_dict())
         for row in df.groupby("sr", sort=False).head(examples).itertuples(index=False):  # a few rows per reason
             if len(first.setdefault(row.sr, [])) < examples:
-                first[row.sr].append({"source": row.source, "source_id": row.source_id, "url": row.url, "detail": row.detail})
+                first[row.sr].append(
+                    {"source": row.source, "source_id": row.source_id, "url": row.url, "detail": row.detail}
+                )
     return {"by_reason": dict(by_reason), "by_source_stage": dict(by_source_stage), "examples": first}
 
 
@@ -137,11 +139,23 @@ def shard_table(infos: list[dict]) -> pd.DataFrame:
     import pandas as pd
 
     rows = [
-        {"shard": i["shard"], "samples": int(i["nsamples"]), "bytes": int(i["filesize"]), "sha256": i["sha256"], "md5": i["md5sum"]}
+        {
+            "shard": i["shard"],
+            "samples": int(i["nsamples"]),
+            "bytes": int(i["filesize"]),
+            "sha256": i["sha256"],
+            "md5": i["md5sum"],
+        }
         for i in sorted(infos, key=lambda i: i["shard"])
     ]
     table = pd.DataFrame(rows, columns=["shard", "samples", "bytes", "sha256", "md5"])
-    total = {"shard": f"total ({len(rows)} shards)", "samples": int(table["samples"].sum()), "bytes": int(table["bytes"].sum()), "sha256": "", "md5": ""}
+    total = {
+        "shard": f"total ({len(rows)} shards)",
+        "samples": int(table["samples"].sum()),
+        "bytes": int(table["bytes"].sum()),
+        "sha256": "",
+        "md5": "",
+    }
     return pd.concat([table, pd.DataFrame([total])], ignore_index=True)
 
 
@@ -238,7 +252,7 @@ def plot_funnel(stats: dict, summary: dict | None, path: str) -> str:
     y = range(len(steps))[::-1]
     ax.barh(list(y), left, color=colors)
     total = max(stats["input_records"], 1)
-    for yi, (step, n, dropped) in zip(y, steps):
+    for yi, (_, n, dropped) in zip(y, steps):
         note = f"{n:,}  ({100 * n / total:.1f} %)" + (f"   -{dropped:,}" if dropped else "")
         ax.text(n + total * 0.01, yi, note, va="center", fontsize=10)
     ax.set_yticks(list(y), labels)
@@ -247,7 +261,9 @@ def plot_funnel(stats: dict, summary: dict | None, path: str) -> str:
     _counts_axis(ax, "x")
     ax.set_title(f"Funnel: {stats['input_records']:,} input records -> {stats['published']:,} published samples")
 
-    sources = sorted(set(stats.get("published_by_source", {})) | {s for s, _ in (summary or {}).get("by_source_stage", {})})
+    sources = sorted(
+        set(stats.get("published_by_source", {})) | {s for s, _ in (summary or {}).get("by_source_stage", {})}
+    )
     if not sources:
         _empty(ax2, "no records")
     else:
@@ -347,7 +363,9 @@ def plot_images(manifest: pd.DataFrame, path: str, max_side: int | None = None, 
     a_bytes.legend(fontsize=9, loc="upper right")
 
     dots = manifest.iloc[:: max(1, math.ceil(len(manifest) / MAX_SCATTER_POINTS))]  # a cloud, not a million markers
-    a_wh.scatter(dots["width_before"], dots["height_before"], s=8, alpha=0.5, color=BEFORE, label="before", rasterized=True)
+    a_wh.scatter(
+        dots["width_before"], dots["height_before"], s=8, alpha=0.5, color=BEFORE, label="before", rasterized=True
+    )
     a_wh.scatter(dots["width"], dots["height"], s=8, alpha=0.7, color=AFTER, label="after", rasterized=True)
     a_wh.set_xscale("log")
     a_wh.set_yscale("log")
@@ -429,7 +447,9 @@ def plot_embeddings(scores: pd.DataFrame, emb_stats: dict, path: str, total: int
     total = len(scores) if total is None else total
     named = emb_stats.get("columns", {}) or {}
     sim = named.get("similarity") if named.get("similarity") in scores.columns else similarity_column(scores.columns)
-    norms = [c for c in (named.get("image_norm"), named.get("text_norm")) if c in scores.columns] or norm_columns(scores.columns)
+    norms = [c for c in (named.get("image_norm"), named.get("text_norm")) if c in scores.columns] or norm_columns(
+        scores.columns
+    )
     fig, axes = plt.subplots(1, 1 + max(1, len(norms)), figsize=FIGSIZE[0:1] + (FIGSIZE[1] * 0.65,), squeeze=False)
     axes = axes[0]
     warn = random_weights(emb_stats)

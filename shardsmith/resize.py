@@ -185,7 +185,8 @@ def _process(data: bytes, s: ResizeSettings) -> ImageResult:
             out = _to_rgb_or_premultiplied(im)
             if out.size != target:
                 # reducing_gap: box-reduce by an integer factor first, then LANCZOS over the last >= 3x;
-                # Pillow documents the result as indistinguishable, and large PNG/WebP (no draft mode) shrink far faster.
+                # Pillow documents the result as indistinguishable, and large PNG/WebP (no draft mode) shrink
+                # far faster.
                 out = out.resize(target, Image.Resampling.LANCZOS, reducing_gap=3.0)
             if orientation in _ORIENT_TRANSPOSE:
                 out = out.transpose(_ORIENT_TRANSPOSE[orientation])

@@ -38,7 +38,8 @@ class S3Error(ReasonError):
 
 HINTS = {
     "no_credentials": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or s3.profile) where the jobs run",
-    "forbidden": "the credentials may not access this bucket or prefix: check the keys, s3.profile and the bucket policy",
+    "forbidden": "the credentials may not access this bucket or prefix: "
+    "check the keys, s3.profile and the bucket policy",
     "unreachable": "check s3.endpoint_url (scheme, host, port) and that the store is reachable from this machine",
     "no_such_bucket": "create the bucket, or fix the bucket name in the s3:// path",
     "no_aws_cli": "install the AWS CLI v2, or set s3.aws_cli to its path",
@@ -101,7 +102,9 @@ def run(s: S3Settings, *args: str, timeout: float = 600) -> str:
     except FileNotFoundError:
         raise S3Error("no_aws_cli", f"the AWS CLI ({s.aws_cli}) is not installed or not on PATH") from None
     except subprocess.TimeoutExpired:
-        raise S3Error("timeout", f"aws {args[0]} {args[1] if len(args) > 1 else ''} took over {timeout:.0f} s") from None
+        raise S3Error(
+            "timeout", f"aws {args[0]} {args[1] if len(args) > 1 else ''} took over {timeout:.0f} s"
+        ) from None
     if proc.returncode != 0:
         err = redact(proc.stderr.strip() or proc.stdout.strip())
         raise S3Error(classify(err), err.splitlines()[-1] if err else f"aws exited with {proc.returncode}")

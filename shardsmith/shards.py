@@ -21,7 +21,15 @@ import pyarrow.parquet as pq
 
 from shardsmith.errors import REJECT_COLUMNS
 from shardsmith.tables import ParquetAppender, Spill, bins_for, key_bins, num_rows, spill_folder
-from shardsmith.tario import MEMBER_ORDER, HashingWriter, ShardWriter, TarMember, atomic_open, atomic_write_text, read_at
+from shardsmith.tario import (
+    MEMBER_ORDER,
+    HashingWriter,
+    ShardWriter,
+    TarMember,
+    atomic_open,
+    atomic_write_text,
+    read_at,
+)
 
 if TYPE_CHECKING:  # pandas is imported where planning needs it: a write_shard job starts 0.3 s sooner without it
     import pandas as pd
@@ -43,7 +51,9 @@ KEYED = pa.schema(
     [("key", pa.large_string()), ("pos", pa.int64()), ("source_id", pa.large_string()),
      ("stage", pa.large_string()), ("reason", pa.large_string()), ("detail", pa.large_string())]
 )  # fmt: skip
-DROPS = pa.schema([("pos", pa.int64()), ("stage", pa.large_string()), ("reason", pa.large_string()), ("detail", pa.large_string())])
+DROPS = pa.schema(
+    [("pos", pa.int64()), ("stage", pa.large_string()), ("reason", pa.large_string()), ("detail", pa.large_string())]
+)
 
 
 def _decide_drops(samples_paths: list[str], exclusions: list[str], spill_dir: str) -> tuple[Spill, list[int]]:
@@ -91,7 +101,9 @@ def _decide_drops(samples_paths: list[str], exclusions: list[str], spill_dir: st
     drops = Spill(Path(spill_dir) / "drops", len(bounds), DROPS)
     for b in range(keyed.n):
         table = keyed.read(b)
-        if table.num_rows == 0 or (pc.min(table["pos"]).as_py() >= 0 and pc.count_distinct(table["key"]).as_py() == table.num_rows):
+        if table.num_rows == 0 or (
+            pc.min(table["pos"]).as_py() >= 0 and pc.count_distinct(table["key"]).as_py() == table.num_rows
+        ):
             continue  # no exclusion and no repeated key: nothing drops, and no key becomes a Python string
         rows = table.to_pandas().sort_values("pos", kind="stable")
         is_ex = rows["pos"] < 0
@@ -110,7 +122,10 @@ def _decide_drops(samples_paths: list[str], exclusions: list[str], spill_dir: st
             pieces.append(repeat)
         if pieces:
             out = pd.concat(pieces, ignore_index=True)[["pos", "stage", "reason", "detail"]]
-            drops.add(pa.Table.from_pandas(out, preserve_index=False), np.searchsorted(bounds, out["pos"].to_numpy(), side="right") - 1)
+            drops.add(
+                pa.Table.from_pandas(out, preserve_index=False),
+                np.searchsorted(bounds, out["pos"].to_numpy(), side="right") - 1,
+            )
     drops.close()
     return drops, bounds
 
@@ -173,7 +188,9 @@ def plan_shards(
             out = np.isin(pos, decided.index.to_numpy())
             if out.any():  # in record order
                 why = decided.loc[pos[out]]
-                dropped.append(_ledger_rows(samples[out], why["stage"].values, why["reason"].values, why["detail"].values))
+                dropped.append(
+                    _ledger_rows(samples[out], why["stage"].values, why["reason"].values, why["detail"].values)
+                )
             keep = samples[~out]
             if len(keep):
                 pending.append(keep)
@@ -199,7 +216,9 @@ def read_members(path: str | os.PathLike) -> list[TarMember]:
     return [TarMember(*row) for row in zip(t["key"], t["ext"], t["offset"], t["size"], strict=True)]
 
 
-def write_shard(plan_path: str, part_tars: dict[str, str], out_tar: str, out_info: str, out_members: str | None = None) -> dict:
+def write_shard(
+    plan_path: str, part_tars: dict[str, str], out_tar: str, out_info: str, out_members: str | None = None
+) -> dict:
     """Copy the planned samples from the processed part tars into one deterministic shard.
 
     download_part's processor wrote each sample's members back to back with the shard's own header format, so runs of
@@ -220,7 +239,9 @@ def write_shard(plan_path: str, part_tars: dict[str, str], out_tar: str, out_inf
             if run:
                 base = tar.offset - run[1]  # a part offset in the range + base = the shard offset
                 for r in run[4]:
-                    members.extend(TarMember(r["key"], e, r[f"{e}_offset"] + base, r[f"{e}_size"]) for e in MEMBER_ORDER)
+                    members.extend(
+                        TarMember(r["key"], e, r[f"{e}_offset"] + base, r[f"{e}_size"]) for e in MEMBER_ORDER
+                    )
                 tar.copy_samples(sources[run[0]], run[1], run[2], run[3])
                 run.clear()
 
@@ -231,7 +252,9 @@ def write_shard(plan_path: str, part_tars: dict[str, str], out_tar: str, out_inf
                 src = sources[row["part"]]
                 data = {ext: read_at(src, row[f"{ext}_offset"], row[f"{ext}_size"]) for ext in MEMBER_ORDER}
                 where = tar.write(row["key"], data)
-                members.extend(sorted((TarMember(row["key"], e, o, n) for e, (o, n) in where.items()), key=lambda m: m.offset))
+                members.extend(
+                    sorted((TarMember(row["key"], e, o, n) for e, (o, n) in where.items()), key=lambda m: m.offset)
+                )
             elif run and run[0] == row["part"] and run[2] == span[0]:
                 run[2] = span[1]
                 run[3].append(row["key"])
@@ -260,8 +283,9 @@ def _padded(size: int) -> int:
 
 def _sample_span(row: dict) -> tuple[int, int] | None:
     """Bytes [start, end) of a sample's jpg, txt and json members with their headers, when they lie back to
-    back in its part tar; None otherwise. Part tars come from the processor (shardsmith.process), whose ShardWriter gives each
-    member a one-block header with the shard's fields, so such a range holds the bytes write() would."""
+    back in its part tar; None otherwise. Part tars come from the processor (shardsmith.process), whose
+    ShardWriter gives each member a one-block header with the shard's fields, so such a range holds the bytes
+    write() would."""
     if row["txt_offset"] != row["jpg_offset"] + _padded(row["jpg_size"]) + BLOCKSIZE:
         return None
     if row["json_offset"] != row["txt_offset"] + _padded(row["txt_size"]) + BLOCKSIZE:

@@ -87,8 +87,8 @@ def readable_manifest(path: str, fetcher: "Fetcher | None" = None) -> Iterator[s
         return
     from shardsmith.fetch import Fetcher, FetchSettings
     from shardsmith.responses import AttemptError
-    from shardsmith.streams import StreamError, open_stream_url
     from shardsmith.s3 import S3Error
+    from shardsmith.streams import StreamError, open_stream_url
 
     fetcher = fetcher or Fetcher(FetchSettings(part_deadline_s=None), log=lambda _: None)
     with tempfile.TemporaryDirectory(prefix="shardsmith-manifest-") as tmp:
@@ -151,7 +151,9 @@ def iter_manifest_parts(src: dict, part_size: int, fetcher: "Fetcher | None" = N
                         {
                             "source_id": f"{path}:{row + 1}",
                             "url": "" if rec[url_col] is None else str(_plain(rec[url_col]) or ""),
-                            "key": make_key(src["name"], str(ident)) if ident is not None else make_key(src["name"], stem, f"{row:09d}"),
+                            "key": make_key(src["name"], str(ident))
+                            if ident is not None
+                            else make_key(src["name"], stem, f"{row:09d}"),
                             "fields": json.dumps(fields, sort_keys=True, ensure_ascii=False, default=str),
                             **({"hash": str(_plain(rec[src["hash_column"]]) or "")} if src.get("hash_column") else {}),
                         }
@@ -225,7 +227,11 @@ def plan_parts(
     part_ids: list[str] = []
     for src in sources:
         n = 0
-        parts = iter_manifest_parts(src, part_size, fetcher) if src["type"] == "manifest" else ITERATORS[src["type"]](src, part_size)
+        parts = (
+            iter_manifest_parts(src, part_size, fetcher)
+            if src["type"] == "manifest"
+            else ITERATORS[src["type"]](src, part_size)
+        )
         for records in parts:
             part_id = f"{src['name']}-{n:06d}"
             df = pd.DataFrame(records)

@@ -81,7 +81,9 @@ class LocalStore(Store):
 
     def candidates(self) -> list[str]:
         root = Path(self.root)
-        return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
+        return (
+            sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
+        )
 
     def write_latest(self, version: str) -> None:
         atomic_write_text(Path(self.root, LATEST), version + "\n")
@@ -105,7 +107,9 @@ class S3Store(Store):
             return read_object(f"{self.root}/{rel}", self.s3)
         except S3Error as e:
             if "NoSuchBucket" in e.detail:
-                raise PublishError(f"bucket of {self.dest} does not exist; create it (and its policy) first: {e.detail}") from None
+                raise PublishError(
+                    f"bucket of {self.dest} does not exist; create it (and its policy) first: {e.detail}"
+                ) from None
             if e.reason == "not_found":
                 return None
             raise
@@ -117,7 +121,8 @@ class S3Store(Store):
         out = run(self.s3, *args, *(["--delimiter", "/"] if delimiter else []))
         data = json.loads(out) if out.strip() else {}
         objects = {
-            o["Key"][len(prefix) :]: {"size": int(o["Size"]), "etag": o.get("ETag", "").strip('"')} for o in data.get("Contents") or []
+            o["Key"][len(prefix) :]: {"size": int(o["Size"]), "etag": o.get("ETag", "").strip('"')}
+            for o in data.get("Contents") or []
         }
         prefixes = [p["Prefix"][len(prefix) :].rstrip("/") for p in data.get("CommonPrefixes") or []]
         return objects, prefixes
@@ -133,7 +138,9 @@ class S3Store(Store):
                     "--exclude", "*", "--include", LATEST, "--include", f"*/{MARKER}")  # fmt: skip
             except S3Error as e:
                 if "NoSuchBucket" in e.detail:
-                    raise PublishError(f"bucket of {self.dest} does not exist; create it (and its policy) first: {e.detail}") from None
+                    raise PublishError(
+                        f"bucket of {self.dest} does not exist; create it (and its policy) first: {e.detail}"
+                    ) from None
                 raise
             pointer = Path(tmp, LATEST)
             latest = (pointer.read_text().strip() or None) if pointer.is_file() else None
@@ -148,7 +155,9 @@ class S3Store(Store):
 
     def write_latest(self, version: str) -> None:
         # no-cache: a reader behind a caching proxy or CDN must not follow a stale pointer
-        self.upload_bytes(LATEST, (version + "\n").encode(), "--content-type", "text/plain", "--cache-control", "no-cache")
+        self.upload_bytes(
+            LATEST, (version + "\n").encode(), "--content-type", "text/plain", "--cache-control", "no-cache"
+        )
 
     def delete_version(self, version: str) -> None:
         # Marker first: from then on readers treat the version as absent, even if the rest of the delete dies.

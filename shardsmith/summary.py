@@ -1,6 +1,6 @@
 """The one-screen summary of a build, and the OpenCLIP command that trains on it.
 
-    python -m shardsmith.summary demo/results/demo
+python -m shardsmith.summary demo/results/demo
 """
 
 import json
@@ -47,7 +47,8 @@ def summary_text(out_dir: str) -> str:
         sim = emb["similarity"]
         lines.append(
             f"  CLIP {emb['columns']['similarity']}: mean {sim.get('mean', float('nan')):.4f}, "
-            f"median {sim.get('quantiles', {}).get('0.5', float('nan')):.4f} ({emb['provenance'].get('weights_statement', '')})"
+            f"median {sim.get('quantiles', {}).get('0.5', float('nan')):.4f} "
+            f"({emb['provenance'].get('weights_statement', '')})"
         )
     if sizes:
         lines.append("train with:")

@@ -8,6 +8,7 @@ stays at one bin and one part whatever the dataset's size.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -29,7 +30,9 @@ def key_hashes(keys: Iterable[str]) -> np.ndarray:
     """64-bit hashes of keys; pandas' hash_array uses a fixed key, so they are the same in every run."""
     import pandas as pd
 
-    return pd.util.hash_array(np.asarray(keys if isinstance(keys, (pd.Series, np.ndarray)) else list(keys), dtype=object))
+    return pd.util.hash_array(
+        np.asarray(keys if isinstance(keys, (pd.Series, np.ndarray)) else list(keys), dtype=object)
+    )
 
 
 def num_rows(path: str | os.PathLike) -> int:
@@ -143,12 +146,10 @@ class ParquetAppender:
     def abort(self, exc: BaseException) -> None:
         if self._writer is not None:
             self._writer.close()
-        try:
+        with contextlib.suppress(BaseException):  # the contextmanager re-raises what it was given: the caller does
             self._open.__exit__(type(exc), exc, exc.__traceback__)
-        except BaseException:  # the contextmanager re-raises what it was given: the caller raises it
-            pass
 
-    def __enter__(self) -> "ParquetAppender":
+    def __enter__(self) -> ParquetAppender:
         return self
 
     def __exit__(self, et, exc, tb) -> None:

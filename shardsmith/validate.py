@@ -40,7 +40,12 @@ class ValidationFailed(RuntimeError):
 
 OPENCLIP_LOADER = "open_clip_train.data"
 # What validation runs of OpenCLIP's data module: its shard reader, its sample filter, and what they call.
-OPENCLIP_FUNCTIONS = ("log_and_continue", "group_by_keys_nothrow", "tarfile_to_samples_nothrow", "filter_no_caption_or_no_image")
+OPENCLIP_FUNCTIONS = (
+    "log_and_continue",
+    "group_by_keys_nothrow",
+    "tarfile_to_samples_nothrow",
+    "filter_no_caption_or_no_image",
+)
 
 
 def import_webdataset() -> ModuleType:
@@ -64,7 +69,7 @@ def openclip_source_functions(source: str, namespace: dict) -> dict:
     itself is not run, so its module-level `import torch` is not either. KeyError when one is missing."""
     defs = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
     module = ast.Module(body=[defs[name] for name in OPENCLIP_FUNCTIONS], type_ignores=[])
-    exec(compile(module, "open_clip_train/data.py", "exec"), namespace)  # noqa: S102 - OpenCLIP's installed code
+    exec(compile(module, "open_clip_train/data.py", "exec"), namespace)
     return {name: namespace[name] for name in OPENCLIP_FUNCTIONS}
 
 
@@ -79,6 +84,7 @@ def _openclip_stages() -> tuple[object, object, str]:
     wds = import_webdataset()
     spec = importlib.util.find_spec("open_clip_train")
     if spec is None or not spec.submodule_search_locations:  # pragma: no cover - the pinned environment has it
+
         def has_pair(sample: dict) -> bool:  # same rule as open_clip_train.data.filter_no_caption_or_no_image
             return "txt" in sample and any(e in sample for e in ("png", "jpg", "jpeg", "webp"))
 
@@ -86,7 +92,13 @@ def _openclip_stages() -> tuple[object, object, str]:
     source = (Path(spec.submodule_search_locations[0]) / "data.py").read_text(encoding="utf-8")
     from webdataset.tariterators import base_plus_ext, tar_file_expander, url_opener, valid_sample
 
-    names = {"logging": logging, "base_plus_ext": base_plus_ext, "url_opener": url_opener, "tar_file_expander": tar_file_expander, "valid_sample": valid_sample}
+    names = {
+        "logging": logging,
+        "base_plus_ext": base_plus_ext,
+        "url_opener": url_opener,
+        "tar_file_expander": tar_file_expander,
+        "valid_sample": valid_sample,
+    }
     try:
         fns = openclip_source_functions(source, names)
     except (KeyError, SyntaxError) as e:
@@ -147,7 +159,9 @@ def loader_members(members: list[tarfile.TarInfo]) -> list[TarMember]:
     return out
 
 
-def check_loader_indexes(members: list[tarfile.TarInfo], dali_index: str | None, energon_index: str | None) -> list[str]:
+def check_loader_indexes(
+    members: list[tarfile.TarInfo], dali_index: str | None, energon_index: str | None
+) -> list[str]:
     """The shard's DALI and Energon index files, parsed as those loaders parse them, against the tar as read."""
     found = loader_members(members)
     problems = dali.check_index(dali_index, found) if dali_index else []
@@ -193,7 +207,9 @@ def validate_shard(
     if len(rows) != len(plan_keys):
         problems.append(f"{name}: the loader found {len(rows)} samples, the plan has {len(plan_keys)}")
     if len(samples) != len(rows):
-        problems.append(f"{name}: {len(rows) - len(samples)} of {len(rows)} samples dropped by OpenCLIP's filter/decoder")
+        problems.append(
+            f"{name}: {len(rows) - len(samples)} of {len(rows)} samples dropped by OpenCLIP's filter/decoder"
+        )
     for r in rows:
         if "decode_error" in r:
             problems.append(f"{name}/{r['__key__']}: does not decode: {r['decode_error']}")
@@ -217,11 +233,23 @@ def validate_shard(
             problems.append(f"{name}/{s['__key__']}: image {w}x{h} over the limits")
         if not s["text"] or not s["text"].strip():
             problems.append(f"{name}/{s['__key__']}: empty caption")
-    return {"shard": name, "loader": loader, "groups": len(rows), "passed": len(samples), "decoded": decoded, "problems": problems}
+    return {
+        "shard": name,
+        "loader": loader,
+        "groups": len(rows),
+        "passed": len(samples),
+        "decoded": decoded,
+        "problems": problems,
+    }
 
 
 def check_dataset(
-    reports: list[str], sizes_path: str, manifest_path: str, min_shards: int, tmp: str | None = None, energon_dir: str | None = None
+    reports: list[str],
+    sizes_path: str,
+    manifest_path: str,
+    min_shards: int,
+    tmp: str | None = None,
+    energon_dir: str | None = None,
 ) -> dict:
     """Combine the shard reports with dataset-wide checks; raise ValidationFailed with a readable report.
 
@@ -256,7 +284,10 @@ def check_dataset(
         "problems": problems,
     }
     if energon_dir is not None:  # each shard's DALI and Energon index was checked by write_shard
-        summary["loader_indexes"] = {"dali": f"{dali.INDEX_VERSION} per shard", "energon": f"{energon.META} of energon {energon.FORMAT_VERSION}"}
+        summary["loader_indexes"] = {
+            "dali": f"{dali.INDEX_VERSION} per shard",
+            "energon": f"{energon.META} of energon {energon.FORMAT_VERSION}",
+        }
     if problems:
         shown = "\n".join(f"  - {p}" for p in problems[:50])
         more = f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else ""

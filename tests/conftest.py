@@ -5,7 +5,11 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
+# The servers the tests talk to, as fixtures every test module can ask for by name.
+from httpserver import http_server, http_server_module  # noqa: F401
 from PIL import Image
+from servers import s3_bucket, s3_server  # noqa: F401
 
 
 def jpeg_bytes(size: tuple[int, int] = (64, 48), color: tuple[int, int, int] = (200, 30, 30)) -> bytes:

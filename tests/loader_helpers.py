@@ -5,8 +5,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import jpeg_bytes
+
 from shardsmith.tario import ShardWriter, TarMember, atomic_open
 
 
@@ -24,7 +24,9 @@ needs_energon = pytest.mark.skipif(
 )
 
 
-def write_shards(folder: Path, dataset: str = "ds", counts: tuple[int, ...] = (3, 2)) -> list[tuple[Path, list[TarMember]]]:
+def write_shards(
+    folder: Path, dataset: str = "ds", counts: tuple[int, ...] = (3, 2)
+) -> list[tuple[Path, list[TarMember]]]:
     """Shards `{dataset}-{i:06d}.tar` of jpg/txt/json samples; returns each shard's path and members."""
     folder.mkdir(parents=True, exist_ok=True)
     shards = []

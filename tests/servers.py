@@ -13,7 +13,6 @@ import pytest
 
 from shardsmith.s3 import S3Settings, run
 
-
 # The network guard refuses loopback by default; tests that fetch from their servers on 127.0.0.1 say so.
 ALLOW_LOOPBACK = {"allow_networks": ["127.0.0.0/8", "::1/128"]}
 
@@ -47,9 +46,14 @@ def s3_server(tmp_path_factory):
     if not cli or not server.exists():
         pytest.skip("needs the aws CLI and moto_server (make setup installs both)")
     port = free_port()
-    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
-    proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log)
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret-key", "AWS_DEFAULT_REGION": "us-east-1"}
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with log.open("w") as out:  # the server holds its own copy of the descriptor
+        proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=out)
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing-secret-key",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

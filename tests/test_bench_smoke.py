@@ -32,7 +32,9 @@ def _ours(images, rows) -> dict:
     samples = {}
     for r in rows:
         try:
-            result = process_image((images / r["name"]).read_bytes(), ResizeSettings(max_side=MAX_SIDE, quality=QUALITY))
+            result = process_image(
+                (images / r["name"]).read_bytes(), ResizeSettings(max_side=MAX_SIDE, quality=QUALITY)
+            )
         except Rejection:
             continue
         samples[f"{BASE}/{r['name']}"] = {"jpg": result.data, "json": {}}
@@ -73,7 +75,9 @@ def test_quality_check_catches_upscaling_and_wrong_cmyk_colours(imageset):
     up = Image.open(images / small["name"]).convert("RGB")
     up = up.resize((up.width * 2, up.height * 2))  # enlarged past the original
     raw = Image.open(images / cmyk["name"])
-    inverted = Image.frombytes("RGB", raw.size, bytes(255 - b for b in raw.convert("RGB").tobytes()))  # CMYK read inverted
+    inverted = Image.frombytes(
+        "RGB", raw.size, bytes(255 - b for b in raw.convert("RGB").tobytes())
+    )  # CMYK read inverted
     for r, im in ((small, up), (cmyk, inverted)):
         im.thumbnail((MAX_SIDE, MAX_SIDE))
         buf = io.BytesIO()
@@ -83,6 +87,7 @@ def test_quality_check_catches_upscaling_and_wrong_cmyk_colours(imageset):
     text = json.dumps(report["failures"])
     assert not report["ok"] and f"{small['name']} (jpeg): size" in text
     assert f"{cmyk['name']} (cmyk): looks unlike the displayed original" in text
+
 
 def test_quality_check_reports_missing_samples(imageset):
     images, rows = imageset
@@ -101,7 +106,9 @@ def test_a_large_set_repeats_the_generated_images_under_new_names(tmp_path, monk
     assert [r["name"] for r in rows] == [f"{i:06d}.{base[i % 6]['name'].rsplit('.', 1)[1]}" for i in range(14)]
     assert [r["kind"] for r in rows] == [base[i % 6]["kind"] for i in range(14)]
     for i, r in enumerate(rows):  # every URL is its own file with the pool image's bytes
-        assert (data / "images" / r["name"]).read_bytes() == (data.parent / "e2e-camera-6-0-1" / "images" / base[i % 6]["name"]).read_bytes()
+        assert (data / "images" / r["name"]).read_bytes() == (
+            data.parent / "e2e-camera-6-0-1" / "images" / base[i % 6]["name"]
+        ).read_bytes()
 
 
 def test_a_missed_memory_target_says_by_how_much_and_why():
@@ -115,7 +122,10 @@ def test_a_missed_memory_target_says_by_how_much_and_why():
     grows = verdict([row(1_000_000, 200.0), row(2_000_000, 300.0)])
     assert grows["bytes_per_added_sample"]["plan_shards"] == round(100 * 2**20 / 1_000_000, 1)
     assert not grows["target"]["met"] and grows["target"]["under_1gib"]
-    assert grows["target"]["short_by"].startswith("104.9 bytes per added sample (plan_shards") and grows["target"]["bounded_by"]
+    assert (
+        grows["target"]["short_by"].startswith("104.9 bytes per added sample (plan_shards")
+        and grows["target"]["bounded_by"]
+    )
 
 
 def test_a_missed_overhead_target_says_by_how_much_and_why():
@@ -134,7 +144,9 @@ def test_a_missed_overhead_target_says_by_how_much_and_why():
     bounds = missed["target"]["bounded_by"]
     assert bounds[0].startswith("30 job processes with 33.0 s of start-up")
     assert bounds[1].startswith("embed_part: 5 jobs x 5.0 s of start-up (torch")  # the heaviest first
-    assert bounds[2] == "write_shard: 20 jobs x 0.2 s of start-up" and bounds[3].startswith("process_part: 5 jobs x 0.5 s")
+    assert bounds[2] == "write_shard: 20 jobs x 0.2 s of start-up" and bounds[3].startswith(
+        "process_part: 5 jobs x 0.5 s"
+    )
     met = summarize([run(0.05)])["target"]
     assert met["met"] and "short_by" not in met
 
@@ -145,7 +157,9 @@ def test_start_up_is_counted_per_script_from_its_top_level_imports(tmp_path, mon
 
     script = tmp_path / "scripts" / "some_job.py"
     script.parent.mkdir()
-    script.write_text("import sys\nfrom shardsmith.logs import run_job\nfrom . import nothing\n\ndef f():\n    import pandas\n")
+    script.write_text(
+        "import sys\nfrom shardsmith.logs import run_job\nfrom . import nothing\n\ndef f():\n    import pandas\n"
+    )
     monkeypatch.setattr(e2e, "REPO", tmp_path)
     assert e2e.script_imports(script) == ["sys", "shardsmith.logs"]  # not relative, not inside functions
 
@@ -156,7 +170,13 @@ def test_start_up_is_counted_per_script_from_its_top_level_imports(tmp_path, mon
         2: {"cmd": "python " + job.format("process_part"), "start": 2.0, "end": 6.0, "cpu": 3.6},
         3: {"cmd": "python " + job.format("write_shard"), "start": 7.0, "end": 8.0, "cpu": 0.9},
         4: {"cmd": "snakemake --cores 2", "start": 0.0, "end": 10.0},
-        5: {"cmd": "python " + job.format("process_part"), "ppid": 1, "start": 1.5, "end": 4.5, "cpu": 2.0},  # a job's own child
+        5: {
+            "cmd": "python " + job.format("process_part"),
+            "ppid": 1,
+            "start": 1.5,
+            "end": 4.5,
+            "cpu": 2.0,
+        },  # a job's own child
     }
     o = e2e.overhead({"procs": procs, "wall_s": 10.0}, cores=2)
     assert o["jobs"] == 3 and o["no_job_running_s"] == 10.0 - 5.0 - 1.0
@@ -194,7 +214,8 @@ def test_the_bench_server_serves_the_image_files_over_loopback(tmp_path):
 
 
 def test_the_workflow_side_of_the_benchmark_runs_and_measures_a_tiny_set(tmp_path, monkeypatch):
-    """prepare -> loopback server -> manifest -> the workflow, measured as the benchmark measures it (no img2dataset)."""
+    """prepare -> loopback server -> manifest -> the workflow, measured as the benchmark measures it (no
+    img2dataset)."""
     import bench.e2e_bench as e2e
 
     monkeypatch.setattr(e2e, "BENCH", tmp_path)
@@ -251,7 +272,10 @@ def test_the_resize_ceiling_makes_the_same_images_as_shardsmith(imageset):
     for r in rows:
         if r["kind"] in ("broken", "exif_rotated"):  # the ceiling neither rejects nor rotates
             continue
-        a, b = Image.open(io.BytesIO(ceiling((images / r["name"]).read_bytes(), s))), Image.open(io.BytesIO(ours((images / r["name"]).read_bytes(), s)))
+        a, b = (
+            Image.open(io.BytesIO(ceiling((images / r["name"]).read_bytes(), s))),
+            Image.open(io.BytesIO(ours((images / r["name"]).read_bytes(), s))),
+        )
         assert (a.format, a.size) == (b.format, b.size) == ("JPEG", b.size), r
     assert verdict(0.9) == {"target": ">= 0.85 of the ceiling", "measured": 0.9, "met": True}
     missed = verdict(0.7)

@@ -160,9 +160,7 @@ def test_c1_control_is_read_as_the_cp1252_character_it_stands_for():
 
 
 def test_zero_width_characters_are_removed():
-    assert (
-        normalize_caption("\ufeffzero\u200bwidth\u2060 soft\u00adhyphen") == "zerowidth softhyphen"
-    )
+    assert normalize_caption("\ufeffzero\u200bwidth\u2060 soft\u00adhyphen") == "zerowidth softhyphen"
 
 
 def test_emoji_joiner_is_kept():
@@ -240,7 +238,7 @@ def test_booleans_infinities_lists_and_dicts_are_skipped():
 
 
 def test_utf8_bytes_are_decoded():
-    assert pick_caption({"txt": "naïve café".encode("utf-8")}, DEFAULT) == ("naïve café", "txt")
+    assert pick_caption({"txt": "naïve café".encode()}, DEFAULT) == ("naïve café", "txt")
 
 
 def test_invalid_utf8_bytes_are_decoded_as_legacy_text():
@@ -268,8 +266,7 @@ def test_rejection_detail_says_what_was_found_per_field():
     settings = CaptionSettings(fields=("txt", "caption", "json.description"))
     error = rejection_for({"caption": "  ", "json": {"description": [1]}}, settings)
     assert error.detail == (
-        "tried txt (absent), caption (empty after normalization), "
-        "json.description (not text (list))"
+        "tried txt (absent), caption (empty after normalization), json.description (not text (list))"
     )
 
 

@@ -52,7 +52,11 @@ def arg(argv: list[str], name: str) -> str:
 def test_fingerprint_ignores_where_files_go_but_not_what_they_hold():
     base = config_fingerprint(config())
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", base)
-    moved = config(paths={"raw": "/x/raw", "work": "/x/work", "output": "/x/out", "logs": "/x/logs"}, publish={"dest": "s3://b/p"}, version="v9")
+    moved = config(
+        paths={"raw": "/x/raw", "work": "/x/work", "output": "/x/out", "logs": "/x/logs"},
+        publish={"dest": "s3://b/p"},
+        version="v9",
+    )
     assert config_fingerprint(moved) == base
     assert config_fingerprint(config(resize={"max_side": 512})) != base
     assert config_fingerprint(config(samples_per_shard=5)) != base
@@ -88,11 +92,13 @@ def test_card_shows_dali_and_energon_code_for_exactly_these_shards_and_splits():
     import ast
 
     for val, split in ((0, "every shard is in the `train` split"), (1, "the last 1 shards are the `val` split")):
-        card = card_text(config(loaders={"energon_val_shards": val}), STATS, SIZES, LOADER, versions={"shardsmith": "0.1.0"})
+        card = card_text(
+            config(loaders={"energon_val_shards": val}), STATS, SIZES, LOADER, versions={"shardsmith": "0.1.0"}
+        )
         dali_code, energon_code = re.findall(r"```python\n(.*?)\n```", card, re.S)
         namespace: dict = {}
         shards_line = next(line for line in dali_code.splitlines() if line.startswith("shards = "))
-        exec(shards_line, namespace)  # noqa: S102 - the card's own line
+        exec(shards_line, namespace)
         assert [f"{s}.tar" for s in namespace["shards"]] == sorted(SIZES)
         assert "index_paths=" in dali_code and "fn.readers.webdataset(" in dali_code
         assert "get_train_dataset(" in energon_code and ('split_part="val"' in energon_code) == bool(val)
@@ -125,13 +131,19 @@ def test_card_says_plainly_when_clip_scores_come_from_random_weights():
     assert "**These CLIP scores were computed with RANDOM (untrained) weights.**" in card
     assert "| similarity mean | 0.0100 |" in card and "| similarity quantile 0.5 | 0.0000 |" in card
     assert "0.999" not in card  # a few quantiles only; all are in embedding_stats.json
-    real = {**emb, "random_weights": False, "provenance": {**emb["provenance"], "random_weights": False, "pretrained": "laion2b_s34b_b79k"}}
+    real = {
+        **emb,
+        "random_weights": False,
+        "provenance": {**emb["provenance"], "random_weights": False, "pretrained": "laion2b_s34b_b79k"},
+    }
     card = card_text(config(), STATS, SIZES, LOADER, emb_stats=real, versions={})
     assert "## CLIP scores" in card and "RANDOM" not in card and "laion2b_s34b_b79k" in card
 
 
 def test_card_of_an_auto_version_and_of_a_single_shard():
-    card = card_text(config(version="auto"), {**STATS, "input_records": 7, "published": 4}, {"ds-000000.tar": 4}, LOADER, versions={})
+    card = card_text(
+        config(version="auto"), {**STATS, "input_records": 7, "published": 4}, {"ds-000000.tar": 4}, LOADER, versions={}
+    )
     assert card.startswith("# ds\n") and "named when published" in card
     argv = train_command(card)
     assert list(braceexpand(arg(argv, "--train-data"))) == ["./ds-000000.tar"] and arg(argv, "--workers") == "1"
@@ -140,8 +152,16 @@ def test_card_of_an_auto_version_and_of_a_single_shard():
 def test_card_of_a_build_that_published_nothing_does_not_fail():
     """Every record rejected: no shard, no shard report. validate_dataset fails the run with the reason; the
     card, written beside it, must not fail first with an error of its own."""
-    stats = {**STATS, "published": 0, "rejected": 14, "shards": 0, "rejected_by_stage": {"download": 14},
-             "rejected_by_reason": {"download/not_found": 14}, "published_by_source": {}, "rejected_by_source": {"web": 14}}  # fmt: skip
+    stats = {
+        **STATS,
+        "published": 0,
+        "rejected": 14,
+        "shards": 0,
+        "rejected_by_stage": {"download": 14},
+        "rejected_by_reason": {"download/not_found": 14},
+        "published_by_source": {},
+        "rejected_by_source": {"web": 14},
+    }
     card = card_text(config(), stats, {}, None, versions={})
     assert "**0 samples in 0 shards**" in card and "OpenCLIP's loader" in card
     assert "| web | manifest | `in/web.parquet` | 14 | 0 | 14 |" in card

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
 
 from shardsmith.demo import make_demo
 from shardsmith.tinyclip import NAME, write_tiny_clip
-from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
 
 pytestmark = pytest.mark.workflow
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from workflow_helpers import REPO
 
 ENVS = sorted((REPO / "envs").glob("*.yaml"))

@@ -112,19 +112,51 @@ def refusals():
 
     return [
         ("raw == work", lambda c: _set(c, "paths.raw", c["paths"]["work"]), ["paths.raw", "paths.work"]),
-        ("output inside work", lambda c: _set(c, "paths.output", c["paths"]["work"] + "/out"), ["paths.work", "paths.output"]),
-        ("dest inside output", lambda c: _set(c, "publish.dest", c["paths"]["output"] + "/pub"), ["paths.output", "publish.dest"]),
+        (
+            "output inside work",
+            lambda c: _set(c, "paths.output", c["paths"]["work"] + "/out"),
+            ["paths.work", "paths.output"],
+        ),
+        (
+            "dest inside output",
+            lambda c: _set(c, "publish.dest", c["paths"]["output"] + "/pub"),
+            ["paths.output", "publish.dest"],
+        ),
         ("logs == raw", lambda c: _set(c, "paths.logs", c["paths"]["raw"]), ["paths.raw", "paths.logs"]),
-        ("image dir used as raw cache", lambda c: _set(c, "paths.raw", c["sources"][1]["path"]), ["paths.raw", "sources[1]", "photos"]),
-        ("output inside image dir", lambda c: _set(c, "paths.output", c["sources"][1]["path"] + "/out"), ["paths.output", "sources[1]"]),
+        (
+            "image dir used as raw cache",
+            lambda c: _set(c, "paths.raw", c["sources"][1]["path"]),
+            ["paths.raw", "sources[1]", "photos"],
+        ),
+        (
+            "output inside image dir",
+            lambda c: _set(c, "paths.output", c["sources"][1]["path"] + "/out"),
+            ["paths.output", "sources[1]"],
+        ),
         ("manifest inside work", manifest_in_work, ["sources[0]", "paths.work"]),
-        ("work inside the shards folder", lambda c: _set(c, "paths.work", str(Path(c["sources"][2]["path"]).parent / "w")), ["paths.work", "sources[2]"]),
-        ("missing folder source", lambda c: _set(c, "sources.1.path", c["sources"][1]["path"] + "-nope"), ["sources[1]", "does not exist"]),
-        ("missing manifest", lambda c: _set(c, "sources.0.path", c["sources"][0]["path"] + ".nope"), ["sources[0]", "does not exist"]),
+        (
+            "work inside the shards folder",
+            lambda c: _set(c, "paths.work", str(Path(c["sources"][2]["path"]).parent / "w")),
+            ["paths.work", "sources[2]"],
+        ),
+        (
+            "missing folder source",
+            lambda c: _set(c, "sources.1.path", c["sources"][1]["path"] + "-nope"),
+            ["sources[1]", "does not exist"],
+        ),
+        (
+            "missing manifest",
+            lambda c: _set(c, "sources.0.path", c["sources"][0]["path"] + ".nope"),
+            ["sources[0]", "does not exist"],
+        ),
         ("duplicate source names", lambda c: _set(c, "sources.2.name", "tsv"), ["sources", "tsv", "unique"]),
         ("columns on a folder source", lambda c: _set(c, "sources.1.columns", ["url"]), ["sources[1]", "columns"]),
-        ("a network that is not one", lambda c: _set(c, "download", {"allow_networks": ["10.0.0.0/8", "intranet"]}), ["download.allow_networks", "'intranet'", "CIDR"]),
-    ]  # fmt: skip
+        (
+            "a network that is not one",
+            lambda c: _set(c, "download", {"allow_networks": ["10.0.0.0/8", "intranet"]}),
+            ["download.allow_networks", "'intranet'", "CIDR"],
+        ),
+    ]
 
 
 @pytest.mark.parametrize(("what", "edit", "named"), refusals(), ids=[r[0] for r in refusals()])

@@ -7,9 +7,9 @@ import subprocess
 import pandas as pd
 import pytest
 import yaml
+from workflow_helpers import REPO, SNAKEMAKE, run_workflow, sha256
 
 from shardsmith.demo import make_demo
-from workflow_helpers import REPO, SNAKEMAKE, run_workflow, sha256
 
 pytestmark = pytest.mark.workflow
 DATASET = "mine"
@@ -20,7 +20,9 @@ def own_config(data) -> dict:
     return {
         "dataset": DATASET,
         "paths": {"raw": "cache", "work": "work", "output": "results"},
-        "sources": [{"name": "web", "type": "manifest", "path": str(data / "manifest.tsv"), "columns": ["caption", "url"]}],
+        "sources": [
+            {"name": "web", "type": "manifest", "path": str(data / "manifest.tsv"), "columns": ["caption", "url"]}
+        ],
     }
 
 
@@ -68,7 +70,11 @@ def test_a_config_with_only_dataset_paths_and_a_source_builds_with_the_documente
     assert not (root / "work" / DATASET / "published").exists()
     assert not (REPO / "demo" / "fast-storage" / DATASET).exists()
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["input_records"] == stats["published"] + stats["rejected"] == len(manifest) + len(pd.read_parquet(out / "rejected.parquet"))
+    assert (
+        stats["input_records"]
+        == stats["published"] + stats["rejected"]
+        == len(manifest) + len(pd.read_parquet(out / "rejected.parquet"))
+    )
 
 
 def test_the_same_config_as_json_builds_the_same_bytes(builds):
@@ -88,14 +94,33 @@ def test_a_json_config_publishes(builds, tmp_path):
     version = tmp_path / "run" / "fast" / DATASET / "v1"
     assert latest == "v1" and (version / "README.md").read_text().startswith(f"# {DATASET} v1")
     recorded = json.loads((version / "build.json").read_text())["config"]["sources"]  # with the defaults filled in
-    assert recorded == [{**config["sources"][0], "format": "auto", "url_column": "url", "hash_type": "md5", "image_extensions": recorded[0]["image_extensions"]}]
+    assert recorded == [
+        {
+            **config["sources"][0],
+            "format": "auto",
+            "url_column": "url",
+            "hash_type": "md5",
+            "image_extensions": recorded[0]["image_extensions"],
+        }
+    ]
 
 
 def test_a_run_without_a_config_says_how_to_give_one(tmp_path):
-    cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path), "--workflow-profile", "none", "-n"]
+    cmd = [
+        str(SNAKEMAKE),
+        "-s",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "--workflow-profile",
+        "none",
+        "-n",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode != 0 and any(line.startswith("shardsmith: no config given: run with --configfile") for line in lines)
+    assert proc.returncode != 0 and any(
+        line.startswith("shardsmith: no config given: run with --configfile") for line in lines
+    )
     assert "Traceback" not in proc.stderr
 
 

@@ -5,8 +5,8 @@ import re
 import tarfile
 
 import pytest
-
 from loader_helpers import needs_dali, read_with_dali, write_shards
+
 from shardsmith import dali
 from shardsmith.validate import loader_members
 
@@ -74,13 +74,12 @@ def test_check_index_accepts_the_written_index_and_names_what_is_wrong(shards):
 
 @needs_dali
 def test_dali_reader_on_the_cpu_yields_every_sample_with_its_bytes(shards):
-    samples = read_with_dali([str(p) for p, _ in shards], [str(p.with_name(dali.index_name(p.name))) for p, _ in shards])
+    samples = read_with_dali(
+        [str(p) for p, _ in shards], [str(p.with_name(dali.index_name(p.name))) for p, _ in shards]
+    )
     want = []
     for path, _ in shards:
         with tarfile.open(path) as tar:
             members = tar.getmembers()
-            want += [
-                tuple(tar.extractfile(m).read() for m in members[i : i + 3]) for i in range(0, len(members), 3)
-            ]
+            want += [tuple(tar.extractfile(m).read() for m in members[i : i + 3]) for i in range(0, len(members), 3)]
     assert samples == want
-

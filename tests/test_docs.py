@@ -4,7 +4,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from workflow_helpers import REPO
 
 PAGES = [REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]

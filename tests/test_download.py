@@ -4,7 +4,6 @@ import json
 import tarfile
 
 import pandas as pd
-import pytest
 from conftest import jpeg_bytes, tar_entry, write_tar
 
 from shardsmith.download import download_part

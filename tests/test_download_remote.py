@@ -9,8 +9,8 @@ import tarfile
 
 import pandas as pd
 from conftest import jpeg_bytes
-from httpserver import Reply, http_server  # noqa: F401 - fixture
-from servers import ALLOW_LOOPBACK, s3_bucket, s3_server  # noqa: F401 - fixtures
+from httpserver import Reply
+from servers import ALLOW_LOOPBACK
 from test_download import assert_ledger, read_raw
 
 from shardsmith.download import Keep, download_part, main, mark_failed

@@ -12,16 +12,23 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import jpeg_bytes
-from httpserver import Reply, http_server  # noqa: F401 - fixture
-from servers import ALLOW_LOOPBACK, s3_bucket, s3_server  # noqa: F401 - fixtures
+from httpserver import Reply
+from servers import ALLOW_LOOPBACK
 from test_download_remote import shard_tar
+from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow
 
 from shardsmith.leftovers import find_leftovers
 from shardsmith.s3 import upload
-from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow
 
 pytestmark = pytest.mark.workflow
-FAST = {"retries": 1, "backoff_s": 0.05, "backoff_max_s": 0.1, "connect_timeout_s": 5, "read_timeout_s": 5, **ALLOW_LOOPBACK}
+FAST = {
+    "retries": 1,
+    "backoff_s": 0.05,
+    "backoff_max_s": 0.1,
+    "connect_timeout_s": 5,
+    "read_timeout_s": 5,
+    **ALLOW_LOOPBACK,
+}
 
 
 def web_config(root, sources: list[dict], **overrides) -> dict:
@@ -140,7 +147,9 @@ def test_killed_run_resumes_with_only_the_unfinished_part(tmp_path, http_server)
         # is rerun from its raw cache: nothing fetched again, which the counts below also show)
         log = root / "logs" / "web" / "download_part" / "web-000000.log"
         deadline = time.time() + 120
-        while time.time() < deadline and not (s.count("/s0.jpg") and log.exists() and "web-000000: 4 samples" in log.read_text()):
+        while time.time() < deadline and not (
+            s.count("/s0.jpg") and log.exists() and "web-000000: 4 samples" in log.read_text()
+        ):
             time.sleep(0.1)
         assert s.count("/s0.jpg") == 1, "the second part's download never started"
     finally:
@@ -168,7 +177,9 @@ def test_refusals_land_in_the_ledger_with_their_reasons_and_in_the_summary(tmp_p
     (localhost) only, so its numeric address stands in for a refused network."""
     s = http_server
     imgs = [jpeg_bytes(color=(i * 40, 90, 60)) for i in range(4)]
-    s.route("/robots.txt", Reply(body=b"User-agent: *\nDisallow: /private/\n", headers=[("Content-Type", "text/plain")]))
+    s.route(
+        "/robots.txt", Reply(body=b"User-agent: *\nDisallow: /private/\n", headers=[("Content-Type", "text/plain")])
+    )
     s.route("/.well-known/tdmrep.json", Reply(body=b'[{"location": "/reserved/", "tdm-reservation": 1}]'))
     root = tmp_path / "run"
     (root / "data").mkdir(parents=True)

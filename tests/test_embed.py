@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 from dataclasses import replace
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before open_clip imports huggingface_hub
 
@@ -24,6 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
+from workflow_helpers import REPO
 
 from shardsmith import embed, embed_stats
 from shardsmith.embed import EmbedSettings, HalvingBatch, PartSamples, embed_part
@@ -33,7 +35,6 @@ from shardsmith.process import SAMPLE_COLUMNS
 from shardsmith.shards import plan_shards
 from shardsmith.tario import ShardWriter, atomic_open
 from shardsmith.tinyclip import NAME, checkpoint_marker, write_tiny_clip
-from workflow_helpers import REPO
 
 COLS = score_columns(NAME)
 SIM = COLS["similarity"]
@@ -229,8 +230,8 @@ def test_out_of_memory_inside_embed_part_gives_the_same_scores(parts, tiny, tmp_
 def test_provenance_is_complete_and_says_the_weights_are_random(parts, tiny):
     prov = parts["src-000000"]["info"]["provenance"]
     assert prov["model"] == NAME and prov["pretrained"] == tiny.pretrained
-    assert prov["checkpoint_sha256"] == hashlib.sha256(open(tiny.pretrained, "rb").read()).hexdigest()
-    assert prov["model_config_sha256"] == hashlib.sha256(open(tiny.model_config, "rb").read()).hexdigest()
+    assert prov["checkpoint_sha256"] == hashlib.sha256(Path(tiny.pretrained).read_bytes()).hexdigest()
+    assert prov["model_config_sha256"] == hashlib.sha256(Path(tiny.model_config).read_bytes()).hexdigest()
     assert prov["random_weights"] is True and prov["weights_statement"].startswith("RANDOM WEIGHTS")
     pre = prov["preprocess"]
     assert pre["size"] == [64, 64] and pre["interpolation"] == "bicubic" and pre["resize_mode"] == "shortest"
@@ -297,7 +298,7 @@ def test_embedding_a_part_twice_gives_identical_files(parts, tiny, tmp_path):
     part = parts["src-000001"]
     embed_part(part["tar"], part["samples"], **outputs(tmp_path, "again"), settings=tiny)
     for ext, key in (("parquet", "out_scores"), ("npz", "out_embeddings")):
-        assert (tmp_path / f"again.{ext}").read_bytes() == open(part[key], "rb").read()
+        assert (tmp_path / f"again.{ext}").read_bytes() == Path(part[key]).read_bytes()
 
 
 def test_score_columns_are_named_as_datacomp_does():

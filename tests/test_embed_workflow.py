@@ -17,11 +17,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from workflow_helpers import REPO, demo_config, run_workflow, sha256
 
 from shardsmith.demo import make_demo
 from shardsmith.embed_stats import score_columns
 from shardsmith.tinyclip import NAME, write_tiny_clip
-from workflow_helpers import REPO, demo_config, run_workflow, sha256
 
 pytestmark = pytest.mark.workflow
 SIM = score_columns(NAME)["similarity"]

@@ -12,9 +12,9 @@ import tarfile
 
 import pytest
 import yaml
+from loader_helpers import needs_energon, read_with_energon, write_shards
 from PIL import Image
 
-from loader_helpers import needs_energon, read_with_energon, write_shards
 from shardsmith import energon
 from shardsmith.validate import loader_members
 
@@ -46,18 +46,37 @@ def test_meta_lists_every_shard_with_its_count_type_fields_and_a_train_split(tmp
     out = tmp_path / "out"
     prepare(out)
     meta = out / ".nv-meta"
-    assert sorted(p.name for p in meta.iterdir()) == [".info.json", "dataset.yaml", "index.sqlite", "index.uuid", "split.yaml"]
+    assert sorted(p.name for p in meta.iterdir()) == [
+        ".info.json",
+        "dataset.yaml",
+        "index.sqlite",
+        "index.uuid",
+        "split.yaml",
+    ]
     info = json.loads((meta / ".info.json").read_text())
-    assert info == {"energon_version": energon.FORMAT_VERSION, "shard_counts": {"ds-000000.tar": 3, "ds-000001.tar": 2, "ds-000002.tar": 2}}
-    assert yaml.safe_load((meta / "split.yaml").read_text()) == {"split_parts": {"train": ["ds-{000000..000002}.tar"]}, "exclude": []}
+    assert info == {
+        "energon_version": energon.FORMAT_VERSION,
+        "shard_counts": {"ds-000000.tar": 3, "ds-000001.tar": 2, "ds-000002.tar": 2},
+    }
+    assert yaml.safe_load((meta / "split.yaml").read_text()) == {
+        "split_parts": {"train": ["ds-{000000..000002}.tar"]},
+        "exclude": [],
+    }
     assert yaml.safe_load((meta / "dataset.yaml").read_text()) == {
         "sample_type": {"__module__": "megatron.energon", "__class__": "CaptioningSample"},
         "field_map": {"image": "jpg", "caption": "txt"},
     }
     db = sqlite3.connect(meta / "index.sqlite")
     samples = db.execute("SELECT tar_file_id, sample_key, sample_index FROM samples ORDER BY rowid").fetchall()
-    assert samples == [(0, "src-000000000", 0), (0, "src-000000001", 1), (0, "src-000000002", 2), (1, "src-000000003", 0),
-                       (1, "src-000000004", 1), (2, "src-000000005", 0), (2, "src-000000006", 1)]  # fmt: skip
+    assert samples == [
+        (0, "src-000000000", 0),
+        (0, "src-000000001", 1),
+        (0, "src-000000002", 2),
+        (1, "src-000000003", 0),
+        (1, "src-000000004", 1),
+        (2, "src-000000005", 0),
+        (2, "src-000000006", 1),
+    ]
     assert db.execute("SELECT COUNT(*) FROM sample_parts").fetchone() == (21,)
     assert energon.check_meta(out, info["shard_counts"]) == []
 
@@ -98,11 +117,29 @@ def test_files_match_what_energon_prepare_writes(tmp_path):
     theirs.mkdir()
     for tar in ours.glob("*.tar"):
         shutil.copy(tar, theirs / tar.name)
-    cmd = [ENERGON_CLI, "prepare", "--non-interactive", "--num-workers", "1", "--split-parts", "train:ds-{000000..000001}.tar",
-           "--split-parts", "val:ds-000002.tar", "--sample-type", "CaptioningSample",
-           "--field-map", json.dumps(energon.FIELD_MAP), str(theirs)]  # fmt: skip
+    cmd = [
+        ENERGON_CLI,
+        "prepare",
+        "--non-interactive",
+        "--num-workers",
+        "1",
+        "--split-parts",
+        "train:ds-{000000..000001}.tar",
+        "--split-parts",
+        "val:ds-000002.tar",
+        "--sample-type",
+        "CaptioningSample",
+        "--field-map",
+        json.dumps(energon.FIELD_MAP),
+        str(theirs),
+    ]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
-    for name in (".nv-meta/.info.json", ".nv-meta/split.yaml", ".nv-meta/dataset.yaml", *(f"{t.name}.idx" for t in ours.glob("*.tar"))):
+    for name in (
+        ".nv-meta/.info.json",
+        ".nv-meta/split.yaml",
+        ".nv-meta/dataset.yaml",
+        *(f"{t.name}.idx" for t in ours.glob("*.tar")),
+    ):
         assert (ours / name).read_bytes() == (theirs / name).read_bytes(), name
     for query in ("SELECT * FROM samples ORDER BY rowid", "SELECT * FROM sample_parts ORDER BY rowid",
                   "SELECT type, name, tbl_name FROM sqlite_master ORDER BY name"):  # fmt: skip
@@ -123,5 +160,7 @@ def test_energon_loader_reads_every_sample_with_image_and_caption_and_lint_passe
                 want[key] = ((3, image.height, image.width), tar.extractfile(f"{key}.txt").read().decode())
     train, val = read_with_energon(str(out), "train"), read_with_energon(str(out), "val")
     assert {**train, **val} == want and len(val) == 2
-    lint = subprocess.run([ENERGON_CLI, "lint", str(out), "--split-parts", "train,val"], capture_output=True, text=True, timeout=300)
+    lint = subprocess.run(
+        [ENERGON_CLI, "lint", str(out), "--split-parts", "train,val"], capture_output=True, text=True, timeout=300
+    )
     assert lint.returncode == 0, lint.stdout + lint.stderr

@@ -6,12 +6,12 @@ from email.utils import formatdate
 import pytest
 import yaml
 from conftest import jpeg_bytes
-from httpserver import Reply, http_server, redirect  # noqa: F401 - fixture
+from httpserver import Reply, redirect
 from servers import ALLOW_LOOPBACK, free_port
+from workflow_helpers import REPO
 
 from shardsmith.fetch import Fetcher, FetchSettings, Outcome
 from shardsmith.responses import AttemptError, check_hash, parse_retry_after, sniff_image
-from workflow_helpers import REPO
 
 JPEG = [("Content-Type", "image/jpeg")]
 # Short timeouts and backoffs so the whole file runs in seconds; the behaviour is the same at any scale.
@@ -101,8 +101,12 @@ def test_retry_after_is_capped_and_pauses_the_whole_host(http_server):
     s = http_server
     urls = {
         "limited": s.route("/limited.jpg", Reply(429, b"", [("Retry-After", "3600")]), Reply(body=img)),
-        "dated": s.route("/dated.jpg", Reply(503, b"", [("Retry-After", formatdate(time.time() + 3600, usegmt=True))]), Reply(body=img)),
-    }  # fmt: skip
+        "dated": s.route(
+            "/dated.jpg",
+            Reply(503, b"", [("Retry-After", formatdate(time.time() + 3600, usegmt=True))]),
+            Reply(body=img),
+        ),
+    }
     t0 = time.monotonic()
     out = fetch(urls, concurrency=1, retry_after_max_s=0.4)
     assert [summary(o) for o in out.values()] == [("ok", 200, 2), ("ok", 200, 2)]
@@ -166,8 +170,13 @@ def test_user_agent_is_sent_and_optout_for_other_crawlers_is_ignored(http_server
     s = http_server
     urls = {
         "other": s.route("/other.jpg", Reply(body=img, headers=[*JPEG, ("X-Robots-Tag", "otherbot: noai")])),
-        "ours": s.route("/ours.jpg", Reply(body=img, headers=[*JPEG, ("X-Robots-Tag", "googlebot: noindex"), ("X-Robots-Tag", "mybot: noimageai")])),
-    }  # fmt: skip
+        "ours": s.route(
+            "/ours.jpg",
+            Reply(
+                body=img, headers=[*JPEG, ("X-Robots-Tag", "googlebot: noindex"), ("X-Robots-Tag", "mybot: noimageai")]
+            ),
+        ),
+    }
     out = fetch(urls, user_agent="MyBot/2.0 (+https://example.org/bot)")
     assert summary(out["other"]) == ("ok", 200, 1)
     assert summary(out["ours"]) == ("opted_out", 200, 1) and "mybot: noimageai" in out["ours"].detail

@@ -46,9 +46,15 @@ def test_the_workflows_temporary_names_are_found_and_nothing_else(tmp_path):
     made[-1].write_bytes(b"x")
     (made[2] / "ds-000000.tar").write_bytes(b"inside a partial version")
     theirs = [
-        out / "notes.tmp", out / ".cache", out / ".x.tmp", out / "x.abcdefgh.tmp", out / ".x.ABCDEFGH.tmp",
-        out / ".x.abcdefg.tmp", tmp_path / "work" / "shardsmith-readback", tmp_path / "work" / "shardsmith-other-abcdefgh",
-    ]  # fmt: skip
+        out / "notes.tmp",
+        out / ".cache",
+        out / ".x.tmp",
+        out / "x.abcdefgh.tmp",
+        out / ".x.ABCDEFGH.tmp",
+        out / ".x.abcdefg.tmp",
+        tmp_path / "work" / "shardsmith-readback",
+        tmp_path / "work" / "shardsmith-other-abcdefgh",
+    ]
     for p in theirs:
         p.mkdir() if "shardsmith" in p.name else p.write_bytes(b"mine")
     assert sorted(find_leftovers([tmp_path])) == sorted(made)
@@ -96,8 +102,9 @@ def test_scratch_is_the_processs_temporary_folder(tmp_path, monkeypatch):
 
 @pytest.mark.workflow
 def test_a_rerun_after_kills_at_every_stage_leaves_no_temporary_name(tmp_path):
-    from shardsmith.demo import make_demo
     from workflow_helpers import demo_config, run_workflow
+
+    from shardsmith.demo import make_demo
 
     data, root = tmp_path / "data", tmp_path / "run"
     make_demo(data)

@@ -1,9 +1,8 @@
-"""The workflow passes Snakemake's linter and snakefmt, as the catalog checks."""
+"""The workflow passes Snakemake's linter and snakefmt, as the catalog checks, and the Python passes ruff."""
 
 import subprocess
 
 import pytest
-
 from workflow_helpers import REPO, SNAKEMAKE
 
 
@@ -23,6 +22,14 @@ def test_snakemake_lint_is_clean(tmp_path, configfile):
 def test_snakefmt_check_is_clean():
     snakefmt = SNAKEMAKE.parent / "snakefmt"
     proc = subprocess.run([str(snakefmt), "--check", "Snakefile", "rules/"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("args", [["check"], ["format", "--check"]], ids=["check", "format"])
+def test_ruff_is_clean(args):
+    """ruff with the settings in pyproject.toml, over the package, scripts, tests and bench."""
+    ruff = SNAKEMAKE.parent / "ruff"
+    proc = subprocess.run([str(ruff), *args, "."], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

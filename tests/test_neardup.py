@@ -158,8 +158,19 @@ def test_embeddings_pair_samples_of_any_part_beside_published_ones(tmp_path):
         i = [0, 1] if name == "p0" else [2, 3]
         npz.append(str(tmp_path / f"{name}.npz"))
         np.savez(npz[-1], key=np.array([r[0] for r in rows]), image=vectors[i].astype(np.float16))
-    published = pd.DataFrame({"version": ["v1"], "key": ["gone"], "source_id": ["s:gone"], "url": [""], "sha256": ["x"],
-                              "width_before": [10], "height_before": [10], "phash": [far[4]], "phash_mirror": ["0" * 16]})  # fmt: skip
+    published = pd.DataFrame(
+        {
+            "version": ["v1"],
+            "key": ["gone"],
+            "source_id": ["s:gone"],
+            "url": [""],
+            "sha256": ["x"],
+            "width_before": [10],
+            "height_before": [10],
+            "phash": [far[4]],
+            "phash_mirror": ["0" * 16],
+        }
+    )
     near, compared = find_near_duplicates(
         paths, list(parts), NearSettings(embedding_min_similarity=0.99), published=published, embedding_paths=npz
     )

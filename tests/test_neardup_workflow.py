@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image
+from workflow_helpers import demo_config, run_workflow, sha256
 
 from shardsmith.demo import jpeg, scene
 from shardsmith.tinyclip import NAME, write_tiny_clip
-from workflow_helpers import demo_config, run_workflow, sha256
 
 pytestmark = pytest.mark.workflow
 
@@ -49,7 +49,9 @@ def make_data(data: Path, originals: bool = True, copies: bool = True) -> dict[s
 
 def config_for(data: Path, root: Path, **dedupe) -> dict:
     config = demo_config(data, root, samples_per_shard=3)
-    config["sources"] = [{"name": "web", "type": "manifest", "path": str(data / "manifest.tsv"), "columns": ["caption", "url"]}]
+    config["sources"] = [
+        {"name": "web", "type": "manifest", "path": str(data / "manifest.tsv"), "columns": ["caption", "url"]}
+    ]
     config["dedupe"] = {"near": "exclude", **dedupe}
     return config
 

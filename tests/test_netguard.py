@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from conftest import jpeg_bytes
-from httpserver import Reply, http_server, redirect  # noqa: F401 - fixture
+from httpserver import Reply, redirect
 from servers import ALLOW_LOOPBACK
 
 from shardsmith.fetch import Fetcher, FetchSettings, Outcome
@@ -118,9 +118,10 @@ def test_urls_refused_by_their_form(url, reason):
 
 def test_urls_allowed_by_their_form():
     guard = Guard()
-    assert [guard.check_url(u) for u in ("http://a.org/x y.jpg", "HTTPS://a.org/", "s3://b/k.jpg", "/d/a.jpg", "file:///d/a.jpg")] == [
-        "http", "https", "s3", "", "file"
-    ]  # fmt: skip
+    assert [
+        guard.check_url(u)
+        for u in ("http://a.org/x y.jpg", "HTTPS://a.org/", "s3://b/k.jpg", "/d/a.jpg", "file:///d/a.jpg")
+    ] == ["http", "https", "s3", "", "file"]
 
 
 # --- local paths --------------------------------------------------------------------------------------------

@@ -15,16 +15,16 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import jpeg_bytes
-from httpserver import Reply, http_server  # noqa: F401 - fixture
-from servers import ALLOW_LOOPBACK, s3_server  # noqa: F401 - fixture
+from httpserver import Reply
+from servers import ALLOW_LOOPBACK
 from snakemake.utils import validate
+from workflow_helpers import REPO, SNAKEMAKE
 
 from shardsmith import newconfig
 from shardsmith.config import check_config
 from shardsmith.demo import make_demo
 from shardsmith.newconfig import CannotTell, InputError, Options, new_config, source_name, unique_names
 from shardsmith.s3 import upload
-from workflow_helpers import REPO, SNAKEMAKE
 
 SCHEMA = REPO / "config" / "config.schema.yaml"
 SENTENCES = [
@@ -497,7 +497,12 @@ def test_cc3m_cc12m_parquet_folder_and_shards_config_runs_as_written(tmp_path, h
 
     cc12m_url = http_server.route("/manifests/cc12m.tsv", Reply(body=Path(cc12m).read_bytes(), headers=[]))
     config, out = run_as_written(  # the CC12M manifest itself over http: read by the workflow as by new-config
-        tmp_path, cc3m, cc12m_url, data / "parquet_rows.parquet", folder, data / "shards" / "old-0.tar",
+        tmp_path,
+        cc3m,
+        cc12m_url,
+        data / "parquet_rows.parquet",
+        folder,
+        data / "shards" / "old-0.tar",
         allow_loopback=True,
     )
     assert [s["name"] for s in config["sources"]] == ["cc3m", "cc12m", "parquet_rows", "photos", "old_0"]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 from conftest import jpeg_bytes
-from httpserver import Reply, http_server  # noqa: F401 - fixture
+from httpserver import Reply
 from servers import ALLOW_LOOPBACK
 
 from shardsmith.fetch import Fetcher, FetchSettings, Outcome
@@ -28,7 +28,9 @@ Disallow: /nobody/
 def fetch(urls: dict[str, str], **settings) -> tuple[dict[str, Outcome], Fetcher]:
     names = list(urls)
     out: dict[str, Outcome] = {}
-    base = dict(retries=2, backoff_s=0.01, backoff_max_s=0.02, connect_timeout_s=2, read_timeout_s=2, part_deadline_s=30)
+    base = dict(
+        retries=2, backoff_s=0.01, backoff_max_s=0.02, connect_timeout_s=2, read_timeout_s=2, part_deadline_s=30
+    )
     fetcher = Fetcher(FetchSettings(**{**base, **ALLOW_LOOPBACK, **settings}), log=lambda _: None)
     fetcher.fetch_all([(i, urls[n], None) for i, n in enumerate(names)], lambda i, o: out.__setitem__(names[i], o))
     return out, fetcher
@@ -42,7 +44,9 @@ def images(s, *paths: str) -> dict[str, str]:
 def test_robots_txt_is_obeyed_for_our_token_and_fetched_once(http_server):
     s = http_server
     s.route("/robots.txt", Reply(body=ROBOTS, headers=TEXT))
-    urls = images(s, *[f"/public/{i}.jpg" for i in range(12)], "/private/a.jpg", "/private/shared-1.jpg", "/nobody/b.jpg")
+    urls = images(
+        s, *[f"/public/{i}.jpg" for i in range(12)], "/private/a.jpg", "/private/shared-1.jpg", "/nobody/b.jpg"
+    )
     out, fetcher = fetch(urls, concurrency=8, per_host_concurrency=8)
     refused = {p for p, o in out.items() if not o.ok}
     assert refused == {"/private/a.jpg"}  # our group, not '*' (which would refuse /nobody/) nor otherbot's
@@ -86,11 +90,18 @@ def test_tdmrep_json_and_the_header_reserve_rights(http_server):
         {"location": "/exact.jpg$", "tdm-reservation": 1},
         {"location": "/", "tdm-reservation": 0},
     ]
-    s.route("/.well-known/tdmrep.json", Reply(body=json.dumps(rules).encode(), headers=[("Content-Type", "application/json")]))
+    s.route(
+        "/.well-known/tdmrep.json",
+        Reply(body=json.dumps(rules).encode(), headers=[("Content-Type", "application/json")]),
+    )
     urls = images(s, "/reserved/a.jpg", "/open/b.jpg", "/exact.jpg", "/exact.jpg.png")
     jpg = jpeg_bytes()
-    urls["/header.jpg"] = s.route("/header.jpg", Reply(body=jpg, headers=[("Content-Type", "image/jpeg"), ("tdm-reservation", "1")]))
-    urls["/header0.jpg"] = s.route("/header0.jpg", Reply(body=jpg, headers=[("Content-Type", "image/jpeg"), ("tdm-reservation", "0")]))
+    urls["/header.jpg"] = s.route(
+        "/header.jpg", Reply(body=jpg, headers=[("Content-Type", "image/jpeg"), ("tdm-reservation", "1")])
+    )
+    urls["/header0.jpg"] = s.route(
+        "/header0.jpg", Reply(body=jpg, headers=[("Content-Type", "image/jpeg"), ("tdm-reservation", "0")])
+    )
     out, _ = fetch(urls)
     reasons = {p: o.reason for p, o in out.items()}
     assert reasons == {

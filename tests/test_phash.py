@@ -97,7 +97,9 @@ def test_the_hash_is_imagehash_phash_bit_for_bit(photos):
 
 def test_the_process_stage_stores_the_hash_of_what_it_publishes(photos):
     s = ResizeSettings(max_side=512)
-    passed = process_image(jpeg(photos[2].resize((400, 300))), s)  # small RGB JPEG: bytes kept, hashed from a reduced decode
+    passed = process_image(
+        jpeg(photos[2].resize((400, 300))), s
+    )  # small RGB JPEG: bytes kept, hashed from a reduced decode
     shrunk = process_image(jpeg(photos[2]), s)  # 640 px: resized to 512
     assert passed.passthrough and not shrunk.passthrough
     for r in (passed, shrunk):

@@ -9,7 +9,7 @@ import time
 import pandas as pd
 import pytest
 from conftest import jpeg_bytes
-from httpserver import Reply, http_server  # noqa: F401 - fixture
+from httpserver import Reply
 from test_download_remote import FAST
 
 from shardsmith.captions import CaptionSettings
@@ -63,7 +63,15 @@ def test_images_are_resized_while_the_part_still_downloads(tmp_path, http_server
             done_at[rid] = time.monotonic()
 
     proc = Timed(str(tmp_path / "p.tar"), RESIZE, CaptionSettings())
-    status = download_part(records, str(tmp_path / "raw.tar"), str(tmp_path / "st.parquet"), source, {**FAST, "read_timeout_s": 5, "request_timeout_s": 10}, log=lambda m: None, processor=proc)
+    status = download_part(
+        records,
+        str(tmp_path / "raw.tar"),
+        str(tmp_path / "st.parquet"),
+        source,
+        {**FAST, "read_timeout_s": 5, "request_timeout_s": 10},
+        log=lambda m: None,
+        processor=proc,
+    )
     downloaded = time.monotonic()
     assert proc.finish(status, str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet")) == (4, 0)
     slow = int(status.loc[status["url"].str.endswith("/slow.jpg"), "rid"].iloc[0])
@@ -76,8 +84,19 @@ def test_the_child_process_gives_the_part_that_processing_the_raw_tar_gives(tmp_
     rows, small, _ = serve_mix(http_server)
     records, source = manifest_part(tmp_path, rows)
     child = ChildProcessor(str(tmp_path / "child.tar"), RESIZE, CaptionSettings())
-    status = download_part(records, str(tmp_path / "raw.tar"), str(tmp_path / "st.parquet"), source, FAST, log=lambda m: None, processor=child)
-    assert child.finish(status, str(tmp_path / "child.samples.parquet"), str(tmp_path / "child.rejected.parquet")) == (2, 2)
+    status = download_part(
+        records,
+        str(tmp_path / "raw.tar"),
+        str(tmp_path / "st.parquet"),
+        source,
+        FAST,
+        log=lambda m: None,
+        processor=child,
+    )
+    assert child.finish(status, str(tmp_path / "child.samples.parquet"), str(tmp_path / "child.rejected.parquet")) == (
+        2,
+        2,
+    )
     again = process_part(
         str(tmp_path / "raw.tar"), str(tmp_path / "st.parquet"), str(tmp_path / "again.tar"),
         str(tmp_path / "again.samples.parquet"), str(tmp_path / "again.rejected.parquet"), RESIZE, CaptionSettings(),
@@ -88,8 +107,11 @@ def test_the_child_process_gives_the_part_that_processing_the_raw_tar_gives(tmp_
         samples = pd.read_parquet(tmp_path / f"{name}.samples.parquet")
         offsets = [c for c in samples if c.endswith(("_offset", "_size"))]
         tar = members(tmp_path / f"{name}.tar")
-        return (samples.drop(columns=offsets).to_dict("records"), pd.read_parquet(tmp_path / f"{name}.rejected.parquet").to_dict("records"),
-                [tar[f"{k}.{e}"] for k in samples["key"] for e in ("jpg", "txt", "json")])  # fmt: skip
+        return (
+            samples.drop(columns=offsets).to_dict("records"),
+            pd.read_parquet(tmp_path / f"{name}.rejected.parquet").to_dict("records"),
+            [tar[f"{k}.{e}"] for k in samples["key"] for e in ("jpg", "txt", "json")],
+        )
 
     assert content("child") == content("again")
     samples, rejected, _ = content("child")
@@ -115,7 +137,10 @@ def test_a_failure_in_the_child_fails_the_part_and_leaves_no_file(tmp_path):
 
 
 def test_an_aborted_part_leaves_no_file(tmp_path):
-    for proc in (ChildProcessor(str(tmp_path / "c.tar"), RESIZE, CaptionSettings()), PartProcessor(str(tmp_path / "p.tar"), RESIZE, CaptionSettings())):
+    for proc in (
+        ChildProcessor(str(tmp_path / "c.tar"), RESIZE, CaptionSettings()),
+        PartProcessor(str(tmp_path / "p.tar"), RESIZE, CaptionSettings()),
+    ):
         proc.abort()
     assert list(tmp_path.iterdir()) == []
 
@@ -141,7 +166,19 @@ def test_held_images_stay_within_the_memory_bound(tmp_path):
 
     proc = Gated(str(tmp_path / "p.tar"), RESIZE, CaptionSettings(), hold_bytes=len(images[0]) * 2)
     proc.read_from(raw)
-    rows = [{"key": f"web-{i}", "source": "web", "source_id": f"u{i}", "url": f"u{i}", "rid": i, "status": "ok", "reason": "", "detail": ""} for i in range(6)]
+    rows = [
+        {
+            "key": f"web-{i}",
+            "source": "web",
+            "source_id": f"u{i}",
+            "url": f"u{i}",
+            "rid": i,
+            "status": "ok",
+            "reason": "",
+            "detail": "",
+        }
+        for i in range(6)
+    ]
     for i, data in enumerate(images):
         proc.submit(i, rows[i], {"caption": f"c{i}"}, data, where[i])
     assert proc._held <= len(images[0]) * 2
@@ -214,9 +251,23 @@ def test_rejected_images_are_not_held_until_the_part_is_done(tmp_path):
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray(np.random.default_rng(0).integers(0, 255, (900, 1200, 3), dtype=np.uint8)).save(buf, "JPEG", quality=95)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (900, 1200, 3), dtype=np.uint8)).save(
+        buf, "JPEG", quality=95
+    )
     jpeg = buf.getvalue()  # about 1.3 MB
-    rows = [{"key": f"web-{i}", "source": "web", "source_id": f"u{i}", "url": f"u{i}", "rid": i, "status": "ok", "reason": "", "detail": ""} for i in range(12)]
+    rows = [
+        {
+            "key": f"web-{i}",
+            "source": "web",
+            "source_id": f"u{i}",
+            "url": f"u{i}",
+            "rid": i,
+            "status": "ok",
+            "reason": "",
+            "detail": "",
+        }
+        for i in range(12)
+    ]
     proc = PartProcessor(str(tmp_path / "p.tar"), ResizeSettings(max_side=512), CaptionSettings(), hold_bytes=64 << 20)
     tracemalloc.start()
     try:

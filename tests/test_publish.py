@@ -51,7 +51,7 @@ def test_publish_copies_files_with_a_complete_marker_and_writes_latest(tmp_path)
     final = tmp_path / "fast" / "ds" / "v1"
     assert sorted(os.listdir(final)) == sorted([MARKER, "ds-000000.tar", "ds-000001.tar", "sizes.json"])
     for f in files:
-        data = open(f, "rb").read()
+        data = Path(f).read_bytes()
         name = os.path.basename(f)
         assert (final / name).read_bytes() == data
         assert marker["files"][name] == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -147,7 +147,9 @@ def test_without_links_files_are_copied_and_flushed_to_disk(tmp_path, monkeypatc
     assert "0 hard-linked, 3 copied" in capsys.readouterr().out
     assert any(p.endswith(".partial") for p in synced)  # the folder's entries, before the marker
     publish(make_files(tmp_path / "v2", tag="2"), str(tmp_path / "fast"), "ds", "v2", COPY)  # links off: the same
-    assert (tmp_path / "fast" / "ds" / "v2" / "ds-000000.tar").stat().st_ino != (tmp_path / "v2" / "ds-000000.tar").stat().st_ino
+    assert (tmp_path / "fast" / "ds" / "v2" / "ds-000000.tar").stat().st_ino != (
+        tmp_path / "v2" / "ds-000000.tar"
+    ).stat().st_ino
 
 
 def test_a_link_error_that_a_copy_would_not_mend_fails_the_publish(tmp_path, monkeypatch):
@@ -236,7 +238,9 @@ def test_build_json_alone_does_not_make_new_data():
     other_build = {**table, BUILD_INFO: {"size": 6, "sha256": "cc"}}
     assert content_fingerprint(table) == content_fingerprint(other_build)
     assert content_fingerprint(table) != content_fingerprint({**table, "a.tar": {"size": 1, "sha256": "ab"}})
-    assert auto_version(table, dt.datetime(2026, 1, 2, 23, 30, tzinfo=dt.timezone(dt.timedelta(hours=-5)))).startswith("2026-01-03-")
+    assert auto_version(table, dt.datetime(2026, 1, 2, 23, 30, tzinfo=dt.timezone(dt.timedelta(hours=-5)))).startswith(
+        "2026-01-03-"
+    )
 
 
 def test_retention_keeps_the_newest_versions_and_never_the_one_latest_names(tmp_path):
@@ -342,7 +346,12 @@ def test_build_info_fingerprints_the_content_config_only(tmp_path):
         "resize": {"max_side": 512},
     }
     info = build_info(config, "9.27.1", REPO)
-    moved = {**config, "version": "v2", "paths": {"raw": "/x", "work": "/y", "output": "/z"}, "publish": {"dest": "s3://b/p"}}
+    moved = {
+        **config,
+        "version": "v2",
+        "paths": {"raw": "/x", "work": "/y", "output": "/z"},
+        "publish": {"dest": "s3://b/p"},
+    }
     assert build_info(moved, "9.27.1", REPO) == info  # where files live is not what is built
     resized = {**config, "resize": {"max_side": 256}}
     assert build_info(resized, "9.27.1", REPO)["config_fingerprint"] != info["config_fingerprint"]
@@ -365,10 +374,22 @@ def test_the_schema_takes_the_publish_keys_and_refuses_bad_values():
             "publish": {"dest": "s3://bucket/prefix", **publish},
         }  # fmt: skip
 
-    good = config(keep_versions=3, verify="etag", multipart_chunksize="64MB", multipart_threshold=8388608, max_concurrent_requests=16)
+    good = config(
+        keep_versions=3,
+        verify="etag",
+        multipart_chunksize="64MB",
+        multipart_threshold=8388608,
+        max_concurrent_requests=16,
+    )
     validate(good, schema=schema)
     assert PublishSettings.from_config(good["publish"]) == PublishSettings(3, "etag", 8388608, "64MB", 16)
     assert PublishSettings.from_config(config(hardlink=False)["publish"]) == COPY
-    for bad in ({"verify": "md5"}, {"keep_versions": 0}, {"multipart_chunksize": "64 megabytes"}, {"dedupe": "yes"}, {"hardlink": "no"}):
+    for bad in (
+        {"verify": "md5"},
+        {"keep_versions": 0},
+        {"multipart_chunksize": "64 megabytes"},
+        {"dedupe": "yes"},
+        {"hardlink": "no"},
+    ):
         with pytest.raises(WorkflowError):
             validate(config(**bad), schema=schema)

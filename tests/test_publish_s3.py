@@ -12,14 +12,14 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
-
-from servers import s3_bucket, s3_server  # noqa: F401 - fixtures
-from shardsmith.publish import PublishConflict, PublishSettings, expected_etag, publish
-from shardsmith.stores import MARKER, PublishError, complete_versions, latest_version, read_complete
-from shardsmith.s3 import read_object, run
 from workflow_helpers import REPO
+
+from shardsmith.publish import PublishConflict, PublishSettings, expected_etag, publish
+from shardsmith.s3 import read_object, run
+from shardsmith.stores import MARKER, PublishError, complete_versions, latest_version, read_complete
 
 
 def make_files(folder, tag: str = "", big: int = 0) -> list[str]:
@@ -43,7 +43,9 @@ def seed(tmp_path, s3, bucket, tags: dict[str, str]) -> str:
     local = tmp_path / "seed"
     t0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
     for i, (version, tag) in enumerate(tags.items()):
-        publish(make_files(tmp_path / f"src-{version}", tag=tag), str(local), "ds", version, now=t0 + dt.timedelta(days=i))
+        publish(
+            make_files(tmp_path / f"src-{version}", tag=tag), str(local), "ds", version, now=t0 + dt.timedelta(days=i)
+        )
     run(s3, "s3", "sync", "--only-show-errors", str(local / "ds"), f"s3://{bucket}/datasets/ds")
     return f"s3://{bucket}/datasets"
 
@@ -104,7 +106,7 @@ def test_publish_uploads_verifies_then_marks_complete_then_moves_latest(s3_serve
     names = ["ds-000000.tar", "ds-000001.tar", "sizes.json", MARKER]
     assert keys == {f"datasets/ds/v1/{n}" for n in names} | {"datasets/ds/latest"}
     for f in files:
-        assert read_object(f"{dest}/ds/v1/{os.path.basename(f)}", s3_server) == open(f, "rb").read()
+        assert read_object(f"{dest}/ds/v1/{os.path.basename(f)}", s3_server) == Path(f).read_bytes()
     marker = json.loads(read_object(f"{dest}/ds/v1/{MARKER}", s3_server))
     assert marker == {k: receipt[k] for k in marker} and set(marker["files"]) == set(names[:-1])
     assert read_object(f"{dest}/ds/latest", s3_server) == b"v1\n"
@@ -127,7 +129,9 @@ def test_files_in_a_sub_folder_get_keys_in_that_sub_prefix_and_are_verified(s3_s
     receipt = publish(files, dest, "ds", "v1", s3=s3_server, names_from=folder)
     names = {"ds-000000.tar", "ds-000001.tar", "sizes.json", ".nv-meta/split.yaml", ".nv-meta/index.sqlite"}
     assert set(receipt["files"]) == names
-    assert set(objects(s3_server, s3_bucket)) == {f"datasets/ds/v1/{n}" for n in names | {MARKER}} | {"datasets/ds/latest"}
+    assert set(objects(s3_server, s3_bucket)) == {f"datasets/ds/v1/{n}" for n in names | {MARKER}} | {
+        "datasets/ds/latest"
+    }
     for name in names:
         assert read_object(f"{dest}/ds/v1/{name}", s3_server) == (folder / name).read_bytes()
     before = objects(s3_server, s3_bucket)
@@ -151,7 +155,9 @@ def test_different_content_under_a_published_version_is_refused(s3_server, s3_bu
     assert objects(s3_server, s3_bucket) == before
 
 
-def test_publish_killed_before_the_marker_leaves_readers_on_the_previous_version(s3_server, s3_bucket, tmp_path, faulty_aws):
+def test_publish_killed_before_the_marker_leaves_readers_on_the_previous_version(
+    s3_server, s3_bucket, tmp_path, faulty_aws
+):
     dest = seed(tmp_path, s3_server, s3_bucket, {"v1": ""})
     v2 = make_files(tmp_path / "b", tag="two")
     proc = publish_cli(v2, dest, "v2", s3_server, faulty_aws, {"FAULT": "kill", "FAULT_AT": f"/v2/{MARKER}"})
@@ -182,14 +188,16 @@ def test_publish_killed_before_latest_leaves_latest_on_the_previous_version(s3_s
     assert latest_version(dest, "ds", s3_server) == "v2"
 
 
-def test_an_object_damaged_on_the_store_is_found_by_reading_back_and_sent_again(s3_server, s3_bucket, tmp_path, faulty_aws):
+def test_an_object_damaged_on_the_store_is_found_by_reading_back_and_sent_again(
+    s3_server, s3_bucket, tmp_path, faulty_aws
+):
     dest = f"s3://{s3_bucket}/datasets"
     files = make_files(tmp_path / "a")
     env = {"FAULT": "corrupt_once", "FAULT_AT": "ds-000001.tar"}
     proc = publish_cli(files, dest, "v1", s3_server, faulty_aws, env)
     assert proc.returncode == 0, proc.stderr
     assert "re-sending 1 files that did not verify: ds-000001.tar: read back" in proc.stdout
-    assert read_object(f"{dest}/ds/v1/ds-000001.tar", s3_server) == open(files[1], "rb").read()
+    assert read_object(f"{dest}/ds/v1/ds-000001.tar", s3_server) == Path(files[1]).read_bytes()
 
 
 def test_an_object_that_stays_damaged_gets_no_marker(s3_server, s3_bucket, tmp_path, faulty_aws):
@@ -212,7 +220,7 @@ def test_a_source_changed_since_it_was_hashed_is_named_and_gets_no_marker(s3_ser
     assert f"datasets/ds/v1/{MARKER}" not in keys and "datasets/ds/latest" not in keys
     # ETag verification reads nothing back: the recorded hashes are not used, and the marker holds the real ones
     receipt = publish(files, dest, "ds", "v1", s3=s3_server, known=stale, settings=PublishSettings(verify="etag"))
-    assert receipt["files"]["ds-000001.tar"]["sha256"] == hashlib.sha256(open(files[1], "rb").read()).hexdigest()
+    assert receipt["files"]["ds-000001.tar"]["sha256"] == hashlib.sha256(Path(files[1]).read_bytes()).hexdigest()
 
 
 def test_etag_verification_with_multipart_settings_in_a_private_cli_config(s3_server, s3_bucket, tmp_path, monkeypatch):
@@ -221,7 +229,9 @@ def test_etag_verification_with_multipart_settings_in_a_private_cli_config(s3_se
     monkeypatch.setenv("AWS_CONFIG_FILE", str(user_config))
     dest = f"s3://{s3_bucket}/datasets"
     files = make_files(tmp_path / "a", big=12 * 1024**2 + 1)
-    settings = PublishSettings(verify="etag", multipart_threshold="5MB", multipart_chunksize="5MB", max_concurrent_requests=2)
+    settings = PublishSettings(
+        verify="etag", multipart_threshold="5MB", multipart_chunksize="5MB", max_concurrent_requests=2
+    )
     publish(files, dest, "ds", "v1", settings, s3_server)
     etags = {k.rsplit("/", 1)[1]: v[1].strip('"') for k, v in objects(s3_server, s3_bucket).items()}
     assert etags["ds-000002.tar"].endswith("-3")  # 5 MiB parts, as configured (the CLI default would make 2)

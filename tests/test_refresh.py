@@ -9,12 +9,12 @@ import time
 
 import pandas as pd
 import pytest
+from workflow_helpers import REPO
 
 from shardsmith.dedupe import PublishedManifestError, already_published, published_records, write_exclusions
 from shardsmith.publish import publish
 from shardsmith.refresh import RERUN_TRIGGERS, jobs_run, refresh_commands, summarize
 from shardsmith.refresh import main as refresh_main
-from workflow_helpers import REPO
 
 SCHEDULE = REPO / "tools" / "schedule"
 
@@ -50,7 +50,9 @@ def test_members_of_one_source_shard_are_not_duplicates_of_each_other():
     published = frame([("v1", "a", "s/x.tar#0001", "s/x.tar", "s1")], ["version", "key", "source_id", "url", "sha256"])
     samples = frame([("b", "s/x.tar#0002", "s/x.tar", "s2"), ("c", "s/y.tar#0001", "s/y.tar", "s1")])
     out = already_published(samples, published)
-    assert out["key"].tolist() == ["c"] and out["detail"].tolist() == ["image sha256 already published as a in version v1"]
+    assert out["key"].tolist() == ["c"] and out["detail"].tolist() == [
+        "image sha256 already published as a in version v1"
+    ]
 
 
 def test_nothing_is_excluded_before_the_first_publish(tmp_path):
@@ -69,7 +71,12 @@ def test_published_manifests_are_read_from_every_complete_version_and_checked(tm
     (tmp_path / "v1").mkdir()
     (tmp_path / "v2").mkdir()
     publish([_manifest(tmp_path / "v1" / "manifest.parquet", [("a", "m:1", "u1", "s1")])], dest, "ds", "v1")
-    publish([_manifest(tmp_path / "v2" / "manifest.parquet", [("a", "m:1", "u1", "s1"), ("b", "m:2", "u2", "s2")])], dest, "ds", "v2")
+    publish(
+        [_manifest(tmp_path / "v2" / "manifest.parquet", [("a", "m:1", "u1", "s1"), ("b", "m:2", "u2", "s2")])],
+        dest,
+        "ds",
+        "v2",
+    )
     (tmp_path / "fast" / "ds" / "v3").mkdir()  # no marker: not read
     got = published_records(dest, "ds")
     assert got[["version", "key"]].values.tolist() == [["v1", "a"], ["v2", "a"], ["v2", "b"]]
@@ -78,7 +85,13 @@ def test_published_manifests_are_read_from_every_complete_version_and_checked(tm
     samples = tmp_path / "part.samples.parquet"
     frame([("a", "m:1", "u1", "s1"), ("c", "m:3", "u2", "s9"), ("d", "m:4", "u4", "s4")]).to_parquet(samples)
     counts = write_exclusions([str(samples)], got, tmp_path / "out.parquet")
-    assert counts == {"versions": 2, "published_samples": 3, "samples": 3, "kept_from_earlier_versions": 1, "excluded": 1}
+    assert counts == {
+        "versions": 2,
+        "published_samples": 3,
+        "samples": 3,
+        "kept_from_earlier_versions": 1,
+        "excluded": 1,
+    }
     assert pd.read_parquet(tmp_path / "out.parquet")["key"].tolist() == ["c"]
 
     (tmp_path / "fast" / "ds" / "v1" / "manifest.parquet").write_bytes(b"replaced")
@@ -141,7 +154,9 @@ def test_refresh_sh_skips_while_another_refresh_holds_the_lock(tmp_path):
     with open(lock, "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         started = time.monotonic()
-        proc = subprocess.run([str(SCHEDULE / "refresh.sh"), "config.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [str(SCHEDULE / "refresh.sh"), "config.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
         assert time.monotonic() - started < 10
     assert proc.returncode == 0 and "another refresh holds" in proc.stdout and "skipping" in proc.stdout
     assert not (tmp_path / ".snakemake").exists()  # snakemake never started
@@ -149,7 +164,9 @@ def test_refresh_sh_skips_while_another_refresh_holds_the_lock(tmp_path):
 
 def test_a_failed_refresh_says_it_failed(tmp_path, capsys):
     (tmp_path / "bad.yaml").write_text("dataset: Not A Name\n")
-    code = refresh_main(["--configfile", str(tmp_path / "bad.yaml"), "--directory", str(tmp_path), "--workflow-profile", "none"])
+    code = refresh_main(
+        ["--configfile", str(tmp_path / "bad.yaml"), "--directory", str(tmp_path), "--workflow-profile", "none"]
+    )
     err = capsys.readouterr().err
     assert code != 0 and "refresh: FAILED: snakemake exited with" in err and "nothing changed" not in err
 
@@ -165,10 +182,16 @@ def test_refresh_sh_needs_a_config():
 
 
 def test_schedule_examples_call_refresh_sh():
-    cron = [line for line in (SCHEDULE / "crontab").read_text().splitlines() if line and not line.startswith("#") and "=" not in line.split()[0]]
+    cron = [
+        line
+        for line in (SCHEDULE / "crontab").read_text().splitlines()
+        if line and not line.startswith("#") and "=" not in line.split()[0]
+    ]
     assert len(cron) == 1 and len(cron[0].split()[:5]) == 5 and "tools/schedule/refresh.sh" in cron[0]
     scron = (SCHEDULE / "scrontab").read_text()
-    assert re.search(r"^#SCRON --time=", scron, re.M) and re.search(r"^[\d*]+ [\d*]+ \* \* \* .*refresh\.sh", scron, re.M)
+    assert re.search(r"^#SCRON --time=", scron, re.M) and re.search(
+        r"^[\d*]+ [\d*]+ \* \* \* .*refresh\.sh", scron, re.M
+    )
     assert "refresh.sh" in (SCHEDULE / "shardsmith-refresh.service").read_text()
     assert "OnCalendar=" in (SCHEDULE / "shardsmith-refresh.timer").read_text()
     for text in (cron[0], scron):

@@ -18,13 +18,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from workflow_helpers import REPO, demo_config
 
-from servers import s3_server  # noqa: F401 - fixture
 from shardsmith.demo import jpeg, make_demo, photo
-from shardsmith.stores import MARKER, complete_versions, latest_version
 from shardsmith.refresh import jobs_run, snakemake_logs
 from shardsmith.s3 import read_object, run
-from workflow_helpers import REPO, demo_config
+from shardsmith.stores import MARKER, complete_versions, latest_version
 
 pytestmark = pytest.mark.workflow
 SECRET, KEY_ID = "SeCrEt-refresh-never-logged-77c1", "AKIDREFRESHNEVERLOGGED"
@@ -33,7 +32,9 @@ SECRET, KEY_ID = "SeCrEt-refresh-never-logged-77c1", "AKIDREFRESHNEVERLOGGED"
 def checkout(dest: Path) -> Path:
     """A fresh checkout of the workflow at `dest`: the same files, every one with a new mtime."""
     shutil.rmtree(dest, ignore_errors=True)
-    skip = shutil.ignore_patterns(".venv", ".git", "demo", "bench", ".snakemake", ".pytest_cache", "__pycache__", "tests")
+    skip = shutil.ignore_patterns(
+        ".venv", ".git", "demo", "bench", ".snakemake", ".pytest_cache", "__pycache__", "tests"
+    )
     shutil.copytree(REPO, dest, ignore=skip, copy_function=shutil.copy)
     return dest
 
@@ -91,12 +92,19 @@ def grow_sources(data: Path) -> dict[str, list[str]]:
     shard = data / "shards" / "legacy-000002.tar"
     with tarfile.open(shard, "w") as tar:
         for i in range(2):
-            for name, payload in ((f"0002000{i}.jpg", jpeg(photo(rng, 300, 200))),
-                                  (f"0002000{i}.json", json.dumps({"description": f"Archive photo 2-{i}"}).encode())):  # fmt: skip
+            for name, payload in (
+                (f"0002000{i}.jpg", jpeg(photo(rng, 300, 200))),
+                (f"0002000{i}.json", json.dumps({"description": f"Archive photo 2-{i}"}).encode()),
+            ):
                 info = tarfile.TarInfo(name)
                 info.size = len(payload)
                 tar.addfile(info, io.BytesIO(payload))
-    return {"fresh": fresh, "same_url": [str(data / "images" / "small_00.jpg")], "same_image": [str(copy)], "shard": [str(shard)]}
+    return {
+        "fresh": fresh,
+        "same_url": [str(data / "images" / "small_00.jpg")],
+        "same_image": [str(copy)],
+        "shard": [str(shard)],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -128,11 +136,23 @@ def refreshed(s3_server, tmp_path_factory):
     versions = list(complete_versions(dest, "demo", s3_server))
     named, named_jobs, _ = refresh(root, repo, "--config", "version=v2")  # as docs/publishing.md and --help say
     return {
-        "root": root, "dest": dest, "s3": s3_server, "v1": v1, "v2": v2, "added": added,
-        "jobs": [first_jobs, second_jobs, third_jobs], "runs": [first, second, third], "third_log": third_log,
-        "validated": validated, "validated_first": validated_first,
-        "v3": v3, "versions": versions, "named": named, "named_jobs": named_jobs, "v_named": latest_version(dest, "demo", s3_server),
-    }  # fmt: skip
+        "root": root,
+        "dest": dest,
+        "s3": s3_server,
+        "v1": v1,
+        "v2": v2,
+        "added": added,
+        "jobs": [first_jobs, second_jobs, third_jobs],
+        "runs": [first, second, third],
+        "third_log": third_log,
+        "validated": validated,
+        "validated_first": validated_first,
+        "v3": v3,
+        "versions": versions,
+        "named": named,
+        "named_jobs": named_jobs,
+        "v_named": latest_version(dest, "demo", s3_server),
+    }
 
 
 def published_table(r, version, name) -> pd.DataFrame:
@@ -199,7 +219,11 @@ def test_credentials_never_appear_in_logs_or_outputs(refreshed):
     r = refreshed
     texts = [p.stdout + p.stderr for p in r["runs"]]
     for path in r["root"].rglob("*"):
-        if path.is_file() and path.suffix in {".log", ".json", ".yaml", ".md", ".txt", ""} and path.stat().st_size < 5_000_000:
+        if (
+            path.is_file()
+            and path.suffix in {".log", ".json", ".yaml", ".md", ".txt", ""}
+            and path.stat().st_size < 5_000_000
+        ):
             texts.append(path.read_text(errors="replace"))
     for name in json.loads(read_object(f"{r['dest']}/demo/{r['v2']}/{MARKER}", r["s3"]))["files"]:
         if not name.endswith((".tar", ".parquet")):

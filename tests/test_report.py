@@ -15,7 +15,12 @@ STATS = {
     "shards": 3,
     "bytes": 123456,
     "rejected_by_stage": {"shard": 1, "resize": 7, "download": 10, "embed": 2},
-    "rejected_by_reason": {"download/not_found": 10, "resize/too_small": 7, "embed/low_similarity": 2, "shard/duplicate_key": 1},
+    "rejected_by_reason": {
+        "download/not_found": 10,
+        "resize/too_small": 7,
+        "embed/low_similarity": 2,
+        "shard/duplicate_key": 1,
+    },
     "published_by_source": {"a": 50, "b": 30},
 }
 
@@ -38,9 +43,12 @@ def manifest(n: int = 200, seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "source": rng.choice(["a", "b"], n),
-            "width_before": wb, "height_before": hb,
-            "width": (wb * scale).astype(int), "height": (hb * scale).astype(int),
-            "bytes": rng.integers(20_000, 120_000, n), "caption_length": rng.integers(5, 200, n),
+            "width_before": wb,
+            "height_before": hb,
+            "width": (wb * scale).astype(int),
+            "height": (hb * scale).astype(int),
+            "bytes": rng.integers(20_000, 120_000, n),
+            "caption_length": rng.integers(5, 200, n),
         }  # fmt: skip
     )
 
@@ -95,12 +103,20 @@ def test_rejection_summary_counts_and_keeps_first_examples(tmp_path):
     rejected_table({"download/not_found": 5, "caption/no_caption": 1}).to_parquet(path)
     summary = report.rejection_summary(str(path))
     assert summary["by_reason"] == {"download/not_found": 5, "caption/no_caption": 1}
-    assert [e["source_id"] for e in summary["examples"]["download/not_found"]] == ["not_found-0", "not_found-1", "not_found-2"]
+    assert [e["source_id"] for e in summary["examples"]["download/not_found"]] == [
+        "not_found-0",
+        "not_found-1",
+        "not_found-2",
+    ]
     assert summary["by_source_stage"] == {("b", "download"): 3, ("a", "download"): 2, ("b", "caption"): 1}
     table = report.rejection_table(summary, input_records=50)
     assert list(table["reason"]) == ["not_found", "no_caption"]  # pipeline order
     assert list(table["count"]) == [5, 1] and table["share of input"].iloc[0] == "10.00 %"
-    assert table["examples (source id: detail)"].iloc[0].splitlines() == ["not_found-0: why 0", "not_found-1: why 1", "not_found-2: why 2"]
+    assert table["examples (source id: detail)"].iloc[0].splitlines() == [
+        "not_found-0: why 0",
+        "not_found-1: why 1",
+        "not_found-2: why 2",
+    ]
 
 
 def test_shard_table_has_a_row_per_shard_and_a_total():
@@ -122,7 +138,15 @@ def test_html_table_escapes_and_formats_numbers():
 
 
 def test_plot_funnel_is_a_real_image(tmp_path):
-    summary = {"by_source_stage": {("a", "download"): 6, ("b", "download"): 4, ("a", "resize"): 7, ("b", "embed"): 2, ("a", "shard"): 1}}
+    summary = {
+        "by_source_stage": {
+            ("a", "download"): 6,
+            ("b", "download"): 4,
+            ("a", "resize"): 7,
+            ("b", "embed"): 2,
+            ("a", "shard"): 1,
+        }
+    }
     assert_real_plot(report.plot_funnel(STATS, summary, str(tmp_path / "funnel.png")))
 
 
@@ -149,7 +173,11 @@ def test_plot_embeddings_reads_named_columns_and_flags_random_weights(tmp_path):
     })  # fmt: skip
     stats = {
         "model": "ViT-B-32",
-        "columns": {"similarity": "clip_b32_similarity_score", "image_norm": "clip_b32_image_norm", "text_norm": "clip_b32_text_norm"},
+        "columns": {
+            "similarity": "clip_b32_similarity_score",
+            "image_norm": "clip_b32_image_norm",
+            "text_norm": "clip_b32_text_norm",
+        },
         "min_similarity": 0.2,
         "random_weights": True,
         "provenance": {"model": "ViT-B-32", "pretrained": "/tmp/x/tiny.pt", "random_weights": True},
@@ -190,4 +218,3 @@ def test_plots_are_written_atomically(tmp_path, monkeypatch):
 def test_human_bytes():
     assert report.human_bytes(512) == "512 B" and report.human_bytes(2048) == "2.0 KiB"
     assert report.human_bytes(3 * 1024**3) == "3.0 GiB"
-

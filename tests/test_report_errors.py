@@ -11,13 +11,13 @@ import subprocess
 import sys
 
 import pytest
+from workflow_helpers import demo_config, run_workflow
 
 from shardsmith.config import schema_error_message
 from shardsmith.demo import make_demo
-from shardsmith.logs import ProgressLog, run_job
+from shardsmith.logs import ProgressLog
 from shardsmith.s3 import S3Error
 from shardsmith.summary import failed_jobs, failure_text, job_message
-from workflow_helpers import demo_config, run_workflow
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +81,15 @@ def test_debug_shows_snakemakes_full_schema_error(data, tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        (lambda c, d, t: set_key(c, "paths.output", str(t / "work" / "out")), r"paths\.work \(.*\) and paths\.output \(.*\) overlap"),
+        (
+            lambda c, d, t: set_key(c, "paths.output", str(t / "work" / "out")),
+            r"paths\.work \(.*\) and paths\.output \(.*\) overlap",
+        ),
         (lambda c, d, t: set_key(c, "paths.raw", str(d / "photos")), r"paths\.raw \(.*photos\) overlaps input folder"),
-        (lambda c, d, t: set_key(c, "sources.0.path", str(d / "nope.tsv")), r"sources\[0\] \(cc3m_style\)\.path: manifest .*nope\.tsv does not exist"),
+        (
+            lambda c, d, t: set_key(c, "sources.0.path", str(d / "nope.tsv")),
+            r"sources\[0\] \(cc3m_style\)\.path: manifest .*nope\.tsv does not exist",
+        ),
     ],
 )
 def test_path_errors_name_the_key_and_the_path(data, tmp_path, edit, expected):
@@ -96,7 +102,9 @@ def test_path_errors_name_the_key_and_the_path(data, tmp_path, edit, expected):
 def test_empty_input_ends_with_what_failed_and_how_to_fix_it(data, tmp_path):
     (tmp_path / "empty.tsv").write_text("")
     config = demo_config(data, tmp_path / "run")
-    config["sources"] = [{"name": "web", "type": "manifest", "path": str(tmp_path / "empty.tsv"), "columns": ["caption", "url"]}]
+    config["sources"] = [
+        {"name": "web", "type": "manifest", "path": str(tmp_path / "empty.tsv"), "columns": ["caption", "url"]}
+    ]
     proc = run_workflow(tmp_path / "run", config, check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     block = shardsmith_lines(proc.stderr[proc.stderr.index("Exiting because") :])  # the onerror summary at the end
@@ -113,7 +121,13 @@ def test_all_records_rejected_says_which_reason_and_which_setting(data, tmp_path
     tail = proc.stderr[proc.stderr.index("Exiting because") :]
     block = shardsmith_lines(tail)
     assert block[0].startswith("shardsmith: validate_dataset failed")
-    assert any(re.search(r"all 8 input records were rejected \(resize/too_small 7, caption/no_caption 1\): check resize\.min_side", line) for line in block)
+    assert any(
+        re.search(
+            r"all 8 input records were rejected \(resize/too_small 7, caption/no_caption 1\): check resize\.min_side",
+            line,
+        )
+        for line in block
+    )
     assert any(line.strip().startswith("ledger: ") and line.endswith("rejected.parquet") for line in block)
     assert len(block) <= 8
 
@@ -127,12 +141,17 @@ def test_unreachable_s3_endpoint_is_named_in_the_ledger_and_the_message(data, tm
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     (tmp_path / "s3.tsv").write_text("".join(f"a photo {i}\ts3://bucket/img{i}.jpg\n" for i in range(3)))
     config = demo_config(data, tmp_path / "run", s3={"endpoint_url": f"http://127.0.0.1:{port}"})
-    config["sources"] = [{"name": "web", "type": "manifest", "path": str(tmp_path / "s3.tsv"), "columns": ["caption", "url"]}]
+    config["sources"] = [
+        {"name": "web", "type": "manifest", "path": str(tmp_path / "s3.tsv"), "columns": ["caption", "url"]}
+    ]
     config["download"] = {"retries": 0}
     proc = run_workflow(tmp_path / "run", config, check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     block = shardsmith_lines(proc.stderr[proc.stderr.index("Exiting because") :])
-    assert any("all 3 input records were rejected (download/unreachable 3)" in line and "s3.endpoint_url" in line for line in block), block
+    assert any(
+        "all 3 input records were rejected (download/unreachable 3)" in line and "s3.endpoint_url" in line
+        for line in block
+    ), block
 
 
 # --- the message helpers on their own ------------------------------------------------------------------
@@ -170,7 +189,9 @@ def snakemake_log(tmp_path, job_log) -> str:
 
 def test_failure_text_quotes_the_jobs_own_message_and_its_log(tmp_path):
     job_log = tmp_path / "process_part.log"
-    job_log.write_text("working\nshardsmith: resize.quality must be set\n  fix: set it\nTraceback (most recent call last):\n  x\n")
+    job_log.write_text(
+        "working\nshardsmith: resize.quality must be set\n  fix: set it\nTraceback (most recent call last):\n  x\n"
+    )
     main = snakemake_log(tmp_path, job_log)
     assert failed_jobs([main]) == [{"rule": "process_part", "log": [str(job_log)], "wildcards": "part=web-000001"}]
     assert job_message(str(job_log)) == "resize.quality must be set\n  fix: set it"
@@ -187,16 +208,24 @@ def test_failure_text_names_an_unexpected_error_by_its_last_line(tmp_path):
     job_log = tmp_path / "x.log"
     job_log.write_text("Traceback (most recent call last):\n  File x\nKeyError: 'width'\n")
     text = failure_text(snakemake_log(tmp_path, job_log), str(tmp_path))
-    assert text.splitlines()[0] == "shardsmith: process_part (part=web-000001) failed: unexpected error: KeyError: 'width'"
+    assert (
+        text.splitlines()[0] == "shardsmith: process_part (part=web-000001) failed: unexpected error: KeyError: 'width'"
+    )
 
 
 def test_failure_text_adds_the_top_reasons_when_nothing_was_published(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    stats = {"input_records": 5, "published": 0, "rejected_by_reason": {"caption/no_caption": 4, "download/not_found": 1}}
+    stats = {
+        "input_records": 5,
+        "published": 0,
+        "rejected_by_reason": {"caption/no_caption": 4, "download/not_found": 1},
+    }
     (out / "stats.json").write_text(json.dumps(stats))
     text = failure_text(snakemake_log(tmp_path, tmp_path / "gone.log"), str(out))
-    assert "all 5 input records were rejected (caption/no_caption 4, download/not_found 1): check captions.fields" in text
+    assert (
+        "all 5 input records were rejected (caption/no_caption 4, download/not_found 1): check captions.fields" in text
+    )
     assert failure_text(str(tmp_path / "no-such.log"), str(out)) == ""  # no failed job found: say nothing
     stats = {"input_records": 3, "published": 0, "rejected_by_reason": {"download/no_credentials": 3}}
     (out / "stats.json").write_text(json.dumps(stats))
@@ -232,7 +261,11 @@ def test_progress_logs_at_least_every_interval_when_slow(caplog):
         for _ in range(3):
             now[0] += 61
             progress.update(1)
-    assert [r.getMessage().split(",")[0] for r in caplog.records] == ["download x: 1 records", "download x: 2 records", "download x: 3 records"]
+    assert [r.getMessage().split(",")[0] for r in caplog.records] == [
+        "download x: 1 records",
+        "download x: 2 records",
+        "download x: 3 records",
+    ]
 
 
 def test_the_end_of_a_run_stops_the_schedulers_timers_and_no_other():

@@ -17,11 +17,11 @@ import yaml
 from braceexpand import braceexpand
 from PIL import Image
 from snakemake.utils import validate
+from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow
 
 from shardsmith.card import config_fingerprint
 from shardsmith.demo import make_demo
 from shardsmith.tinyclip import write_tiny_clip
-from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow
 
 pytestmark = pytest.mark.workflow
 PLOTS = {"funnel.png", "images.png", "captions.png", "clip_scores.png"}
@@ -35,8 +35,15 @@ def build(tmp_path_factory):
     make_demo(data)
     root = tmp_path_factory.mktemp("report-build")
     model_config, checkpoint = write_tiny_clip(tmp_path_factory.mktemp("models"))
-    embed = {"enabled": True, "model": model_config.stem, "pretrained": str(checkpoint), "model_config": str(model_config),
-             "batch_size": 32, "device": "cpu", "workers": 0}  # fmt: skip
+    embed = {
+        "enabled": True,
+        "model": model_config.stem,
+        "pretrained": str(checkpoint),
+        "model_config": str(model_config),
+        "batch_size": 32,
+        "device": "cpu",
+        "workers": 0,
+    }
     config = demo_config(data, root, embed=embed)
     run = run_workflow(root, config)
     report = run_workflow(root, config, "--report", str(root / "report.html"))
@@ -71,7 +78,14 @@ def test_report_embeds_every_plot_and_table_with_caption_and_category(build):
     assert results["funnel.png"]["mime_type"] == "image/png" and results["shards.html"]["mime_type"] == "text/html"
     assert "resize.max_side" in results["images.png"]["caption"] and "512" in results["images.png"]["caption"]
     categories = json.loads(re.search(r"var categories = (\{.*?\});\n", build["html"], re.S).group(1))
-    assert {"1. Funnel", "2. Rejections", "3. Images and captions", "4. Shards", "5. CLIP scores", "6. Dataset card"} <= set(categories)
+    assert {
+        "1. Funnel",
+        "2. Rejections",
+        "3. Images and captions",
+        "4. Shards",
+        "5. CLIP scores",
+        "6. Dataset card",
+    } <= set(categories)
     assert "shardsmith build of dataset <strong>demo</strong>" in build["html"]  # report/workflow.rst
     for name in PLOTS:
         assert_readable_plot(decode(results[name]["data_uri"]))
@@ -157,15 +171,31 @@ def test_process_jobs_log_progress_with_counts_and_rate(build):
     assert logs
     for log in logs:
         text = log.read_text()
-        assert re.search(r"process \S+: \d+ records \(\d+ samples, \d+ rejected\), [\d.]+ records/s, done in", text), text
+        assert re.search(r"process \S+: \d+ records \(\d+ samples, \d+ rejected\), [\d.]+ records/s, done in", text), (
+            text
+        )
 
 
 def test_a_finished_build_has_nothing_left_to_do(build):
     """The report rules add no job that reruns forever: after the run, a dry run finds nothing to do."""
     root = build["root"]
     dry = subprocess.run(
-        [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile", str(root / "config.yaml"),
-         "--workflow-profile", "none", "-n", "--cores", "1"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            str(SNAKEMAKE),
+            "-s",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(root),
+            "--configfile",
+            str(root / "config.yaml"),
+            "--workflow-profile",
+            "none",
+            "-n",
+            "--cores",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr

@@ -17,10 +17,10 @@ import time
 
 import pytest
 import yaml
+from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
 
 from shardsmith.demo import make_demo
 from shardsmith.stores import MARKER
-from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
 
 pytestmark = pytest.mark.workflow
 DAYS_LATER = 1100
@@ -83,7 +83,9 @@ def files(folder) -> dict[str, str]:
 def test_every_output_file_is_byte_identical(two_builds):
     a, b = two_builds
     out_a, out_b = files(a / "output" / "demo"), files(b / "output" / "demo")
-    assert {"manifest.parquet", "rejected.parquet", "sizes.json", "wids-index.json", "build.json", "README.md"} <= set(out_a)
+    assert {"manifest.parquet", "rejected.parquet", "sizes.json", "wids-index.json", "build.json", "README.md"} <= set(
+        out_a
+    )
     assert {".nv-meta/index.sqlite", ".nv-meta/index.uuid", "demo-000000.idx", "demo-000000.tar.idx"} <= set(out_a)
     assert sum(name.endswith(".tar") for name in out_a) >= 2
     assert out_a == out_b
@@ -94,7 +96,9 @@ def test_published_versions_are_identical_apart_from_the_publish_time(two_builds
     pub_a, pub_b = a / "fast-storage" / "demo" / "v1", b / "fast-storage" / "demo" / "v1"
     marker_a, marker_b = (json.loads((p / MARKER).read_text()) for p in (pub_a, pub_b))
     assert marker_a["files"] == marker_b["files"]
-    assert {k: v for k, v in files(pub_a).items() if k != MARKER} == {k: v for k, v in files(pub_b).items() if k != MARKER}
+    assert {k: v for k, v in files(pub_a).items() if k != MARKER} == {
+        k: v for k, v in files(pub_b).items() if k != MARKER
+    }
     # the second build's clock ran 1100 days later (the publish time is the one place a time is kept)
     days = dt.datetime.fromisoformat(marker_b["published_at"]) - dt.datetime.fromisoformat(marker_a["published_at"])
     assert days.days >= DAYS_LATER - 1
@@ -105,5 +109,7 @@ def test_build_json_records_config_fingerprint_and_package_versions(two_builds):
     build = json.loads((a / "output" / "demo" / "build.json").read_text())
     assert build["config_fingerprint"].startswith("sha256:") and len(build["config_fingerprint"]) == 71
     assert not {"paths", "publish", "s3", "version"} & set(build["config"])
-    assert {"python", "snakemake", "pandas", "pyarrow", "webdataset", "torch", "open-clip-torch"} <= set(build["packages"])
+    assert {"python", "snakemake", "pandas", "pyarrow", "webdataset", "torch", "open-clip-torch"} <= set(
+        build["packages"]
+    )
     assert "shardsmith/shards.py" in build["code"] and str(a) not in json.dumps(build)

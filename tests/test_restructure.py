@@ -12,11 +12,11 @@ import tarfile
 from io import BytesIO
 
 import pytest
+from workflow_helpers import REPO, demo_config, run_workflow, sha256
 
 from shardsmith.demo import make_demo
 from shardsmith.stores import MARKER
 from shardsmith.tinyclip import NAME, write_tiny_clip
-from workflow_helpers import REPO, demo_config, run_workflow, sha256
 
 pytestmark = pytest.mark.workflow
 # The last commit before the restructuring (README split, modules along their seams, scripts renamed).

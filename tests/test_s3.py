@@ -2,7 +2,6 @@
 
 import pytest
 
-from servers import s3_bucket, s3_server  # noqa: F401 - fixtures
 from shardsmith.s3 import S3Error, list_objects, open_stream, read_object, redact, upload
 
 

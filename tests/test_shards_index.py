@@ -77,9 +77,14 @@ def built(tmp_path):
     }
     names = plan_shards([p["samples"] for p in parts.values()], list(parts), "ds", 4, work / "plan")
     infos = [
-        write_shard(str(work / "plan" / f"{n}.samples.parquet"), {k: p["tar"] for k, p in parts.items()}, str(out / f"{n}.tar"), str(work / f"{n}.info.json"))
+        write_shard(
+            str(work / "plan" / f"{n}.samples.parquet"),
+            {k: p["tar"] for k, p in parts.items()},
+            str(out / f"{n}.tar"),
+            str(work / f"{n}.info.json"),
+        )
         for n in names
-    ]  # fmt: skip
+    ]
     return {"work": work, "out": out, "parts": parts, "names": names, "infos": infos}
 
 
@@ -124,8 +129,16 @@ def test_plan_shards_rejects_later_duplicate_keys_and_keeps_the_first(built):
     dupes = pd.read_parquet(built["work"] / "plan" / "dropped.parquet")
     assert list(dupes.columns) == REJECT_COLUMNS
     assert dupes.to_dict("records") == [
-        {"source": "src", "source_id": "src-000001:1", "url": "a1.jpg", "key": "a1", "stage": "shard", "reason": "duplicate_key", "detail": "same key as src-000000:1"}
-    ]  # fmt: skip
+        {
+            "source": "src",
+            "source_id": "src-000001:1",
+            "url": "a1.jpg",
+            "key": "a1",
+            "stage": "shard",
+            "reason": "duplicate_key",
+            "detail": "same key as src-000000:1",
+        }
+    ]
     first = pd.read_parquet(built["work"] / "plan" / "ds-000000.samples.parquet")
     assert first.set_index("key").loc["a1", "part"] == "src-000000"
 
@@ -156,19 +169,33 @@ def per_member_shard(plan_path, part_tars) -> bytes:
     buf = io.BytesIO()
     with ShardWriter(buf) as w:
         for row in pq.read_table(plan_path).to_pylist():
-            w.write(row["key"], {e: read_member(part_tars[row["part"]], row[f"{e}_offset"], row[f"{e}_size"]) for e in ("jpg", "txt", "json")})
+            w.write(
+                row["key"],
+                {
+                    e: read_member(part_tars[row["part"]], row[f"{e}_offset"], row[f"{e}_size"])
+                    for e in ("jpg", "txt", "json")
+                },
+            )
     return buf.getvalue()
 
 
 def test_write_shard_copies_runs_of_samples_as_byte_ranges_with_the_same_bytes(built, tmp_path, monkeypatch):
     tars = {k: p["tar"] for k, p in built["parts"].items()}
     for n in built["names"]:  # shards across two parts, and one with a dropped duplicate (a1) between samples
-        assert (built["out"] / f"{n}.tar").read_bytes() == per_member_shard(built["work"] / "plan" / f"{n}.samples.parquet", tars)
+        assert (built["out"] / f"{n}.tar").read_bytes() == per_member_shard(
+            built["work"] / "plan" / f"{n}.samples.parquet", tars
+        )
     runs = []
     real = ShardWriter.copy_samples
-    monkeypatch.setattr(ShardWriter, "copy_samples", lambda self, src, start, end, keys: runs.append(keys) or real(self, src, start, end, keys))
+    monkeypatch.setattr(
+        ShardWriter,
+        "copy_samples",
+        lambda self, src, start, end, keys: runs.append(keys) or real(self, src, start, end, keys),
+    )
     n = built["names"][1]  # a4 | b0 (part 2; a1 dropped after it) | b1 b2
-    write_shard(str(built["work"] / "plan" / f"{n}.samples.parquet"), tars, str(tmp_path / "s.tar"), str(tmp_path / "s.json"))
+    write_shard(
+        str(built["work"] / "plan" / f"{n}.samples.parquet"), tars, str(tmp_path / "s.tar"), str(tmp_path / "s.json")
+    )
     assert runs == [["a4"], ["b0"], ["b1", "b2"]]
     assert (tmp_path / "s.tar").read_bytes() == (built["out"] / f"{n}.tar").read_bytes()
 
@@ -179,12 +206,23 @@ def part_from_elsewhere(tmp_path, keys: list[str]):
     with tarfile.open(part, "w", format=tarfile.USTAR_FORMAT) as tar:
         for key in keys:
             where = {}
-            for ext, data in [("jpg", members_of(key)["jpg"]), ("cls", b"3"), ("txt", members_of(key)["txt"]), ("json", members_of(key)["json"])]:
+            for ext, data in [
+                ("jpg", members_of(key)["jpg"]),
+                ("cls", b"3"),
+                ("txt", members_of(key)["txt"]),
+                ("json", members_of(key)["json"]),
+            ]:
                 info = tarfile.TarInfo(f"{key}.{ext}")
                 info.size = len(data)
                 where[ext] = (tar.offset + tarfile.BLOCKSIZE, len(data))  # data follows its one-block header
                 tar.addfile(info, io.BytesIO(data))
-            rows.append({"key": key, "part": "p-000000", **{f"{e}_{n}": v for e in ("jpg", "txt", "json") for n, v in zip(("offset", "size"), where[e])}})
+            rows.append(
+                {
+                    "key": key,
+                    "part": "p-000000",
+                    **{f"{e}_{n}": v for e in ("jpg", "txt", "json") for n, v in zip(("offset", "size"), where[e])},
+                }
+            )
     plan = tmp_path / "plan.parquet"
     pd.DataFrame(rows).to_parquet(plan)
     return part, plan
@@ -195,7 +233,9 @@ def test_write_shard_takes_samples_not_laid_out_back_to_back_member_by_member(tm
     part, plan = part_from_elsewhere(tmp_path, ["k0", "k1", "k2"])
     write_shard(str(plan), {"p-000000": str(part)}, str(tmp_path / "s.tar"), str(tmp_path / "s.json"))
     assert (tmp_path / "s.tar").read_bytes() == per_member_shard(plan, {"p-000000": str(part)})
-    assert tar_members(tmp_path / "s.tar") == [(f"{k}.{e}", members_of(k)[e]) for k in ("k0", "k1", "k2") for e in ("jpg", "txt", "json")]
+    assert tar_members(tmp_path / "s.tar") == [
+        (f"{k}.{e}", members_of(k)[e]) for k in ("k0", "k1", "k2") for e in ("jpg", "txt", "json")
+    ]
 
 
 def members_as_read(path) -> list[TarMember]:
@@ -206,10 +246,22 @@ def members_as_read(path) -> list[TarMember]:
 def test_write_shard_records_where_every_member_landed_for_range_copies_and_member_writes(built, tmp_path):
     tars = {k: p["tar"] for k, p in built["parts"].items()}
     for n in built["names"]:  # byte ranges across parts, and a range broken by a dropped duplicate
-        write_shard(str(built["work"] / "plan" / f"{n}.samples.parquet"), tars, str(tmp_path / "s.tar"), str(tmp_path / "s.json"), str(tmp_path / "m.parquet"))
+        write_shard(
+            str(built["work"] / "plan" / f"{n}.samples.parquet"),
+            tars,
+            str(tmp_path / "s.tar"),
+            str(tmp_path / "s.json"),
+            str(tmp_path / "m.parquet"),
+        )
         assert read_members(tmp_path / "m.parquet") == members_as_read(tmp_path / "s.tar")
     part, plan = part_from_elsewhere(tmp_path, ["k0", "k1"])  # written member by member
-    write_shard(str(plan), {"p-000000": str(part)}, str(tmp_path / "t.tar"), str(tmp_path / "t.json"), str(tmp_path / "t.parquet"))
+    write_shard(
+        str(plan),
+        {"p-000000": str(part)},
+        str(tmp_path / "t.tar"),
+        str(tmp_path / "t.json"),
+        str(tmp_path / "t.parquet"),
+    )
     assert read_members(tmp_path / "t.parquet") == members_as_read(tmp_path / "t.tar")
 
 
@@ -276,7 +328,8 @@ from shardsmith.card import card_text
 from shardsmith.build import build_info
 info = write_shard({plan!r}, {parts!r}, {str(out / f"{n}.tar")!r}, {str(out / "info.json")!r})
 stats = {stats!r}
-card_text({{"dataset": "ds", "samples_per_shard": 4}}, stats, {{info["shard"]: info["nsamples"]}}, "open_clip_train.data", versions={{}})
+card_text({{"dataset": "ds", "samples_per_shard": 4}}, stats, {{info["shard"]: info["nsamples"]}},
+          "open_clip_train.data", versions={{}})
 build_info({{"dataset": "ds"}}, "9", ".")
 print(info["nsamples"], stats["published"], sorted(m for m in ("pandas", "torch", "matplotlib") if m in sys.modules))
 """
@@ -313,7 +366,9 @@ def test_shard_written_from_real_stages_holds_the_processed_members(tmp_path):
     w = tmp_path / "w"
     [part] = plan_parts([src], 10, w)
     processor = PartProcessor(str(w / f"{part}.tar"), ResizeSettings(), CaptionSettings())
-    status = download_part(str(w / f"{part}.parquet"), str(w / "raw.tar"), str(w / "status.parquet"), src, processor=processor)
+    status = download_part(
+        str(w / f"{part}.parquet"), str(w / "raw.tar"), str(w / "status.parquet"), src, processor=processor
+    )
     assert list(status.columns) == STATUS_COLUMNS
     kept, rejected = processor.finish(status, str(w / "samples.parquet"), str(w / "rejected.parquet"))
     assert (kept, rejected) == (3, 1)
@@ -341,11 +396,16 @@ def test_shard_written_from_real_stages_holds_the_processed_members(tmp_path):
 def test_exclusions_go_to_the_ledger_with_their_reason_and_shards_stay_uniform(tmp_path):
     from shardsmith.process import SAMPLE_COLUMNS
 
-    rows = [{c: 0 for c in SAMPLE_COLUMNS} | {"key": f"k{i}", "source": "s", "source_id": f"id{i}", "url": ""} for i in range(7)]
+    rows = [
+        {c: 0 for c in SAMPLE_COLUMNS} | {"key": f"k{i}", "source": "s", "source_id": f"id{i}", "url": ""}
+        for i in range(7)
+    ]
     part = tmp_path / "p.samples.parquet"
     pd.DataFrame(rows).to_parquet(part)
     excl = tmp_path / "excl.parquet"
-    pd.DataFrame({"key": ["k1", "k4"], "stage": "embed", "reason": "low_similarity", "detail": "0.01 < 0.2"}).to_parquet(excl)
+    pd.DataFrame(
+        {"key": ["k1", "k4"], "stage": "embed", "reason": "low_similarity", "detail": "0.01 < 0.2"}
+    ).to_parquet(excl)
     names = plan_shards([str(part)], ["s-000000"], "ds", 2, tmp_path / "plan", exclusions=[str(excl)])
     kept = [list(pd.read_parquet(tmp_path / "plan" / f"{n}.samples.parquet")["key"]) for n in names]
     assert kept == [["k0", "k2"], ["k3", "k5"], ["k6"]]
@@ -363,7 +423,18 @@ def test_process_follows_record_order_whatever_order_the_raw_tar_holds(tmp_path)
         for rid in (3, 0, 2):  # arrival order; rid 1 is "ok" in the status but its bytes are missing
             w.write(f"r{rid:07d}", {"img": jpeg_bytes((40 + rid, 40)), "meta": json.dumps({"txt": f"c{rid}"}).encode()})
     for rid in range(4):
-        rows.append({"rid": rid, "source": "web", "source_id": f"id{rid}", "url": f"u{rid}", "key": f"web-{rid}", "status": "ok", "reason": "", "detail": ""})
+        rows.append(
+            {
+                "rid": rid,
+                "source": "web",
+                "source_id": f"id{rid}",
+                "url": f"u{rid}",
+                "key": f"web-{rid}",
+                "status": "ok",
+                "reason": "",
+                "detail": "",
+            }
+        )
     pd.DataFrame(rows).to_parquet(tmp_path / "status.parquet")
     out = {k: str(tmp_path / f"p.{k}") for k in ("tar", "samples.parquet", "rejected.parquet")}
     kept, rejected = process_part(
@@ -376,7 +447,9 @@ def test_process_follows_record_order_whatever_order_the_raw_tar_holds(tmp_path)
     with tarfile.open(out["tar"]) as tar:
         at = {(i.offset_data, i.size): i.name for i in tar}
     for row in samples.to_dict("records"):
-        assert [at[(row[f"{e}_offset"], row[f"{e}_size"])] for e in ("jpg", "txt", "json")] == [f"{row['key']}.{e}" for e in ("jpg", "txt", "json")]
+        assert [at[(row[f"{e}_offset"], row[f"{e}_size"])] for e in ("jpg", "txt", "json")] == [
+            f"{row['key']}.{e}" for e in ("jpg", "txt", "json")
+        ]
     assert list(samples["width_before"]) == [40, 42, 43]
     [miss] = pd.read_parquet(out["rejected.parquet"]).to_dict("records")
     assert (miss["key"], miss["stage"], miss["reason"]) == ("web-1", "process", "missing_raw")
@@ -385,7 +458,9 @@ def test_process_follows_record_order_whatever_order_the_raw_tar_holds(tmp_path)
 # ---------------------------------------------------------------- streamed planning: same plan, bounded memory
 
 
-def reference_plan(parts: dict[str, list[str]], excl: dict[str, str], per_shard: int) -> tuple[list[list[str]], list[tuple[str, str, str]]]:
+def reference_plan(
+    parts: dict[str, list[str]], excl: dict[str, str], per_shard: int
+) -> tuple[list[list[str]], list[tuple[str, str, str]]]:
     """What plan_shards must produce, computed the plain way: every row in memory.
     Returns the keys per shard and the dropped (source_id, reason, detail) rows in part order."""
     kept, dropped, first = [], [], {}
@@ -415,7 +490,10 @@ def test_streamed_plan_matches_the_in_memory_plan(tmp_path, seed, bin_rows, monk
 
     rng = np.random.default_rng(seed)
     pool = [f"k{i}" for i in range(60)]
-    parts = {f"src-{p:06d}": [str(k) for k in rng.choice(pool, size=int(rng.integers(0, 25)), replace=False)] for p in range(5)}
+    parts = {
+        f"src-{p:06d}": [str(k) for k in rng.choice(pool, size=int(rng.integers(0, 25)), replace=False)]
+        for p in range(5)
+    }
     excl = {str(k): f"{float(rng.random()):.3f} < 0.2" for k in rng.choice(pool, size=12, replace=False)}
     for part, keys in parts.items():
         make_part(tmp_path, part, keys)
@@ -427,7 +505,9 @@ def test_streamed_plan_matches_the_in_memory_plan(tmp_path, seed, bin_rows, monk
     want_shards, want_dropped = reference_plan(parts, excl, 7)
 
     def plan(out):
-        names = plan_shards([str(tmp_path / f"{p}.samples.parquet") for p in parts], list(parts), "ds", 7, out, exclusions=[str(ex)])
+        names = plan_shards(
+            [str(tmp_path / f"{p}.samples.parquet") for p in parts], list(parts), "ds", 7, out, exclusions=[str(ex)]
+        )
         shards = [list(pd.read_parquet(out / f"{n}.samples.parquet")["key"]) for n in names]
         dropped = pd.read_parquet(out / "dropped.parquet")
         return shards, [(r["source_id"], r["reason"], r["detail"]) for r in dropped.to_dict("records")]
@@ -452,7 +532,9 @@ def test_plan_shards_memory_does_not_grow_with_the_rows_held(tmp_path, monkeypat
 
     def peak(n_parts: int) -> int:
         folder = Path(tempfile.mkdtemp(dir=tmp_path))
-        paths = [make_part(folder, f"src-{p:06d}", [f"p{p}-k{i}" for i in range(2000)])["samples"] for p in range(n_parts)]
+        paths = [
+            make_part(folder, f"src-{p:06d}", [f"p{p}-k{i}" for i in range(2000)])["samples"] for p in range(n_parts)
+        ]
         tracemalloc.start()
         plan_shards(paths, [f"src-{p:06d}" for p in range(n_parts)], "ds", 1000, folder / "plan")
         got = tracemalloc.get_traced_memory()[1]
@@ -472,7 +554,17 @@ def test_plan_shards_reads_tables_written_with_other_string_types(tmp_path):
 
     part = make_part(tmp_path, "src-000000", ["k0", "k1", "k2"])
     excl = tmp_path / "excl.parquet"
-    pq.write_table(pa.table({"key": pa.array(["k1"], pa.string()), "stage": ["embed"], "reason": ["low_similarity"], "detail": pa.nulls(1, pa.string())}), excl)
+    pq.write_table(
+        pa.table(
+            {
+                "key": pa.array(["k1"], pa.string()),
+                "stage": ["embed"],
+                "reason": ["low_similarity"],
+                "detail": pa.nulls(1, pa.string()),
+            }
+        ),
+        excl,
+    )
     names = plan_shards([part["samples"]], ["src-000000"], "ds", 10, tmp_path / "plan", exclusions=[str(excl)])
     assert list(pd.read_parquet(tmp_path / "plan" / f"{names[0]}.samples.parquet")["key"]) == ["k0", "k2"]
     [row] = pd.read_parquet(tmp_path / "plan" / "dropped.parquet").to_dict("records")

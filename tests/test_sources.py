@@ -5,12 +5,12 @@ import json
 
 import pandas as pd
 import pytest
+from httpserver import Reply
+from servers import ALLOW_LOOPBACK
 
 from shardsmith.errors import ConfigError
 from shardsmith.keys import make_key
 from shardsmith.sources import RECORD_COLUMNS, plan_parts
-from httpserver import Reply, http_server  # noqa: F401 - fixture
-from servers import ALLOW_LOOPBACK, s3_bucket, s3_server  # noqa: F401 - fixtures
 
 
 def manifest(name: str, path, **extra) -> dict:
@@ -200,7 +200,9 @@ def test_remote_manifests_are_read_through_the_projects_own_clients(tmp_path, ht
     ]
     ids = plan_parts(sources, 100, tmp_path / "parts", fetcher)
     web, bucket = (pd.read_parquet(tmp_path / "parts" / f"{i}.parquet") for i in ids)
-    assert list(web["url"]) == ["http://x/a.jpg", "http://x/b.jpg"] and http_server.count("/data/m.parquet?sig=abc") == 1
+    assert (
+        list(web["url"]) == ["http://x/a.jpg", "http://x/b.jpg"] and http_server.count("/data/m.parquet?sig=abc") == 1
+    )
     assert [f["caption"] for f in fields(bucket)] == ["a bird", "the sea"]
     assert list(bucket["source_id"]) == [f"s3://{s3_bucket}/cc3m/m.tsv.gz:1", f"s3://{s3_bucket}/cc3m/m.tsv.gz:2"]
     assert not list(tmp_path.glob("**/shardsmith-manifest-*"))  # the copies are gone

@@ -2,12 +2,11 @@
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import shardsmith.tables as tables
-import pyarrow as pa
-
 from shardsmith.tables import ParquetAppender, Spill, bins_for, key_bins, key_hashes, repeated_keys
 
 
@@ -42,7 +41,11 @@ def test_a_spill_gives_back_each_bins_rows_in_order(tmp_path, on_disk):
     spill.close()
     if on_disk:
         got = [spill.read(i).to_pydict() for i in range(3)]
-        assert got == [{"key": ["b", "e"], "pos": [1, 4]}, {"key": ["d"], "pos": [3]}, {"key": ["a", "c", "f"], "pos": [0, 2, 5]}]
+        assert got == [
+            {"key": ["b", "e"], "pos": [1, 4]},
+            {"key": ["d"], "pos": [3]},
+            {"key": ["a", "c", "f"], "pos": [0, 2, 5]},
+        ]
         assert len(list((tmp_path / "bins").glob("*.arrow"))) == 3
     else:  # one bin in memory: a single bin needs no files
         assert spill.n == 1 and spill.read(0).to_pydict()["pos"] == [0, 1, 2, 3, 4, 5]

@@ -59,7 +59,9 @@ def tarfile_header(name: str, size: int) -> bytes:
     return info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
 
 
-@pytest.mark.parametrize("name", ["k.jpg", "a" * 96 + ".jpg", "a" * 95 + ".json", "é" * 48 + ".txt", "d/" * 60 + "k.txt", "k\udcff.txt"])
+@pytest.mark.parametrize(
+    "name", ["k.jpg", "a" * 96 + ".jpg", "a" * 95 + ".json", "é" * 48 + ".txt", "d/" * 60 + "k.txt", "k\udcff.txt"]
+)
 @pytest.mark.parametrize("size", [0, 1, 511, 512, 10**9, 8**11 - 1])
 def test_member_headers_are_the_bytes_tarfile_writes(name, size):
     assert ustar_header(name, size) == tarfile_header(name, size)

@@ -55,7 +55,14 @@ def good(n: int, prefix: str = "s") -> list[tuple[str, dict[str, bytes]]]:
 def test_a_good_shard_passes_with_openclips_loader(tmp_path):
     tar, plan, _ = make_shard(tmp_path, "ds-000000", good(5))
     report = validate_shard(tar, plan, max_side=512, max_pixels=25_000_000)
-    assert report == {"shard": "ds-000000.tar", "loader": "open_clip_train.data", "groups": 5, "passed": 5, "decoded": 5, "problems": []}
+    assert report == {
+        "shard": "ds-000000.tar",
+        "loader": "open_clip_train.data",
+        "groups": 5,
+        "passed": 5,
+        "decoded": 5,
+        "problems": [],
+    }
 
 
 def test_every_image_is_checked_against_the_processed_bytes_and_a_spread_is_decoded(tmp_path):
@@ -118,7 +125,9 @@ def test_a_tar_cut_short_is_a_problem_not_a_crash(tmp_path):
     data = Path(tar).read_bytes()
     Path(tar).write_bytes(data[: len(data) // 2])
     report = validate_shard(tar, plan, 512, 25_000_000)
-    assert report["problems"] == ["ds-000000.tar: not a readable tar (unexpected end of data); run write_shard for it again"]
+    assert report["problems"] == [
+        "ds-000000.tar: not a readable tar (unexpected end of data); run write_shard for it again"
+    ]
 
 
 def dataset_files(tmp_path, shard_sizes: dict[str, int], shard_reports: list[dict]) -> tuple[list[str], str, str]:
@@ -140,7 +149,9 @@ def report(shard: str, passed: int) -> dict:
 
 
 def test_the_dataset_check_combines_the_shard_reports(tmp_path):
-    files = dataset_files(tmp_path, {"a.tar": 3, "b.tar": 2, "c.tar": 1}, [report("a.tar", 3), report("b.tar", 2), report("c.tar", 1)])
+    files = dataset_files(
+        tmp_path, {"a.tar": 3, "b.tar": 2, "c.tar": 1}, [report("a.tar", 3), report("b.tar", 2), report("c.tar", 1)]
+    )
     summary = check_dataset(*files, min_shards=3)
     assert (summary["ok"], summary["shards"], summary["samples"]) == (True, 3, 6)
 
@@ -199,7 +210,9 @@ def test_validating_a_shard_and_the_dataset_imports_neither_torch_nor_pandas(tmp
         f"check_dataset({reports!r}, {sizes!r}, {manifest!r}, 1); "
         "print(r['passed'], r['loader'], 'torch' in sys.modules, 'pandas' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[1]
+    )
     assert out.stdout.split() == ["3", "open_clip_train.data", "False", "False"]
 
 
@@ -254,11 +267,28 @@ def test_the_dataset_check_reads_energons_meta_against_sizes_json(tmp_path):
     from shardsmith import energon
     from shardsmith.tario import TarMember
 
-    files = dataset_files(tmp_path, {"ds-000000.tar": 2, "ds-000001.tar": 1}, [report("ds-000000.tar", 2), report("ds-000001.tar", 1)])
+    files = dataset_files(
+        tmp_path, {"ds-000000.tar": 2, "ds-000001.tar": 1}, [report("ds-000000.tar", 2), report("ds-000001.tar", 1)]
+    )
     layout = {"ds-000000.tar": ["k0", "k1"], "ds-000001.tar": ["k2"]}
-    energon.write_meta(tmp_path, [(n, [TarMember(k, e, 512 + 2048 * i + 1024 * j, 10) for i, k in enumerate(keys) for j, e in enumerate(("jpg", "txt"))]) for n, keys in layout.items()])
+    energon.write_meta(
+        tmp_path,
+        [
+            (
+                n,
+                [
+                    TarMember(k, e, 512 + 2048 * i + 1024 * j, 10)
+                    for i, k in enumerate(keys)
+                    for j, e in enumerate(("jpg", "txt"))
+                ],
+            )
+            for n, keys in layout.items()
+        ],
+    )
     summary = check_dataset(*files, min_shards=1, energon_dir=str(tmp_path))
     assert summary["ok"] and summary["loader_indexes"]["energon"] == f".nv-meta of energon {energon.FORMAT_VERSION}"
-    files = dataset_files(tmp_path, {"ds-000000.tar": 2, "ds-000001.tar": 2}, [report("ds-000000.tar", 2), report("ds-000001.tar", 2)])
+    files = dataset_files(
+        tmp_path, {"ds-000000.tar": 2, "ds-000001.tar": 2}, [report("ds-000000.tar", 2), report("ds-000001.tar", 2)]
+    )
     with pytest.raises(ValidationFailed, match="shard_counts differ from sizes.json"):
         check_dataset(*files, min_shards=1, energon_dir=str(tmp_path))
