@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from shardsmith import embed
 from shardsmith.demo import jpeg, photo
 from shardsmith.embed import EmbedSettings, embed_part
-from shardsmith.process import SAMPLE_COLUMNS
+from shardsmith.parts import SAMPLE_COLUMNS
 from shardsmith.tario import ShardWriter, atomic_open
 from shardsmith.tinyclip import NAME, RANDOM_MARKER, write_tiny_clip
 

@@ -26,8 +26,8 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench.e2e_bench import save_result  # noqa: E402
-from shardsmith.errors import REJECT_COLUMNS  # noqa: E402
-from shardsmith.process import SAMPLE_COLUMNS  # noqa: E402
+from shardsmith.ledger import REJECT_COLUMNS  # noqa: E402
+from shardsmith.parts import SAMPLE_COLUMNS  # noqa: E402
 
 
 def write_parts(folder: Path, samples: int, part_size: int, rng: np.random.Generator) -> list[str]:

@@ -1,6 +1,7 @@
 """Rule glue for plan_parts: logic in shardsmith.sources."""
 
-from shardsmith.fetch import Fetcher, FetchSettings
+from shardsmith.fetch import Fetcher
+from shardsmith.fetch_settings import FetchSettings
 from shardsmith.leftovers import use_scratch
 from shardsmith.logs import run_job
 from shardsmith.s3 import S3Settings

@@ -1,9 +1,9 @@
-"""Rule glue for plot_dataset: logic in shardsmith.report."""
+"""Rule glue for plot_dataset: logic in shardsmith.plots and shardsmith.report."""
 
 import json
 from pathlib import Path
 
-from shardsmith import report
+from shardsmith import plots, report
 from shardsmith.logs import run_job
 
 MANIFEST_COLUMNS = ["source", "width_before", "height_before", "width", "height", "bytes", "caption_length"]
@@ -11,10 +11,10 @@ MANIFEST_COLUMNS = ["source", "width_before", "height_before", "width", "height"
 
 def main() -> None:
     stats = json.loads(Path(snakemake.input.stats).read_text())
-    report.plot_funnel(stats, report.rejection_summary(snakemake.input.rejected), snakemake.output.funnel)
+    plots.plot_funnel(stats, report.rejection_summary(snakemake.input.rejected), snakemake.output.funnel)
     manifest, total = report.read_columns(snakemake.input.manifest, MANIFEST_COLUMNS)
-    report.plot_images(manifest, snakemake.output.images, max_side=snakemake.params.max_side, total=total)
-    report.plot_captions(manifest, snakemake.output.captions, max_chars=snakemake.params.max_chars, total=total)
+    plots.plot_images(manifest, snakemake.output.images, max_side=snakemake.params.max_side, total=total)
+    plots.plot_captions(manifest, snakemake.output.captions, max_chars=snakemake.params.max_chars, total=total)
     print(f"plotted {total} samples{f' (even sample of {len(manifest)})' if total > len(manifest) else ''}")
 
 

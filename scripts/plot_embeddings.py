@@ -1,11 +1,11 @@
-"""Rule glue for plot_embeddings: logic in shardsmith.report."""
+"""Rule glue for plot_embeddings: logic in shardsmith.plots and shardsmith.report."""
 
 import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from shardsmith import report
+from shardsmith import plots, report
 from shardsmith.errors import ConfigError
 from shardsmith.logs import run_job
 
@@ -20,7 +20,7 @@ def main() -> None:
     sim = named.get("similarity") if named.get("similarity") in names else report.similarity_column(names)
     norms = [c for c in (named.get("image_norm"), named.get("text_norm")) if c in names] or report.norm_columns(names)
     scores, total = report.read_columns(tables, [sim, *norms])
-    report.plot_embeddings(scores, stats, snakemake.output[0], total=total)
+    plots.plot_embeddings(scores, stats, snakemake.output[0], total=total)
     print(f"plotted CLIP scores of {total} samples from {len(tables)} tables")
 
 

@@ -3,9 +3,10 @@
 import json
 from pathlib import Path
 
+from shardsmith.contents import PublishConflict
 from shardsmith.leftovers import use_scratch
 from shardsmith.logs import run_job
-from shardsmith.publish import PublishConflict, PublishSettings, publish
+from shardsmith.publish import PublishSettings, publish
 from shardsmith.s3 import S3Error, S3Settings
 from shardsmith.stores import PublishError
 from shardsmith.tario import atomic_write_text

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import ftfy
 
 from shardsmith.errors import ConfigError, Rejection
+from shardsmith.ledger import CAPTION
 
-STAGE = "caption"
+STAGE = CAPTION
 
 # Joiners are format characters (Cf) that change how the neighbours render: ZWJ builds emoji
 # sequences, ZWNJ is needed for Persian and Indic shaping. Every other Cf is invisible noise.

@@ -14,13 +14,13 @@ import os
 import pandas as pd
 import pyarrow.parquet as pq
 
+from shardsmith.ledger import DEDUPE, EXCLUSION_COLUMNS
 from shardsmith.s3 import S3Settings
 from shardsmith.stores import complete_versions, open_store
 from shardsmith.tario import atomic_open
 
-STAGE = "dedupe"
+STAGE = DEDUPE
 REASON = "already_published"
-EXCLUSION_COLUMNS = ["key", "stage", "reason", "detail"]
 PUBLISHED_COLUMNS = ["version", "key", "source_id", "url", "sha256"]
 # read too where a version has them (the near-duplicate step compares them; older versions lack the hashes)
 NEAR_COLUMNS = ["width_before", "height_before", "phash", "phash_mirror"]

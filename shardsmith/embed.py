@@ -42,12 +42,13 @@ from PIL import Image, features
 from shardsmith.embed_decode import check_tensor_preprocess, decode_jpeg_batch, image_tensor, tensor_preprocess
 from shardsmith.embed_stats import score_columns, write_npz
 from shardsmith.errors import ConfigError
+from shardsmith.parts import member_columns
 from shardsmith.tario import atomic_open, atomic_write_text, sha256_file
 from shardsmith.tinyclip import checkpoint_marker
 
 log = logging.getLogger(__name__)
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-SAMPLE_COLUMNS = ["key", "jpg_offset", "jpg_size", "txt_offset", "txt_size"]
+SAMPLE_COLUMNS = ["key", *member_columns("jpg", "txt")]  # what embedding reads of a samples table
 JPEG_MAGIC = b"\xff\xd8\xff"
 
 

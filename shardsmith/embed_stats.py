@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from shardsmith.ledger import EMBED, EXCLUSION_COLUMNS
 from shardsmith.tario import atomic_open, atomic_write_text
 
-STAGE = "embed"
-EXCLUSION_COLUMNS = ["key", "stage", "reason", "detail"]
+STAGE = EMBED
 QUANTILES = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999)
 # Fixed bins, so histograms of two builds (or two datasets) compare bin for bin.
 HIST_EDGES = np.round(np.linspace(-1.0, 1.0, 101), 2)

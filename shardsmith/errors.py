@@ -4,8 +4,6 @@ A `Rejection` is a per-record outcome (the record goes to the ledger and the run
 a `ConfigError` is the user's to fix before any work starts.
 """
 
-REJECT_COLUMNS = ["source", "source_id", "url", "key", "stage", "reason", "detail"]  # a row of the rejection ledger
-
 
 class ReasonError(Exception):
     """The base of every failure with a ledger reason (a short snake_case code) and a detail saying why.

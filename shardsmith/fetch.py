@@ -14,25 +14,21 @@ CLI (shardsmith.s3), plain paths and file:// from disk within the allowed folder
 shardsmith.netguard first (schemes, credentials, control characters, addresses, local folders), every
 image URL shardsmith.optout (robots.txt, TDMRep). Every downloaded body is sniffed: an HTML error page
 served as image/jpeg is `not_an_image` here, not later (the checks: shardsmith.responses). Local files are
-opened by shardsmith.localfiles, source shards streamed by shardsmith.streams.
+opened by shardsmith.localfiles, source shards streamed by shardsmith.streams; the scheduling loop is
+shardsmith.dispatch, the settings and retry policy shardsmith.fetch_settings.
 """
 
-import contextlib
-import heapq
 import queue
-import random
-import re
 import threading
 import time
 import urllib.request
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
 from urllib.parse import urljoin, urlsplit
 
 import urllib3
 
-from shardsmith import PROJECT_URL, __version__
+from shardsmith.dispatch import Dispatcher, Outcome
+from shardsmith.fetch_settings import RETRY_NEXT_RUN_ONLY, FetchSettings
 from shardsmith.localfiles import FetchError, open_source
 from shardsmith.netguard import Guard, Refused
 from shardsmith.optout import ROBOTS_MAX_BYTES, OptOuts, Unreachable, opted_out, tdm_header_reserved
@@ -40,100 +36,18 @@ from shardsmith.responses import (
     AttemptError,
     check_hash,
     classify_exception,
+    content_length,
     describe_non_image,
-    host_key,
+    discard,
     http_status_reason,
     parse_retry_after,
+    reusable,
     sniff_image,
 )
 from shardsmith.s3 import S3Error, S3Settings, open_stream
 
-# Transient reasons: retried within a job (except `deadline`) and refetched by a retry run. As in the schema.
-DEFAULT_RETRY_REASONS = (
-    "timeout", "connection_error", "dns_error", "server_error", "rate_limited", "truncated_download",
-    "unreachable", "s3_error", "deadline", "robots_unavailable", "tdmrep_unavailable",
-)  # fmt: skip
-# Decided once per job: retried by a later run, not within the job (the job keeps its answer).
-_RETRY_NEXT_RUN_ONLY = ("deadline", "robots_unavailable", "tdmrep_unavailable")
-DEFAULT_OPTOUT_DIRECTIVES = ("noai", "noimageai", "noindex", "noimageindex")  # img2dataset's defaults
-DEFAULT_USER_AGENT = (
-    f"shardsmith/{__version__} (+{PROJECT_URL}/blob/main/docs/crawler.md; image-caption dataset builder; "
-    "honours robots.txt, TDMRep and X-Robots-Tag noai)"
-)
 _REDIRECTS = (301, 302, 303, 307, 308)
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-
-
-@dataclass(frozen=True)
-class FetchSettings:
-    """The `download:` config section; defaults as in config/config.schema.yaml."""
-
-    concurrency: int = 32
-    per_host_concurrency: int = 8
-    per_host_rate: float | None = None  # request starts per second per host; None: no limit
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 20.0  # longest silence between two reads
-    request_timeout_s: float = 60.0  # a whole image response, so a slow trickle cannot go on for ever
-    retries: int = 3  # further attempts after the first, for retry_reasons
-    backoff_s: float = 1.0  # wait before retry n: backoff_s * 2**(n-1), times a jitter in [0.5, 1.5)
-    backoff_max_s: float = 60.0
-    retry_after_max_s: float = 120.0  # cap on a server's Retry-After
-    max_bytes: int = 50_000_000
-    max_buffered_mb: int = 256  # bodies held in memory at once across a job's requests (see _ByteBudget)
-    max_redirects: int = 5
-    user_agent: str = DEFAULT_USER_AGENT
-    respect_optout: bool = True
-    optout_directives: tuple[str, ...] = DEFAULT_OPTOUT_DIRECTIVES
-    respect_robots_txt: bool = True
-    respect_tdm_reservation: bool = True
-    allow_networks: tuple[str, ...] = ()  # CIDRs the network guard lets through (a site's mirror, loopback tests)
-    allow_hosts: tuple[str, ...] = ()  # host names it lets through unchecked ('.example.org': the domain too)
-    allow_local_folders: tuple[str, ...] = ()  # beside the source's own folder (see Fetcher)
-    part_deadline_s: float | None = 3600.0
-    retry_reasons: tuple[str, ...] = DEFAULT_RETRY_REASONS
-    progress_every: int = 1000  # log a progress line every this many records (and at least every 60 s)
-
-    @classmethod
-    def from_config(cls, config: "dict | FetchSettings | None") -> "FetchSettings":
-        if isinstance(config, FetchSettings):
-            return config
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in (config or {}).items() if k in known}
-        for k in ("optout_directives", "retry_reasons", "allow_networks", "allow_hosts", "allow_local_folders"):
-            if k in values:
-                values[k] = tuple(values[k])
-        return cls(**values)
-
-    @property
-    def ua_token(self) -> str:
-        """The product token of the user agent (`shardsmith`), matched against `X-Robots-Tag: <token>: noai`."""
-        return re.split(r"[/\s]", self.user_agent.strip(), maxsplit=1)[0].lower()
-
-
-def backoff_wait(s: FetchSettings, attempt: int) -> float:
-    """Seconds to wait before retry `attempt` (1-based): doubling from backoff_s up to backoff_max_s, times a
-    jitter in [0.5, 1.5) so that a host's failed requests do not all come back at once."""
-    return min(s.backoff_max_s, s.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
-
-
-@dataclass
-class Outcome:
-    """What became of one URL: `reason` is "" when `data` holds the bytes."""
-
-    data: bytes | None = None
-    reason: str = ""
-    detail: str = ""
-    http_status: int = 0
-    attempts: int = 0
-    nbytes: int = 0
-    held: int = 0  # bytes of the memory budget this body holds until the caller has written it out
-
-    @property
-    def ok(self) -> bool:
-        return not self.reason
-
-
-# --- single attempts ------------------------------------------------------------------------------
 
 
 class _ByteBudget:
@@ -201,7 +115,7 @@ class Fetcher:
 
     # Which retries to make: the in-job set is the retry set without `deadline` (time is up by then).
     def retryable(self, reason: str) -> bool:
-        return reason in self.s.retry_reasons and reason not in _RETRY_NEXT_RUN_ONLY
+        return reason in self.s.retry_reasons and reason not in RETRY_NEXT_RUN_ONLY
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -381,7 +295,7 @@ class Fetcher:
                     return resp.status, resp.read(ROBOTS_MAX_BYTES)
                 finally:
                     discard(resp)
-                    if self.s.per_host_rate:  # the next request to this host keeps the rate (see _Dispatch)
+                    if self.s.per_host_rate:  # the next request to this host keeps the rate (see Dispatcher)
                         time.sleep(1.0 / self.s.per_host_rate)
             return 404, b""  # a redirect loop: as if the file did not exist
         except urllib3.exceptions.HTTPError as e:
@@ -429,7 +343,7 @@ class Fetcher:
             # the bytearray itself, not bytes(buf): a copy doubled the memory of 32 multi-MB bodies in flight
             return buf, status, resp.headers.get("Content-Type", "")
         finally:
-            if clean and _reusable(resp):
+            if clean and reusable(resp):
                 resp.release_conn()
             else:
                 discard(resp)
@@ -463,7 +377,7 @@ class Fetcher:
     ) -> None:
         """Fetch every (id, url, expected hash) job; `on_result(id, outcome)` is called once per job, in this
         thread, as outcomes become final. Returns at the latest at the deadline (rest: `deadline`)."""
-        _Dispatch(self, jobs, on_result, hash_type, label).run()
+        Dispatcher(self, jobs, on_result, hash_type, label).run()
 
     def _worker(self, work: "queue.SimpleQueue", done: "queue.SimpleQueue", hash_type: str) -> None:
         # Workers share only the connection pools, which are thread-safe.
@@ -476,193 +390,3 @@ class Fetcher:
                 done.put((jid, e))
             except Exception as e:  # a bug must not lose the record: report it on its status row
                 done.put((jid, AttemptError("fetch_error", f"{type(e).__name__}: {e}")))
-
-
-def content_length(resp: urllib3.BaseHTTPResponse) -> int | None:
-    try:
-        value = resp.headers.get("Content-Length")
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _reusable(resp: urllib3.BaseHTTPResponse) -> bool:
-    """Whether the connection may serve another request: not when the server closes it after this body."""
-    if resp.headers.get("Connection", "").lower() == "close":
-        return False
-    return resp.headers.get("Content-Length") is not None or bool(getattr(resp, "chunked", False))
-
-
-def discard(resp: urllib3.BaseHTTPResponse) -> None:
-    """Drop a response whose body we do not read: close its connection so no unread bytes reach a later request."""
-    with contextlib.suppress(Exception):
-        resp.close()
-    with contextlib.suppress(Exception):
-        resp.release_conn()
-
-
-@dataclass
-class _Host:
-    pending: deque = field(default_factory=deque)
-    inflight: int = 0
-    not_before: float = 0.0  # rate slot or a Retry-After pause
-    listed: bool = False  # in the dispatcher's round-robin list
-    started: bool = False  # an attempt to it has been dispatched
-
-
-class _Dispatch:
-    """The scheduling loop of Fetcher.fetch_all (see the module docstring)."""
-
-    def __init__(self, f: Fetcher, jobs, on_result, hash_type: str, label: str) -> None:
-        self.f, self.s, self.on_result, self.label = f, f.s, on_result, label
-        self.jobs = {jid: (jid, url, expected) for jid, url, expected in jobs}
-        self.attempts = dict.fromkeys(self.jobs, 0)
-        self.hosts: dict[str, _Host] = {}
-        self.ring: deque[str] = deque()
-        self.waiting: list[tuple[float, int, int]] = []  # (due, seq, job id): retries in backoff
-        self.inflight: dict[int, str] = {}
-        self.finished: set[int] = set()
-        self.hash_type = hash_type
-        self.done = 0
-        self.ok = 0
-        self.nbytes = 0
-        self.started = time.monotonic()
-        self.last_log = self.started
-        for jid, url, _ in self.jobs.values():
-            self._enqueue(jid, url, front=False)
-
-    def _enqueue(self, jid: int, url: str, front: bool) -> None:
-        key = host_key(url)
-        host = self.hosts.setdefault(key, _Host())
-        (host.pending.appendleft if front else host.pending.append)(jid)
-        if not host.listed:
-            host.listed = True
-            self.ring.append(key)
-
-    def _limit(self, key: str) -> int:
-        return self.s.concurrency if key == "" else self.s.per_host_concurrency
-
-    def _dispatch(self, work: "queue.SimpleQueue", now: float) -> float:
-        """Start what may start now; returns when something held back by time may start."""
-        wake = float("inf")
-        progress = True
-        while progress and len(self.inflight) < self.s.concurrency and self.ring:
-            progress = False
-            for _ in range(len(self.ring)):
-                if len(self.inflight) >= self.s.concurrency:
-                    break
-                key = self.ring.popleft()
-                host = self.hosts[key]
-                if not host.pending:
-                    host.listed = False
-                    continue
-                self.ring.append(key)
-                if host.inflight >= self._limit(key):
-                    continue
-                if host.not_before > now:
-                    wake = min(wake, host.not_before)
-                    continue
-                jid = host.pending.popleft()
-                host.inflight += 1
-                if self.s.per_host_rate and key:
-                    # the host's first attempt also asks for robots.txt and tdmrep.json (Fetcher._get_small)
-                    slots = 1 + (0 if host.started else self.f.optout_requests(key))
-                    host.not_before = max(now, host.not_before) + slots / self.s.per_host_rate
-                host.started = True
-                self.inflight[jid] = key
-                self.attempts[jid] += 1
-                work.put(self.jobs[jid])
-                progress = True
-        return wake
-
-    def _finish(self, jid: int, outcome: Outcome) -> None:
-        outcome.attempts = self.attempts[jid]
-        self.finished.add(jid)
-        self.done += 1
-        self.ok += outcome.ok
-        self.nbytes += outcome.nbytes if outcome.ok else 0
-        try:
-            self.on_result(jid, outcome)
-        finally:
-            self.f.budget.give(outcome.held)  # written out (or dropped): its memory is free again
-        now = time.monotonic()
-        if self.done % max(1, self.s.progress_every) == 0 or now - self.last_log >= 60 or self.done == len(self.jobs):
-            self._progress(now)
-
-    def _progress(self, now: float) -> None:
-        self.last_log = now
-        took = max(now - self.started, 1e-6)
-        self.f.log(
-            f"download {self.label}: {self.done}/{len(self.jobs)} records done "
-            f"({self.ok} ok, {self.done - self.ok} failed), "
-            f"{self.done / took:.1f} records/s, {self.nbytes / took / 1e6:.2f} MB/s, {len(self.waiting)} in backoff"
-        )
-
-    def _handle(self, jid: int, result: "Outcome | AttemptError", now: float) -> None:
-        key = self.inflight.pop(jid)
-        host = self.hosts[key]
-        host.inflight -= 1
-        if isinstance(result, Outcome):
-            self._finish(jid, result)
-            return
-        e = result
-        tries = self.attempts[jid]
-        if self.f.retryable(e.reason) and tries <= self.s.retries:
-            backoff = backoff_wait(self.s, tries)
-            if e.retry_after is not None:
-                pause = min(e.retry_after, self.s.retry_after_max_s)
-                host.not_before = max(host.not_before, now + pause)  # this job's requests to the host back off
-                backoff = max(backoff, pause)
-            due = now + backoff
-            if due < self.f.deadline:
-                heapq.heappush(self.waiting, (due, jid, jid))
-                return
-            e = AttemptError(
-                e.reason, f"{e.detail} (no time left before the part deadline to retry)", e.http_status, nbytes=e.nbytes
-            )
-        self._finish(jid, Outcome(reason=e.reason, detail=e.detail, http_status=e.http_status, nbytes=e.nbytes))
-
-    def run(self) -> None:
-        if not self.jobs:
-            return
-        work: queue.SimpleQueue = queue.SimpleQueue()
-        done: queue.SimpleQueue = queue.SimpleQueue()
-        workers = [
-            threading.Thread(target=self.f._worker, args=(work, done, self.hash_type), daemon=True, name=f"fetch-{i}")
-            for i in range(min(self.s.concurrency, len(self.jobs)))
-        ]
-        for t in workers:
-            t.start()
-        try:
-            while self.done < len(self.jobs):
-                now = time.monotonic()
-                if now >= self.f.deadline:
-                    break
-                while self.waiting and self.waiting[0][0] <= now:
-                    _, _, jid = heapq.heappop(self.waiting)
-                    self._enqueue(jid, self.jobs[jid][1], front=True)
-                wake = self._dispatch(work, now)
-                if self.waiting:
-                    wake = min(wake, self.waiting[0][0])
-                timeout = max(0.001, min(wake, self.f.deadline) - now)
-                try:
-                    jid, result = done.get(timeout=min(timeout, 60.0))
-                except queue.Empty:
-                    continue
-                self._handle(jid, result, time.monotonic())
-                while True:  # take everything that is ready before dispatching again
-                    try:
-                        jid, result = done.get_nowait()
-                    except queue.Empty:
-                        break
-                    self._handle(jid, result, time.monotonic())
-        finally:
-            for _ in workers:
-                work.put(None)
-        left = [jid for jid in self.jobs if jid not in self.finished]
-        if left:
-            self.f.log(f"download {self.label}: part deadline reached with {len(left)} records not done")
-        for jid in left:
-            self.inflight.pop(jid, None)
-            detail = f"not fetched within the part deadline ({self.s.part_deadline_s} s)"
-            self._finish(jid, Outcome(reason="deadline", detail=detail))

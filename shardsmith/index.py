@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from shardsmith.errors import REJECT_COLUMNS
+from shardsmith.ledger import REJECT_COLUMNS
 from shardsmith.tables import ParquetAppender, num_rows
 from shardsmith.tario import atomic_write_text
 

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 from PIL import Image, ImageDraw
 
-from shardsmith.report import _counts_axis, _empty, _pyplot, _save
+from shardsmith.parts import member_columns
+from shardsmith.plots import _counts_axis, _empty, _pyplot, _save
 from shardsmith.tario import atomic_open, read_at
 
 THUMB = 160  # px, the long side of a thumbnail
@@ -103,7 +104,7 @@ def image_places(
         want.setdefault(r["kept_part"], set()).add(r["kept_key"])
     where = {}
     for part, keys in want.items():
-        t = pd.read_parquet(samples[part], columns=["key", "jpg_offset", "jpg_size"])
+        t = pd.read_parquet(samples[part], columns=["key", *member_columns("jpg")])
         for row in t[t["key"].isin(keys)].to_dict("records"):
             where[row["key"]] = (tars[part], int(row["jpg_offset"]), int(row["jpg_size"]))
     return where

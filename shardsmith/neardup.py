@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from shardsmith.dedupe import EXCLUSION_COLUMNS, STAGE
 from shardsmith.errors import ConfigError
+from shardsmith.ledger import DEDUPE, EXCLUSION_COLUMNS
 from shardsmith.nearsearch import near_pairs
 from shardsmith.tario import atomic_open
 
@@ -275,7 +275,7 @@ def describe(row: dict) -> str:
 
 def exclusions(near: pd.DataFrame) -> pd.DataFrame:
     """Exclusion rows (key, stage, reason, detail) for plan_shards, one per sample left out."""
-    rows = [[r["key"], STAGE, REASON, describe(r)] for r in near.to_dict("records")]
+    rows = [[r["key"], DEDUPE, REASON, describe(r)] for r in near.to_dict("records")]
     return pd.DataFrame(rows, columns=EXCLUSION_COLUMNS)
 
 

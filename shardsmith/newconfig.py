@@ -32,10 +32,10 @@ from urllib.parse import urlparse
 import yaml
 
 from shardsmith.config import REMOTE, check_config, expand_paths
-from shardsmith.download import member_fields, read_sidecars
 from shardsmith.errors import ConfigError
 from shardsmith.responses import sniff_image
 from shardsmith.s3 import S3Error, S3Settings, run, split_url
+from shardsmith.sidecars import member_fields, read_sidecars
 from shardsmith.sources import iter_folder_parts, manifest_format
 from shardsmith.tario import iter_tar_groups
 

@@ -11,51 +11,24 @@ import hashlib
 import json
 import multiprocessing
 import os
-import tarfile
 import threading
 import traceback
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pandas as pd
 
 from shardsmith.captions import CaptionSettings, pick_caption
-from shardsmith.errors import REJECT_COLUMNS, Rejection
+from shardsmith.errors import Rejection
+from shardsmith.ledger import DOWNLOAD, PROCESS, REJECT_COLUMNS
 from shardsmith.logs import ProgressLog
 from shardsmith.memory import keep_freed_heap, return_large_buffers
+from shardsmith.parts import SAMPLE_COLUMNS, placed_columns
+from shardsmith.rawcache import iter_raw
 from shardsmith.resize import ImageResult, ResizeSettings, process_image
-from shardsmith.tario import ShardWriter, atomic_open, read_at
-
-SAMPLE_COLUMNS = [
-    "key", "source", "source_id", "url", "width_before", "height_before", "width", "height",
-    "bytes", "sha256", "caption_length", "caption_field", "passthrough", "phash", "phash_mirror",
-    "jpg_offset", "jpg_size", "txt_offset", "txt_size", "json_offset", "json_size",
-]  # fmt: skip
-
+from shardsmith.tario import ShardWriter, atomic_open
 
 LARGE_BUFFER = 8 << 20  # bytes; see _child_main
 KEPT_FREE = 16 << 20  # bytes kept at the top of each malloc heap; see _child_main
-
-
-def raw_members(raw_tar: str | os.PathLike) -> dict[int, dict[str, tuple[int, int]]]:
-    """{rid: {ext: (offset, size)}} of a raw part tar (members r{rid:07d}.img and .meta), from its headers only."""
-    where: dict[int, dict[str, tuple[int, int]]] = {}
-    with tarfile.open(raw_tar, mode="r:") as tar:
-        for info in tar:
-            key, ext = info.name.split(".", 1)
-            where.setdefault(int(key[1:]), {})[ext] = (info.offset_data, info.size)
-    return where
-
-
-def iter_raw(raw_tar: str | os.PathLike) -> Iterator[tuple[int, tuple[int, int], dict]]:
-    """(rid, (offset, size) of the image, source fields) for every fetched record of a raw part tar, in
-    record order; the headers and the small meta members are read, the images are not."""
-    where = raw_members(raw_tar)
-    with open(raw_tar, "rb") as f:
-        for rid in sorted(where):
-            members = where[rid]
-            if "img" in members and "meta" in members:
-                yield rid, members["img"], json.loads(read_at(f, *members["meta"]))
 
 
 def sample_json(status: dict, result: ImageResult, caption_field: str, fields: dict) -> bytes:
@@ -190,16 +163,16 @@ class PartProcessor:
         for row in status.sort_values("rid").to_dict("records"):
             origin = {c: row[c] for c in ("source", "source_id", "url", "key")}
             if row["status"] != "ok":
-                rejected.append({**origin, "stage": "download", "reason": row["reason"], "detail": row["detail"]})
+                rejected.append({**origin, "stage": DOWNLOAD, "reason": row["reason"], "detail": row["detail"]})
                 continue
             got = self.results.get(row["rid"])
             if got is None:  # "ok" in the status but never handed over: a damaged raw cache
                 detail = "downloaded, but its bytes are missing from the raw tar; rerun download_part for this part"
-                rejected.append({**origin, "stage": "process", "reason": "missing_raw", "detail": detail})
+                rejected.append({**origin, "stage": PROCESS, "reason": "missing_raw", "detail": detail})
                 continue
             result, placed = got
             if not isinstance(result, Rejection) and row["key"] in seen:
-                result = Rejection("process", "duplicate_key", f"same key as {seen[row['key']]}")
+                result = Rejection(PROCESS, "duplicate_key", f"same key as {seen[row['key']]}")
             if isinstance(result, Rejection):
                 rejected.append({**origin, "stage": result.stage, "reason": result.reason, "detail": result.detail})
                 continue
@@ -208,11 +181,7 @@ class PartProcessor:
                 {
                     **{c: row[c] for c in ("key", "source", "source_id", "url")},
                     **result,
-                    **{
-                        f"{ext}_{n}": v
-                        for ext, (off, size) in placed.items()
-                        for n, v in (("offset", off), ("size", size))
-                    },
+                    **placed_columns(placed),
                 }
             )
         self.progress.finish(samples=len(samples), rejected=len(rejected))

@@ -17,9 +17,10 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from shardsmith.errors import ConfigError, Rejection
+from shardsmith.ledger import RESIZE
 from shardsmith.phash import phash_pair
 
-STAGE = "resize"
+STAGE = RESIZE
 
 # Formats we are willing to decode. An allow-list keeps exotic, weakly-sniffed decoders
 # (e.g. TGA, which claims random bytes; EPS, which shells out to Ghostscript) away from

@@ -2,9 +2,11 @@
 
 The body, not the Content-Type, decides whether an image arrived (`sniff_image`); a manifest's hash is
 checked here; an exception from the HTTP client becomes a ledger reason (`classify_exception`), an HTTP
-status too (`http_status_reason`); `host_key` is what per-host limits count.
+status too (`http_status_reason`); `host_key` is what per-host limits count; `discard` and `reusable` decide
+what becomes of a response's connection.
 """
 
+import contextlib
 import hashlib
 import time
 from email.utils import parsedate_to_datetime
@@ -142,3 +144,26 @@ def classify_exception(e: BaseException) -> tuple[str, str]:
     if isinstance(e, (urllib3.exceptions.HTTPError, OSError)):
         return "connection_error", text
     return "fetch_error", text
+
+
+def content_length(resp: urllib3.BaseHTTPResponse) -> int | None:
+    try:
+        value = resp.headers.get("Content-Length")
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def reusable(resp: urllib3.BaseHTTPResponse) -> bool:
+    """Whether the connection may serve another request: not when the server closes it after this body."""
+    if resp.headers.get("Connection", "").lower() == "close":
+        return False
+    return resp.headers.get("Content-Length") is not None or bool(getattr(resp, "chunked", False))
+
+
+def discard(resp: urllib3.BaseHTTPResponse) -> None:
+    """Drop a response whose body we do not read: close its connection so no unread bytes reach a later request."""
+    with contextlib.suppress(Exception):
+        resp.close()
+    with contextlib.suppress(Exception):
+        resp.release_conn()

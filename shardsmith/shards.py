@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from tarfile import BLOCKSIZE
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from shardsmith.errors import REJECT_COLUMNS
+from shardsmith.ledger import REJECT_COLUMNS, SHARD
+from shardsmith.parts import sample_span
 from shardsmith.tables import ParquetAppender, Spill, bins_for, key_bins, num_rows, spill_folder
 from shardsmith.tario import (
     MEMBER_ORDER,
@@ -34,7 +34,7 @@ from shardsmith.tario import (
 if TYPE_CHECKING:  # pandas is imported where planning needs it: a write_shard job starts 0.3 s sooner without it
     import pandas as pd
 
-STAGE = "shard"
+STAGE = SHARD
 
 
 def shard_name(dataset: str, index: int) -> str:
@@ -246,7 +246,7 @@ def write_shard(
                 run.clear()
 
         for row in plan:
-            span = _sample_span(row)
+            span = sample_span(row)
             if span is None:  # not laid out as the processor writes: member by member
                 copy_run()
                 src = sources[row["part"]]
@@ -275,19 +275,3 @@ def write_shard(
     if out_members is not None:
         write_members(out_members, members)
     return info
-
-
-def _padded(size: int) -> int:
-    return size + -size % BLOCKSIZE
-
-
-def _sample_span(row: dict) -> tuple[int, int] | None:
-    """Bytes [start, end) of a sample's jpg, txt and json members with their headers, when they lie back to
-    back in its part tar; None otherwise. Part tars come from the processor (shardsmith.process), whose
-    ShardWriter gives each member a one-block header with the shard's fields, so such a range holds the bytes
-    write() would."""
-    if row["txt_offset"] != row["jpg_offset"] + _padded(row["jpg_size"]) + BLOCKSIZE:
-        return None
-    if row["json_offset"] != row["txt_offset"] + _padded(row["txt_size"]) + BLOCKSIZE:
-        return None
-    return row["jpg_offset"] - BLOCKSIZE, row["json_offset"] + _padded(row["json_size"])

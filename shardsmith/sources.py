@@ -85,7 +85,8 @@ def readable_manifest(path: str, fetcher: "Fetcher | None" = None) -> Iterator[s
     if not REMOTE.match(path):
         yield path
         return
-    from shardsmith.fetch import Fetcher, FetchSettings
+    from shardsmith.fetch import Fetcher
+    from shardsmith.fetch_settings import FetchSettings
     from shardsmith.responses import AttemptError
     from shardsmith.s3 import S3Error
     from shardsmith.streams import StreamError, open_stream_url

@@ -13,8 +13,9 @@ from urllib.parse import urlsplit
 import urllib3
 
 from shardsmith.errors import ReasonError
-from shardsmith.fetch import Fetcher, backoff_wait, content_length, discard
-from shardsmith.responses import AttemptError, classify_exception
+from shardsmith.fetch import Fetcher
+from shardsmith.fetch_settings import backoff_wait
+from shardsmith.responses import AttemptError, classify_exception, content_length, discard
 from shardsmith.s3 import open_stream
 
 

@@ -13,7 +13,8 @@ from httpserver import Reply
 from servers import ALLOW_LOOPBACK
 from test_download import assert_ledger, read_raw
 
-from shardsmith.download import Keep, download_part, main, mark_failed
+from shardsmith.download import download_part, main
+from shardsmith.rawcache import Keep, mark_failed
 from shardsmith.s3 import upload
 from shardsmith.sources import plan_parts
 

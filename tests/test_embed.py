@@ -31,7 +31,7 @@ from shardsmith import embed, embed_stats
 from shardsmith.embed import EmbedSettings, HalvingBatch, PartSamples, embed_part
 from shardsmith.embed_stats import HIST_EDGES, QUANTILES, score_columns
 from shardsmith.errors import ConfigError
-from shardsmith.process import SAMPLE_COLUMNS
+from shardsmith.parts import SAMPLE_COLUMNS
 from shardsmith.shards import plan_shards
 from shardsmith.tario import ShardWriter, atomic_open
 from shardsmith.tinyclip import NAME, checkpoint_marker, write_tiny_clip

@@ -10,7 +10,9 @@ from httpserver import Reply, redirect
 from servers import ALLOW_LOOPBACK, free_port
 from workflow_helpers import REPO
 
-from shardsmith.fetch import Fetcher, FetchSettings, Outcome
+from shardsmith.dispatch import Outcome
+from shardsmith.fetch import Fetcher
+from shardsmith.fetch_settings import FetchSettings
 from shardsmith.responses import AttemptError, check_hash, parse_retry_after, sniff_image
 
 JPEG = [("Content-Type", "image/jpeg")]

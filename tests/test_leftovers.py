@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from shardsmith import tario
-from shardsmith.download import _link_or_copy
 from shardsmith.leftovers import find_leftovers, remove_leftovers, use_scratch
+from shardsmith.rawcache import link_or_copy
 
 
 def killed_atomic_write(path: Path) -> Path:
@@ -88,7 +88,7 @@ def test_linking_a_kept_file_again_leaves_no_temporary_name(tmp_path):
     keep = tmp_path / ".keep"
     keep.mkdir()
     for _ in range(3):  # every rerun of the part links the same file again
-        _link_or_copy(src, keep / src.name)
+        link_or_copy(src, keep / src.name)
     assert os.listdir(keep) == [src.name] and os.path.samefile(src, keep / src.name)
 
 

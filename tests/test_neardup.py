@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from shardsmith.errors import ConfigError
-from shardsmith.neardup import EXCLUSION_COLUMNS, NEAR_COLUMNS, NearSettings, exclusions, find_near_duplicates, summary
+from shardsmith.ledger import EXCLUSION_COLUMNS
+from shardsmith.neardup import NEAR_COLUMNS, NearSettings, exclusions, find_near_duplicates, summary
 
 BASE = 0x0F0F_0F0F_0F0F_0F0F
 

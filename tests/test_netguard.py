@@ -15,7 +15,9 @@ from conftest import jpeg_bytes
 from httpserver import Reply, redirect
 from servers import ALLOW_LOOPBACK
 
-from shardsmith.fetch import Fetcher, FetchSettings, Outcome
+from shardsmith.dispatch import Outcome
+from shardsmith.fetch import Fetcher
+from shardsmith.fetch_settings import FetchSettings
 from shardsmith.netguard import Guard, Refused, address_refusal
 
 REFUSED = {

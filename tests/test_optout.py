@@ -8,7 +8,9 @@ from conftest import jpeg_bytes
 from httpserver import Reply
 from servers import ALLOW_LOOPBACK
 
-from shardsmith.fetch import Fetcher, FetchSettings, Outcome
+from shardsmith.dispatch import Outcome
+from shardsmith.fetch import Fetcher
+from shardsmith.fetch_settings import FetchSettings
 from shardsmith.optout import opted_out, parse_tdmrep
 
 TEXT = [("Content-Type", "text/plain")]

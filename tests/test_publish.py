@@ -12,19 +12,9 @@ from pathlib import Path
 import pytest
 
 from shardsmith.build import BUILD_INFO, build_info
-from shardsmith.publish import (
-    CARD,
-    PublishConflict,
-    PublishSettings,
-    _batches,
-    auto_version,
-    content_fingerprint,
-    expected_etag,
-    file_table,
-    human_bytes,
-    publish,
-    publish_local,
-)
+from shardsmith.contents import CARD, PublishConflict, auto_version, content_fingerprint, file_table
+from shardsmith.publish import PublishSettings, publish, publish_local
+from shardsmith.publish_s3 import _batches, expected_etag, human_bytes
 from shardsmith.stores import MARKER, PublishError, complete_versions, latest_version, read_complete
 from shardsmith.tario import atomic_write_bytes
 

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from workflow_helpers import REPO
 
-from shardsmith.publish import PublishConflict, PublishSettings, expected_etag, publish
+from shardsmith.contents import PublishConflict
+from shardsmith.publish import PublishSettings, publish
+from shardsmith.publish_s3 import expected_etag
 from shardsmith.s3 import read_object, run
 from shardsmith.stores import MARKER, PublishError, complete_versions, latest_version, read_complete
 

@@ -12,10 +12,12 @@ import pytest
 from conftest import jpeg_bytes
 
 from shardsmith.captions import CaptionSettings
-from shardsmith.download import STATUS_COLUMNS, download_part
-from shardsmith.errors import REJECT_COLUMNS
+from shardsmith.download import download_part
 from shardsmith.index import MANIFEST_COLUMNS, LedgerMismatch, build_index, rejected_by_source
-from shardsmith.process import SAMPLE_COLUMNS, PartProcessor, process_part
+from shardsmith.ledger import REJECT_COLUMNS
+from shardsmith.parts import SAMPLE_COLUMNS
+from shardsmith.process import PartProcessor, process_part
+from shardsmith.rawcache import STATUS_COLUMNS
 from shardsmith.resize import ResizeSettings
 from shardsmith.shards import plan_shards, read_members, write_shard
 from shardsmith.sources import plan_parts
@@ -394,7 +396,6 @@ def test_shard_written_from_real_stages_holds_the_processed_members(tmp_path):
 
 
 def test_exclusions_go_to_the_ledger_with_their_reason_and_shards_stay_uniform(tmp_path):
-    from shardsmith.process import SAMPLE_COLUMNS
 
     rows = [
         {c: 0 for c in SAMPLE_COLUMNS} | {"key": f"k{i}", "source": "s", "source_id": f"id{i}", "url": ""}

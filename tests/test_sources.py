@@ -185,7 +185,8 @@ def test_a_source_without_records_is_a_config_error(tmp_path, kind):
 
 
 def test_remote_manifests_are_read_through_the_projects_own_clients(tmp_path, http_server, s3_server, s3_bucket):
-    from shardsmith.fetch import Fetcher, FetchSettings
+    from shardsmith.fetch import Fetcher
+    from shardsmith.fetch_settings import FetchSettings
     from shardsmith.s3 import run
 
     rows = pd.DataFrame({"url": ["http://x/a.jpg", "http://x/b.jpg"], "caption": ["a cat", "a dog"]})
@@ -209,7 +210,8 @@ def test_remote_manifests_are_read_through_the_projects_own_clients(tmp_path, ht
 
 
 def test_a_remote_manifest_that_cannot_be_read_is_a_one_line_config_error(tmp_path, http_server):
-    from shardsmith.fetch import Fetcher, FetchSettings
+    from shardsmith.fetch import Fetcher
+    from shardsmith.fetch_settings import FetchSettings
 
     fetcher = Fetcher(FetchSettings(retries=0, **ALLOW_LOOPBACK), log=lambda _: None)
     with pytest.raises(ConfigError, match=r"manifest http://127\.0\.0\.1:\d+/gone\.tsv cannot be read: not_found"):

@@ -1,0 +1,18 @@
+"""The ledger every rejected record ends in, and the stage names it is filed under: one owner, so every
+writer and reader of a rejection or exclusion table agrees on its columns and names.
+
+A stage's `{part}.rejected.parquet` (and the dataset's `rejected.parquet`) has REJECT_COLUMNS; an optional
+stage that takes published-to-be samples out (embed, dedupe) writes EXCLUSION_COLUMNS, which plan_shards
+turns into ledger rows.
+"""
+
+# The `stage` of a ledger row.
+DOWNLOAD, CAPTION, RESIZE, PROCESS = "download", "caption", "resize", "process"
+EMBED, DEDUPE = "embed", "dedupe"  # optional stages
+SHARD = "shard"
+# Pipeline order of the stages every build runs; optional ones (embed, dedupe) go between these and LAST_STAGES.
+STAGE_ORDER = (DOWNLOAD, CAPTION, RESIZE, PROCESS)
+LAST_STAGES = (SHARD,)
+
+REJECT_COLUMNS = ["source", "source_id", "url", "key", "stage", "reason", "detail"]  # a row of the rejection ledger
+EXCLUSION_COLUMNS = ["key", "stage", "reason", "detail"]  # a sample an optional stage leaves out
