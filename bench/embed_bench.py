@@ -45,9 +45,10 @@ import torch
 from open_clip.transform import PreprocessCfg, image_transform_v2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shardsmith import embed
+from shardsmith import embed, embed_model
 from shardsmith.demo import jpeg, photo
-from shardsmith.embed import EmbedSettings, embed_part
+from shardsmith.embed import embed_part
+from shardsmith.embed_model import EmbedSettings
 from shardsmith.parts import SAMPLE_COLUMNS
 from shardsmith.tario import ShardWriter, atomic_open
 from shardsmith.tinyclip import NAME, RANDOM_MARKER, write_tiny_clip
@@ -134,8 +135,8 @@ def model_settings(model: str, folder: Path) -> EmbedSettings:
 
 def loader_for(settings: EmbedSettings, tar: str, samples: str, decode: str, batch: int, count: int):
     """The DataLoader side of embed_part, with no model and no workers: what one worker process does."""
-    embed.register_model_config(settings)
-    pp_cfg = embed.preprocess_config(settings)
+    embed_model.register_model_config(settings)
+    pp_cfg = embed_model.preprocess_config(settings)
     transform = image_transform_v2(PreprocessCfg(**pp_cfg), is_train=False)
     table = pd.read_parquet(samples, columns=embed.SAMPLE_COLUMNS).head(count)
     dataset = embed.PartSamples(tar, table, transform, open_clip.get_tokenizer(settings.model), decode == "cpu")
@@ -180,8 +181,8 @@ def gpu_decode_rate(settings: EmbedSettings, tar: str, samples: str, device: tor
 
 def forward_rates(settings: EmbedSettings, device: torch.device, batches: list[int], iters: int) -> dict:
     """The device's forward-pass images/s per batch size: images and captions already on the device."""
-    model, pp_cfg = embed.load_model(settings, device)
-    precision = embed.resolve_precision(settings.precision, device)
+    model, pp_cfg = embed_model.load_model(settings, device)
+    precision = embed_model.resolve_precision(settings.precision, device)
     tokenizer = open_clip.get_tokenizer(settings.model)
     size = pp_cfg["size"] if isinstance(pp_cfg["size"], (list, tuple)) else (pp_cfg["size"],) * 2
     rates = {}
@@ -349,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     ap.add_argument("--out", help="results file (default bench/results/embed-<device>.json)")
     a = ap.parse_args(argv)
-    device = embed.resolve_device(a.device)
+    device = embed_model.resolve_device(a.device)
     d = DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
     batches, workers, decodes = a.batch or d["batch"], a.workers or d["workers"], a.decode or d["decode"]
     if "gpu" in decodes and device.type != "cuda":
@@ -407,7 +408,7 @@ def main(argv: list[str] | None = None) -> dict:
             )
         ),
         "cpus": os.cpu_count(),
-        "image_library": embed.image_library(),  # pillow-simd decodes and resizes faster than Pillow
+        "image_library": embed_model.image_library(),  # pillow-simd decodes and resizes faster than Pillow
         "models": models,
         "versions": {"torch": torch.__version__, "python": platform.python_version(), "cuda": torch.version.cuda},
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -1,6 +1,7 @@
 """Rule glue for embed_part: logic in shardsmith.embed (the model lives in this process; workers only decode)."""
 
-from shardsmith.embed import EmbedSettings, embed_part
+from shardsmith.embed import embed_part
+from shardsmith.embed_model import EmbedSettings
 from shardsmith.logs import run_job
 
 

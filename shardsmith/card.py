@@ -198,12 +198,25 @@ def card_text(
     near: dict | None = None,
 ) -> str:
     """The dataset card (Markdown) of one built version."""
-    from shardsmith.report import funnel, ordered_stages
-
-    dataset, version = stats["dataset"], config.get("version", "v1")
     versions = package_versions() if versions is None else versions
-    resize, captions = config.get("resize", {}), config.get("captions", {})
     shards = sorted(sizes)
+    out = _intro(config, stats, sizes, loader, versions)
+    if shards:
+        out += _train_section(config, sizes)
+    out += _counts_section(config, stats)
+    out += _rejections_section(stats)
+    if emb_stats is not None:
+        out += _clip_section(emb_stats)
+    if near is not None:
+        out += _near_section(near)
+    out += _build_section(config, versions)
+    out += _files_section(shards, emb_stats is not None)
+    return "\n".join(out) + "\n"
+
+
+def _intro(config: dict, stats: dict, sizes: dict[str, int], loader: str | None, versions: dict[str, str]) -> list[str]:
+    dataset, version = stats["dataset"], config.get("version", "v1")
+    resize, captions = config.get("resize", {}), config.get("captions", {})
     n = sum(sizes.values())
     max_side = resize.get("max_side")
     side = f"long side at most {max_side} px, " if max_side else ""
@@ -212,7 +225,7 @@ def card_text(
         title,
         "",
         "Image-caption pairs as [WebDataset](https://github.com/webdataset/webdataset) shards for OpenCLIP-style",
-        f"training: **{n:,} samples in {len(shards)} shards** ({_human(stats.get('bytes', 0))}) from "
+        f"training: **{n:,} samples in {len(sizes)} shards** ({_human(stats.get('bytes', 0))}) from "
         f"{stats['input_records']:,} input records, built by shardsmith {versions.get('shardsmith', '')}.",
         "",
         "Each sample is three files with the same key: `{key}.jpg` (RGB JPEG, "
@@ -225,24 +238,33 @@ def card_text(
     ]
     if version == "auto":
         out += ["The version is named when published (`{UTC date}-{content fingerprint}`); see `_COMPLETE.json`.", ""]
-    if shards:
-        workers = max(1, min(2, len(shards)))
-        out += [
-            "## Train on it",
-            "",
-            "From the folder this card is in:",
-            "",
-            "```sh",
-            openclip_command(".", sizes, workers=workers),
-            "```",
-            "",
-            f"From elsewhere, put this folder's path in front of `{brace_pattern(shards)}`; from S3, use",
-            f"`--train-data 'pipe:aws s3 cp s3://BUCKET/PREFIX/{brace_pattern(shards)} -'`. OpenCLIP needs at least",
-            f"workers x GPUs shards; this version has {len(shards)}. `sizes.json` gives the sample count per shard.",
-            "",
-            *_other_loaders(shards, config),
-        ]
-    out += ["## Counts", ""]
+    return out
+
+
+def _train_section(config: dict, sizes: dict[str, int]) -> list[str]:
+    shards = sorted(sizes)
+    workers = max(1, min(2, len(shards)))
+    return [
+        "## Train on it",
+        "",
+        "From the folder this card is in:",
+        "",
+        "```sh",
+        openclip_command(".", sizes, workers=workers),
+        "```",
+        "",
+        f"From elsewhere, put this folder's path in front of `{brace_pattern(shards)}`; from S3, use",
+        f"`--train-data 'pipe:aws s3 cp s3://BUCKET/PREFIX/{brace_pattern(shards)} -'`. OpenCLIP needs at least",
+        f"workers x GPUs shards; this version has {len(shards)}. `sizes.json` gives the sample count per shard.",
+        "",
+        *_other_loaders(shards, config),
+    ]
+
+
+def _counts_section(config: dict, stats: dict) -> list[str]:
+    from shardsmith.report import funnel
+
+    out = ["## Counts", ""]
     out += _table(["step", "records left", "rejected here"], [[s, left, d or ""] for s, left, d in funnel(stats)])
     out += ["", "By source:", ""]
     by_source, rejected_by_source = stats.get("published_by_source", {}), stats.get("rejected_by_source", {})
@@ -251,7 +273,13 @@ def card_text(
         published, rejected = by_source.get(src["name"], 0), rejected_by_source.get(src["name"], 0)
         src_rows.append([src["name"], src["type"], f"`{src['path']}`", published + rejected, published, rejected])
     out += _table(["source", "type", "path", "input", "published", "rejected"], src_rows)
-    out += ["", "## Rejections", ""]
+    return out
+
+
+def _rejections_section(stats: dict) -> list[str]:
+    from shardsmith.report import ordered_stages
+
+    out = ["", "## Rejections", ""]
     reasons = stats.get("rejected_by_reason", {})
     if reasons:
         rank = {s: i for i, s in enumerate(ordered_stages(r.split("/", 1)[0] for r in reasons))}
@@ -268,12 +296,11 @@ def card_text(
         ]
     else:
         out += ["No input record was rejected."]
-    out += [""]
-    if emb_stats is not None:
-        out += _clip_section(emb_stats)
-    if near is not None:
-        out += _near_section(near)
-    out += [
+    return out + [""]
+
+
+def _build_section(config: dict, versions: dict[str, str]) -> list[str]:
+    out = [
         "## Build",
         "",
         f"- Config fingerprint: `{config_fingerprint(config)}` (sha256 of the canonical JSON of the validated",
@@ -286,7 +313,7 @@ def card_text(
         "",
     ]
     out += _table(["package", "version"], [[k, f"`{v}`"] for k, v in versions.items()])
-    out += [
+    return out + [
         "",
         "<details><summary>Config (the fingerprinted part, defaults filled in)</summary>",
         "",
@@ -296,9 +323,10 @@ def card_text(
         "",
         "</details>",
         "",
-        "## Files",
-        "",
     ]
+
+
+def _files_section(shards: list[str], embedded: bool) -> list[str]:
     files = [
         [f"`{brace_pattern(shards)}`" if shards else "(no shards)", "the shards"],
         ["`sizes.json`", "samples per shard (OpenCLIP reads it for epoch accounting)"],
@@ -317,7 +345,6 @@ def card_text(
         ["`stats.json`", "the counts above"],
         ["`validation.json`", "what validation checked, and with which loader"],
     ]
-    if emb_stats is not None:
+    if embedded:
         files.append(["`embedding_stats.json`", "CLIP score statistics and their provenance"])
-    out += _table(["file", "content"], files)
-    return "\n".join(out) + "\n"
+    return ["## Files", ""] + _table(["file", "content"], files)

@@ -74,54 +74,26 @@ def download_records(
     retry = set(fetcher.s.retry_reasons) if refetch is None else refetch
     hash_type = source.get("hash_type", "md5")
     expected = {r["rid"]: (r.get("hash") or None) for r in recs}
-    kept_members = {}
-    if keep is not None and kept is not None:
-        try:
-            kept_members = keep.members()
-        except (tarfile.TarError, OSError, ValueError) as e:
-            fetcher.log(f"download {label}: the raw cache's tar is unreadable ({e}); fetching the whole part")
-            kept = None
-    prev_rows = {} if kept is None else {int(r["rid"]): r for r in kept.to_dict("records")}
-
-    def write(rid: int, data: bytes) -> None:
-        """Write one record's image and fields; raises Refused (nothing written) for a sidecar out of bounds."""
-        fields = json.loads(by_rid[rid]["fields"])
-        if source["type"] == "folder":
-            fields.update(read_sidecars(local_path(by_rid[rid]["url"]) or by_rid[rid]["url"], fetcher.guard))
-        meta = encode_fields(fields)
-        where = write_raw(tar, rid, data, meta)
-        if processor is not None:
-            tar.flush()  # the processor may read the image back from the raw tar
-            # the fields as the raw tar holds them (keys sorted), so a reprocess from the raw tar sees the same
-            processor.submit(rid, by_rid[rid], meta, data, where["img"])
+    kept_members, prev_rows = _kept(keep, kept, fetcher, label)
+    write = _record_writer(by_rid, source, fetcher, tar, processor)
 
     reused: dict[int, dict] = {}
     outcomes: dict[int, Outcome] = {}
     jobs = []
     for rec in recs:
-        prev = prev_rows.get(rec["rid"])
-        if reusable(prev, rec, retry) and (prev["status"] != "ok" or rec["rid"] in kept_members):
-            if prev["status"] == "ok":
-                try:  # kept bytes are published only if the guard (as configured now) still allows the URL
-                    fetcher.admit(rec["url"], resolve=True)
-                except AttemptError as e:
-                    outcomes[rec["rid"]] = Outcome(reason=e.reason, detail=e.detail, attempts=0)
-                    continue
-                data = keep.read(kept_members[rec["rid"]]["img"])
-                if expected[rec["rid"]]:
-                    try:  # the manifest's hash may have changed since the bytes were kept
-                        check_hash(data, expected[rec["rid"]], hash_type)
-                    except AttemptError:
-                        jobs.append((rec["rid"], rec["url"], expected[rec["rid"]]))
-                        continue
-                try:
-                    write(rec["rid"], data)
-                except Refused as e:
-                    outcomes[rec["rid"]] = Outcome(reason=e.reason, detail=e.detail, attempts=0)
-                    continue
-            reused[rec["rid"]] = prev
-        else:
-            jobs.append((rec["rid"], rec["url"], expected[rec["rid"]]))
+        rid, prev = rec["rid"], prev_rows.get(rec["rid"])
+        if not (reusable(prev, rec, retry) and (prev["status"] != "ok" or rid in kept_members)):
+            jobs.append((rid, rec["url"], expected[rid]))
+            continue
+        if prev["status"] == "ok":
+            verdict = _rewrite_kept(rec, keep, kept_members[rid]["img"], expected[rid], hash_type, fetcher, write)
+            if verdict is _REFETCH:
+                jobs.append((rid, rec["url"], expected[rid]))
+                continue
+            if verdict is not None:
+                outcomes[rid] = verdict
+                continue
+        reused[rid] = prev
     if keep is not None:
         keep.close()
     if reused:
@@ -137,20 +109,82 @@ def download_records(
         outcomes[rid] = outcome
 
     fetcher.fetch_all(jobs, on_result, hash_type=hash_type, label=label)
-    rows = []
-    for rec in recs:
-        rid = rec["rid"]
-        if rid in reused:
-            prev = reused[rid]
-            rows.append(
-                {
-                    **{c: prev[c] for c in STATUS_COLUMNS},
-                    **{c: rec[c] for c in ("rid", "source", "source_id", "url", "key")},
-                }
-            )
-        else:
-            rows.append(status_row(rec, outcomes[rid]))
-    return rows
+    return [
+        _kept_row(rec, reused[rec["rid"]]) if rec["rid"] in reused else status_row(rec, outcomes[rec["rid"]])
+        for rec in recs
+    ]
+
+
+_REFETCH = object()  # _rewrite_kept: the kept bytes no longer match the manifest's hash
+
+
+def _rewrite_kept(
+    rec: dict,
+    keep: Keep,
+    where: tuple[int, int],
+    expected: str | None,
+    hash_type: str,
+    fetcher: Fetcher,
+    write: Callable[[int, bytes], None],
+) -> "Outcome | object | None":
+    """Write a kept ok record's bytes to the new raw tar: None when written, an Outcome when it is refused now
+    (the guard as configured now, or a sidecar out of bounds), _REFETCH when the manifest's hash changed."""
+    try:  # kept bytes are published only if the guard (as configured now) still allows the URL
+        fetcher.admit(rec["url"], resolve=True)
+    except AttemptError as e:
+        return Outcome(reason=e.reason, detail=e.detail, attempts=0)
+    data = keep.read(where)
+    if expected:
+        try:  # the manifest's hash may have changed since the bytes were kept
+            check_hash(data, expected, hash_type)
+        except AttemptError:
+            return _REFETCH
+    try:
+        write(rec["rid"], data)
+    except Refused as e:
+        return Outcome(reason=e.reason, detail=e.detail, attempts=0)
+    return None
+
+
+def _kept(
+    keep: Keep | None, kept: pd.DataFrame | None, fetcher: Fetcher, label: str
+) -> tuple[dict[int, dict[str, tuple[int, int]]], dict[int, dict]]:
+    """({rid: members} of the kept raw tar, {rid: kept status row}); both empty when there is no usable keep."""
+    if keep is None or kept is None:
+        return {}, {}
+    try:
+        members = keep.members()
+    except (tarfile.TarError, OSError, ValueError) as e:
+        fetcher.log(f"download {label}: the raw cache's tar is unreadable ({e}); fetching the whole part")
+        return {}, {}
+    return members, {int(r["rid"]): r for r in kept.to_dict("records")}
+
+
+def _record_writer(
+    by_rid: dict[int, dict],
+    source: dict,
+    fetcher: Fetcher,
+    tar: ShardWriter,
+    processor: "PartProcessor | ChildProcessor | None",
+) -> Callable[[int, bytes], None]:
+    def write(rid: int, data: bytes) -> None:
+        """Write one record's image and fields; raises Refused (nothing written) for a sidecar out of bounds."""
+        fields = json.loads(by_rid[rid]["fields"])
+        if source["type"] == "folder":
+            fields.update(read_sidecars(local_path(by_rid[rid]["url"]) or by_rid[rid]["url"], fetcher.guard))
+        meta = encode_fields(fields)
+        where = write_raw(tar, rid, data, meta)
+        if processor is not None:
+            tar.flush()  # the processor may read the image back from the raw tar
+            # the fields as the raw tar holds them (keys sorted), so a reprocess from the raw tar sees the same
+            processor.submit(rid, by_rid[rid], meta, data, where["img"])
+
+    return write
+
+
+def _kept_row(rec: dict, prev: dict) -> dict:
+    """A kept outcome's status row, with the record's identity as planned now."""
+    return {**{c: prev[c] for c in STATUS_COLUMNS}, **{c: rec[c] for c in ("rid", "source", "source_id", "url", "key")}}
 
 
 def download_part(
@@ -183,32 +217,11 @@ def download_part(
     started = time.monotonic()
 
     if source["type"] == "shards":
-        urls = set(records["url"])
-        if kept is not None and set(kept["url"]) == urls and not kept["reason"].isin(retry).any():
+        if kept is not None and set(kept["url"]) == set(records["url"]) and not kept["reason"].isin(retry).any():
             log(f"download {label}: source shard kept from the raw cache, not read again")
-            link_or_copy(keep.tar, Path(out_tar))
-            os.utime(out_tar)  # newer than its inputs, or Snakemake would rerun the job next time
-            status = kept[STATUS_COLUMNS].assign(key=shard_keys(kept, source))
-            if processor is not None:
-                by_rid = {r["rid"]: r for r in status.to_dict("records")}
-                processor.read_from(out_tar)
-                for rid, where, fields in iter_raw(out_tar):
-                    if rid in by_rid and by_rid[rid]["status"] == "ok":
-                        processor.submit(rid, by_rid[rid], fields, where=where)
+            status = _reuse_shard(keep, kept, source, out_tar, processor)
         else:
-            rows = []
-            with atomic_open(out_tar) as f, ShardWriter(f) as tar:
-                if processor is not None:
-                    processor.read_from(f.name)
-                for row, data, fields in iter_shard_records(records, source, fetcher):
-                    rows.append(row)
-                    if data is not None:
-                        meta = encode_fields(fields)
-                        where = write_raw(tar, row["rid"], data, meta)
-                        if processor is not None:
-                            tar.flush()
-                            processor.submit(row["rid"], row, meta, data, where["img"])
-            status = pd.DataFrame(rows, columns=STATUS_COLUMNS)
+            status = _read_shards(records, source, fetcher, out_tar, processor)
     else:
         with atomic_open(out_tar) as f, ShardWriter(f) as tar:
             if processor is not None:
@@ -226,6 +239,45 @@ def download_part(
         f"in {time.monotonic() - started:.1f} s"
     )
     return status
+
+
+def _reuse_shard(
+    keep: Keep, kept: pd.DataFrame, source: dict, out_tar: str, processor: "PartProcessor | ChildProcessor | None"
+) -> pd.DataFrame:
+    """The kept raw tar of a source shard put back in place, its samples handed to `processor`."""
+    link_or_copy(keep.tar, Path(out_tar))
+    os.utime(out_tar)  # newer than its inputs, or Snakemake would rerun the job next time
+    status = kept[STATUS_COLUMNS].assign(key=shard_keys(kept, source))
+    if processor is not None:
+        by_rid = {r["rid"]: r for r in status.to_dict("records")}
+        processor.read_from(out_tar)
+        for rid, where, fields in iter_raw(out_tar):
+            if rid in by_rid and by_rid[rid]["status"] == "ok":
+                processor.submit(rid, by_rid[rid], fields, where=where)
+    return status
+
+
+def _read_shards(
+    records: pd.DataFrame,
+    source: dict,
+    fetcher: Fetcher,
+    out_tar: str,
+    processor: "PartProcessor | ChildProcessor | None",
+) -> pd.DataFrame:
+    """Source shards read (or streamed) into the raw tar, each sample handed to `processor` as it is written."""
+    rows = []
+    with atomic_open(out_tar) as f, ShardWriter(f) as tar:
+        if processor is not None:
+            processor.read_from(f.name)
+        for row, data, fields in iter_shard_records(records, source, fetcher):
+            rows.append(row)
+            if data is not None:
+                meta = encode_fields(fields)
+                where = write_raw(tar, row["rid"], data, meta)
+                if processor is not None:
+                    tar.flush()
+                    processor.submit(row["rid"], row, meta, data, where["img"])
+    return pd.DataFrame(rows, columns=STATUS_COLUMNS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,174 +18,43 @@ cache) or a local checkpoint file, optionally with a custom model config JSON (t
 """
 
 import contextlib
-import difflib
 import io
 import json
 import logging
 import os
-import platform
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from importlib import metadata
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import open_clip
 import pandas as pd
-import PIL
 import torch
 import torch.nn.functional as F
 from open_clip.transform import PreprocessCfg, image_transform_v2
-from PIL import Image, features
+from PIL import Image
 
 from shardsmith.embed_decode import check_tensor_preprocess, decode_jpeg_batch, image_tensor, tensor_preprocess
+from shardsmith.embed_model import (
+    EmbedSettings,
+    load_model,
+    preprocess_config,
+    provenance,
+    register_model_config,
+    resolve_decode,
+    resolve_device,
+    resolve_precision,
+    resolve_weights,
+)
 from shardsmith.embed_stats import score_columns, write_npz
-from shardsmith.errors import ConfigError
 from shardsmith.parts import member_columns
-from shardsmith.tario import atomic_open, atomic_write_text, sha256_file
-from shardsmith.tinyclip import checkpoint_marker
+from shardsmith.tario import atomic_open, atomic_write_text
 
 log = logging.getLogger(__name__)
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SAMPLE_COLUMNS = ["key", *member_columns("jpg", "txt")]  # what embedding reads of a samples table
 JPEG_MAGIC = b"\xff\xd8\xff"
-
-
-@dataclass(frozen=True)
-class EmbedSettings:
-    """The `embed` config keys that decide how scores are computed (see config/config.schema.yaml)."""
-
-    model: str = "ViT-B-32"
-    pretrained: str = "laion2b_s34b_b79k"
-    model_config: str | None = None
-    batch_size: int = 256
-    precision: str = "auto"
-    device: str = "auto"
-    workers: int = 4
-    decode: str = "cpu"
-
-
-def resolve_device(setting: str) -> torch.device:
-    """`auto` takes the GPU when one is visible and falls back to the CPU; `cuda` without a GPU is an error."""
-    if setting == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if setting.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(
-            f"embed.device is {setting} but no CUDA device is visible "
-            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); "
-            "use auto to fall back to the CPU."
-        )
-    return torch.device(setting)
-
-
-def resolve_precision(setting: str, device: torch.device) -> str:
-    """Autocast precision: bf16 (or fp16 without bf16 support) on CUDA under `auto`; always fp32 on the CPU."""
-    if device.type != "cuda":
-        if setting not in ("auto", "fp32"):
-            log.warning("embed.precision %s applies on CUDA only; computing in fp32 on %s", setting, device)
-        return "fp32"
-    if setting == "auto":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return setting
-
-
-def resolve_decode(settings: EmbedSettings, device: torch.device) -> str:
-    """Where JPEGs are decoded and preprocessed: `gpu` needs the model on CUDA.
-
-    With the model on the CPU because no GPU is visible (device auto), the workers decode as with `cpu` and
-    the log says so; `device: cpu` with `decode: gpu` contradicts itself and is an error.
-    """
-    if settings.decode == "cpu":
-        return "cpu"
-    if settings.decode != "gpu":
-        raise ConfigError(f"embed.decode must be cpu or gpu, not {settings.decode!r}")
-    if device.type == "cuda":
-        return "gpu"
-    if settings.device == "cpu":
-        raise ConfigError("embed.decode is gpu but embed.device is cpu; set decode: cpu, or device: auto or cuda.")
-    log.warning("embed.decode is gpu but no CUDA device is visible; the workers decode on the CPU (as decode: cpu)")
-    return "cpu"
-
-
-def register_model_config(settings: EmbedSettings) -> None:
-    """Make `settings.model` known to open_clip: a built-in name, or the stem of `model_config`."""
-    if settings.model_config:
-        path = Path(settings.model_config)
-        if not path.is_file():
-            raise ConfigError(f"embed.model_config: no such file {path}")
-        if path.stem != settings.model:
-            raise ConfigError(
-                f"embed.model is {settings.model!r} but embed.model_config {path} defines model {path.stem!r} "
-                "(open_clip names a config file's model after the file); set embed.model to that name."
-            )
-        open_clip.add_model_config(path)
-    if settings.model.startswith(("hf-hub:", "local-dir:")):
-        return
-    if open_clip.get_model_config(settings.model) is None:
-        close = difflib.get_close_matches(settings.model, open_clip.list_models(), n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ConfigError(f"embed.model: open_clip has no model {settings.model!r}.{hint}")
-
-
-def resolve_weights(settings: EmbedSettings) -> dict:
-    """Where the weights come from: {kind: tag|checkpoint|hf-hub, file, sha256, marker}.
-
-    A tag is looked up in the Hugging Face cache (fetched only when the hub is reachable and
-    HF_HUB_OFFLINE is unset); a checkpoint is a local file. Either way the file's sha256 is recorded.
-    """
-    from open_clip.pretrained import download_pretrained, download_pretrained_from_hf, get_pretrained_cfg
-
-    if settings.model.startswith("hf-hub:"):
-        kind, path = "hf-hub", download_pretrained_from_hf(settings.model.removeprefix("hf-hub:"))
-    elif cfg := get_pretrained_cfg(settings.model, settings.pretrained):
-        try:
-            kind, path = "tag", download_pretrained(cfg)
-        except Exception as e:
-            raise ConfigError(
-                f"embed.pretrained: weights {settings.model}/{settings.pretrained} are not in the Hugging Face cache "
-                f"and could not be fetched ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
-                "Fetch them once on a machine with network access (same HF_HOME), or give a local checkpoint path."
-            ) from e
-    elif os.path.isfile(settings.pretrained):
-        kind, path = "checkpoint", settings.pretrained
-    else:
-        tags = open_clip.list_pretrained_tags_by_model(settings.model)
-        raise ConfigError(
-            f"embed.pretrained: {settings.pretrained!r} is neither a pretrained tag of {settings.model} "
-            f"(known: {', '.join(tags) or 'none'}) nor an existing checkpoint file."
-        )
-    marker = checkpoint_marker(path) if kind == "checkpoint" else None
-    return {"kind": kind, "file": str(path), "sha256": sha256_file(path), "marker": marker}
-
-
-def preprocess_config(settings: EmbedSettings) -> dict:
-    """open_clip's inference preprocessing for the model, worked out without building it.
-
-    The model skeleton is created on the meta device (no memory, no weights read), through the same
-    factory that loads the real model, so the transform matches what `create_model_and_transforms` gives.
-    """
-    logging.disable(logging.WARNING)  # open_clip would warn that this skeleton has random weights
-    try:
-        with torch.device("meta"):
-            skeleton = open_clip.create_model(
-                settings.model, pretrained=settings.pretrained, load_weights=False, pretrained_text=False, device="meta"
-            )
-    finally:
-        logging.disable(logging.NOTSET)
-    return dict(skeleton.visual.preprocess_cfg)
-
-
-def image_library() -> dict:
-    """Which Pillow decodes and resizes: pillow-simd resizes give other pixels, hence other scores."""
-    dists = [
-        d
-        for d in metadata.packages_distributions().get("PIL", [])
-        if d.lower().replace("_", "-") in ("pillow", "pillow-simd")
-    ]
-    name = next((d for d in dists if metadata.version(d) == PIL.__version__), dists[0] if dists else "pillow")
-    simd = name.lower() == "pillow-simd"
-    return {"name": "pillow-simd" if simd else "pillow", "version": PIL.__version__, "pillow_simd": simd}
 
 
 def collate_bytes(batch: list[tuple]) -> tuple[torch.Tensor, list, torch.Tensor]:
@@ -331,91 +200,8 @@ def encode(
     return image.float().cpu(), text.float().cpu()
 
 
-def load_model(settings: EmbedSettings, device: torch.device) -> tuple[torch.nn.Module, dict]:
-    """The model with its weights, in fp32 on `device` (mixed precision comes from autocast), in eval mode."""
-    model, _, _ = open_clip.create_model_and_transforms(
-        settings.model, pretrained=settings.pretrained, precision="fp32", device=device
-    )
-    return model.eval(), dict(model.visual.preprocess_cfg)
-
-
-def tensor_resize_library(device: torch.device) -> dict:
-    """`decode: gpu` resizes with torchvision's tensor ops on the GPU, not with Pillow."""
-    return {
-        "name": "torchvision",
-        "version": metadata.version("torchvision"),
-        "pillow_simd": False,
-        "device": device.type,
-    }
-
-
-def provenance(
-    settings: EmbedSettings,
-    weights: dict,
-    pp_cfg: dict,
-    transform: Callable,
-    tokenizer: object,
-    device: torch.device,
-    precision: str,
-    decode: str = "cpu",
-) -> dict:
-    """Everything that changes a score: model, weights, preprocessing, tokenizer, image library, precision, device.
-
-    The preprocessing steps are the same with either decode; which library decoded and resized is recorded
-    (like Pillow against pillow-simd, it moves scores slightly, so parts of both kinds may be pooled).
-    """
-    marker = weights["marker"] or {}
-    random = bool(marker.get("random_init"))
-    if random:
-        statement = (
-            f"RANDOM WEIGHTS: {settings.model} was randomly initialised (seed {marker.get('seed')}) by "
-            f"{marker.get('made_by', 'shardsmith')} for tests and demos; these scores say nothing about how well "
-            "images and captions match."
-        )
-    elif weights["kind"] == "checkpoint":
-        statement = f"weights from checkpoint {settings.pretrained} (sha256 {weights['sha256']})"
-    else:
-        statement = (
-            f"pretrained weights {settings.model} / {settings.pretrained} from open_clip's registry "
-            f"(sha256 {weights['sha256']})"
-        )
-    model_config = settings.model_config
-    return {
-        "model": settings.model,
-        "pretrained": settings.pretrained,
-        "weights_kind": weights["kind"],
-        "checkpoint_sha256": weights["sha256"],
-        "model_config": model_config,
-        "model_config_sha256": sha256_file(model_config) if model_config else None,
-        "random_weights": random,
-        "weights_statement": statement,
-        "preprocess": {
-            **{k: list(v) if isinstance(v, tuple) else v for k, v in pp_cfg.items()},
-            "transform": " ".join(repr(transform).split()),
-        },
-        "tokenizer": {"class": type(tokenizer).__name__, "context_length": getattr(tokenizer, "context_length", None)},
-        "resize_library": image_library() if decode == "cpu" else tensor_resize_library(device),
-        "image_decode": {
-            "libjpeg_turbo": features.version("libjpeg_turbo"),
-            "jpeg": "Pillow" if decode == "cpu" else f"torchvision.io.decode_jpeg on {device.type}",
-            "other_formats": "Pillow",
-        },
-        "precision": {
-            "requested": settings.precision,
-            "used": precision,
-            "autocast": device.type == "cuda" and precision != "fp32",
-        },
-        "device": f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else device.type,
-        "versions": {
-            "torch": torch.__version__,
-            "torchvision": metadata.version("torchvision"),
-            "open_clip": open_clip.__version__,
-            "numpy": np.__version__,
-            "python": platform.python_version(),
-        },
-    }
-
-
+# Over 60 lines: one job's steps in the order they must run (DataLoader workers fork before the model
+# exists); the settings, loader, model and counters it would pass to each piece are the function's state.
 def embed_part(
     tar_path: str,
     samples_path: str,
@@ -463,41 +249,10 @@ def embed_part(
     loaded = time.perf_counter()
 
     batcher = HalvingBatch(settings.batch_size)
-    image_parts, text_parts, order, pillow_fallbacks = [], [], [], 0
-    for index, images, tokens in batches:
-        if decode == "gpu":
-            images, failed = dataset.device_images(index, images, device, pp_cfg)
-            pillow_fallbacks += failed
-        image, text = batcher.run(lambda im, tok: encode(model, im, tok, device, precision), images, tokens)
-        image_parts.append(image)
-        text_parts.append(text)
-        order.append(index)
-    if order:
-        image, text = torch.cat(image_parts), torch.cat(text_parts)
-        if not torch.equal(torch.cat(order), torch.arange(len(samples))):
-            raise RuntimeError("the DataLoader returned samples out of order")
-    else:  # an empty part: shapes from the model, so the files are still well-formed
-        with torch.inference_mode():
-            dim = model.encode_text(tokenizer([""]).to(device)).shape[-1]
-        image = text = torch.zeros(0, dim)
-    image_unit, text_unit = F.normalize(image, dim=-1), F.normalize(text, dim=-1)
-    cols = score_columns(settings.model)
-    scores = pd.DataFrame(
-        {
-            "key": samples["key"],
-            cols["similarity"]: (image_unit * text_unit).sum(-1).numpy().astype(np.float32),
-            cols["image_norm"]: image.norm(dim=-1).numpy().astype(np.float32),
-            cols["text_norm"]: text.norm(dim=-1).numpy().astype(np.float32),
-        }
+    image, text, pillow_fallbacks = _embed_batches(
+        batches, dataset, batcher, model, tokenizer, device, precision, pp_cfg
     )
-    write_npz(
-        out_embeddings,
-        key=samples["key"].to_numpy(dtype=str),
-        image=image_unit.numpy().astype(np.float16),
-        text=text_unit.numpy().astype(np.float16),
-    )
-    with atomic_open(out_scores) as f:
-        scores.to_parquet(f, index=False)
+    _write_scores(samples["key"], image, text, settings.model, out_scores, out_embeddings)
     seconds = time.perf_counter() - loaded
     info = {
         "part": Path(samples_path).name.split(".")[0],
@@ -517,3 +272,58 @@ def embed_part(
     }
     atomic_write_text(out_info, json.dumps(info, indent=1, sort_keys=True) + "\n")
     return info
+
+
+def _embed_batches(
+    batches: Iterator,
+    dataset: PartSamples,
+    batcher: HalvingBatch,
+    model: torch.nn.Module,
+    tokenizer: Callable,
+    device: torch.device,
+    precision: str,
+    pp_cfg: dict,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(image, text) raw embeddings of every sample in order, and how many JPEGs nvJPEG left to Pillow."""
+    image_parts, text_parts, order, pillow_fallbacks = [], [], [], 0
+    for index, images, tokens in batches:
+        if not dataset.decode:  # decode: gpu
+            images, failed = dataset.device_images(index, images, device, pp_cfg)
+            pillow_fallbacks += failed
+        image, text = batcher.run(lambda im, tok: encode(model, im, tok, device, precision), images, tokens)
+        image_parts.append(image)
+        text_parts.append(text)
+        order.append(index)
+    if order:
+        image, text = torch.cat(image_parts), torch.cat(text_parts)
+        if not torch.equal(torch.cat(order), torch.arange(len(dataset))):
+            raise RuntimeError("the DataLoader returned samples out of order")
+    else:  # an empty part: shapes from the model, so the files are still well-formed
+        with torch.inference_mode():
+            dim = model.encode_text(tokenizer([""]).to(device)).shape[-1]
+        image = text = torch.zeros(0, dim)
+    return image, text, pillow_fallbacks
+
+
+def _write_scores(
+    keys: pd.Series, image: torch.Tensor, text: torch.Tensor, model_name: str, out_scores: str, out_embeddings: str
+) -> None:
+    """Scores (similarity, norms) as parquet and the unit embeddings as fp16 npz, both in sample order."""
+    image_unit, text_unit = F.normalize(image, dim=-1), F.normalize(text, dim=-1)
+    cols = score_columns(model_name)
+    scores = pd.DataFrame(
+        {
+            "key": keys,
+            cols["similarity"]: (image_unit * text_unit).sum(-1).numpy().astype(np.float32),
+            cols["image_norm"]: image.norm(dim=-1).numpy().astype(np.float32),
+            cols["text_norm"]: text.norm(dim=-1).numpy().astype(np.float32),
+        }
+    )
+    write_npz(
+        out_embeddings,
+        key=keys.to_numpy(dtype=str),
+        image=image_unit.numpy().astype(np.float16),
+        text=text_unit.numpy().astype(np.float16),
+    )
+    with atomic_open(out_scores) as f:
+        scores.to_parquet(f, index=False)

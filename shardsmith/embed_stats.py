@@ -209,6 +209,19 @@ def merge_provenance(infos: list[dict]) -> dict:
     return merged
 
 
+def _read_shards(
+    scores_paths: list[str], sums_paths: list[str], embeddings_paths: list[str]
+) -> tuple[list[pd.DataFrame], list[dict]]:
+    """The shards' score tables and sums; each shard's embeddings must hold the keys of its score table."""
+    tables = [pd.read_parquet(p) for p in scores_paths]
+    sums = [json.loads(Path(p).read_text()) for p in sums_paths]
+    for path, table in zip(embeddings_paths, tables, strict=False):
+        keys = read_npz(path)["key"]
+        if list(keys) != list(table["key"]):
+            raise ValueError(f"{path}: keys differ from the shard's score table")
+    return tables, sums
+
+
 def summarize(
     shard_scores_paths: list[str],
     shard_sums_paths: list[str],
@@ -225,16 +238,11 @@ def summarize(
     preprocessing saw them, which changes scores too, so it belongs to the provenance.
     """
     cols = score_columns(model)
-    tables = [pd.read_parquet(p) for p in shard_scores_paths]
+    tables, sums = _read_shards(shard_scores_paths, shard_sums_paths, shard_embeddings_paths)
     scores = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["key", *cols.values()])
-    sums = [json.loads(Path(p).read_text()) for p in shard_sums_paths]
     n = sum(s["n"] for s in sums)
     if n != len(scores):
         raise ValueError(f"shard sums cover {n} samples but the shard score tables hold {len(scores)}")
-    for path, table in zip(shard_embeddings_paths, tables, strict=False):
-        keys = read_npz(path)["key"]
-        if list(keys) != list(table["key"]):
-            raise ValueError(f"{path}: keys differ from the shard's score table")
     infos = sorted((json.loads(Path(p).read_text()) for p in part_infos), key=lambda i: i["part"])
     excluded = len(pd.read_parquet(exclusions)) if exclusions else 0
     embedded = sum(i["samples"] for i in infos)

@@ -53,6 +53,19 @@ def rejected_by_source(rejected_path: str | os.PathLike) -> dict[str, int]:
     return dict(sorted(_counts(pq.ParquetFile(rejected_path).read(columns=["source"]), ["source"]).items()))
 
 
+def wids_index(dataset: str, infos: list[dict]) -> dict:
+    """wids' shard index (wids-shard-index-v1): url, nsamples, md5sum and filesize of every shard."""
+    return {
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "name": dataset,
+        "shardlist": [
+            {k: i[k] for k in ("url", "nsamples", "md5sum", "filesize")}
+            for i in ({**i, "url": i["shard"]} for i in infos)
+        ],
+    }
+
+
 def build_index(
     dataset: str,
     shard_infos: list[str],
@@ -69,15 +82,6 @@ def build_index(
     out_dir = Path(out_dir)
     infos = [json.loads(Path(p).read_text()) for p in shard_infos]
     sizes = {i["shard"]: i["nsamples"] for i in infos}
-    wids = {
-        "__kind__": "wids-shard-index-v1",
-        "wids_version": 1,
-        "name": dataset,
-        "shardlist": [
-            {k: i[k] for k in ("url", "nsamples", "md5sum", "filesize")}
-            for i in ({**i, "url": i["shard"]} for i in infos)
-        ],
-    }
     inputs = sum(num_rows(p) for p in status_paths)
     by_source: Counter = Counter()
     by_source_rejected: Counter = Counter()
@@ -123,6 +127,6 @@ def build_index(
         "passed_through_unchanged": passthrough,
     }
     atomic_write_text(out_dir / INDEX_FILES["sizes"], dumps(sizes))
-    atomic_write_text(out_dir / INDEX_FILES["wids"], dumps(wids))
+    atomic_write_text(out_dir / INDEX_FILES["wids"], dumps(wids_index(dataset, infos)))
     atomic_write_text(out_dir / INDEX_FILES["stats"], dumps(stats))
     return stats

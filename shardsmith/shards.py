@@ -56,20 +56,8 @@ DROPS = pa.schema(
 )
 
 
-def _decide_drops(samples_paths: list[str], exclusions: list[str], spill_dir: str) -> tuple[Spill, list[int]]:
-    """Which samples leave the shards, and why, without holding the dataset.
-
-    Every sample (key, position in the dataset) and every exclusion row (key, stage, reason, detail) is
-    sorted into bins by key hash, so all rows of a key meet in one bin; each bin then decides on its own:
-    an excluded key's samples drop with the exclusion's reason (its first row counts), and of the other
-    samples of a key all but the first drop as duplicate_key. The decisions go to bins by dataset position
-    (a run of parts each), read back part by part. Returns those bins and the first position of each.
-    """
-    import pandas as pd
-
-    counts = [num_rows(p) for p in samples_paths]
-    n_ex = sum(num_rows(p) for p in exclusions)
-    n_keys = bins_for(sum(counts) + n_ex)
+def _spill_by_key(samples_paths: list[str], exclusions: list[str], n_keys: int, n_ex: int, spill_dir: str) -> Spill:
+    """Every exclusion row (numbered below zero, in order) and every sample (by dataset position), in bins by key."""
     keyed = Spill(Path(spill_dir) / "keys", n_keys, KEYED)
     at = 0
     for path in exclusions:  # exclusion rows first, numbered below zero: their order decides which counts
@@ -90,6 +78,44 @@ def _decide_drops(samples_paths: list[str], exclusions: list[str], spill_dir: st
             columns = [t.column("key"), pos, t.column("source_id"), null, null, null]
             keyed.add(pa.Table.from_arrays(columns, names=KEYED.names), key_bins(t.column("key"), n_keys))
     keyed.close()
+    return keyed
+
+
+def _decide_bin(table: pa.Table) -> list[pd.DataFrame]:
+    """(pos, key, stage, reason, detail) of the samples of one key bin that drop: an excluded key's samples
+    with the exclusion's reason (its first row counts), of the other samples of a key all but the first."""
+    rows = table.to_pandas().sort_values("pos", kind="stable")
+    is_ex = rows["pos"] < 0
+    reasons = rows[is_ex].drop_duplicates("key", keep="first").set_index("key")[["stage", "reason", "detail"]]
+    samples = rows[~is_ex]
+    hit = samples["key"].isin(reasons.index)
+    rest = samples[~hit]
+    dup = rest.duplicated("key", keep="first")
+    pieces = []
+    if hit.any():
+        pieces.append(samples[hit][["pos", "key"]].join(reasons, on="key"))
+    if dup.any():
+        first = rest[~dup].set_index("key")["source_id"]
+        repeat = rest[dup][["pos", "key"]].assign(stage=STAGE, reason="duplicate_key")
+        repeat["detail"] = ["same key as " + sid for sid in first.loc[repeat["key"]]]
+        pieces.append(repeat)
+    return pieces
+
+
+def _decide_drops(samples_paths: list[str], exclusions: list[str], spill_dir: str) -> tuple[Spill, list[int]]:
+    """Which samples leave the shards, and why, without holding the dataset.
+
+    Every sample (key, position in the dataset) and every exclusion row (key, stage, reason, detail) is
+    sorted into bins by key hash, so all rows of a key meet in one bin; each bin then decides on its own:
+    an excluded key's samples drop with the exclusion's reason (its first row counts), and of the other
+    samples of a key all but the first drop as duplicate_key. The decisions go to bins by dataset position
+    (a run of parts each), read back part by part. Returns those bins and the first position of each.
+    """
+    import pandas as pd
+
+    counts = [num_rows(p) for p in samples_paths]
+    n_ex = sum(num_rows(p) for p in exclusions)
+    keyed = _spill_by_key(samples_paths, exclusions, bins_for(sum(counts) + n_ex), n_ex, spill_dir)
 
     # decision bins by position: consecutive parts, about BIN_ROWS samples a bin
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -105,21 +131,7 @@ def _decide_drops(samples_paths: list[str], exclusions: list[str], spill_dir: st
             pc.min(table["pos"]).as_py() >= 0 and pc.count_distinct(table["key"]).as_py() == table.num_rows
         ):
             continue  # no exclusion and no repeated key: nothing drops, and no key becomes a Python string
-        rows = table.to_pandas().sort_values("pos", kind="stable")
-        is_ex = rows["pos"] < 0
-        reasons = rows[is_ex].drop_duplicates("key", keep="first").set_index("key")[["stage", "reason", "detail"]]
-        samples = rows[~is_ex]
-        hit = samples["key"].isin(reasons.index)
-        rest = samples[~hit]
-        dup = rest.duplicated("key", keep="first")
-        pieces = []
-        if hit.any():
-            pieces.append(samples[hit][["pos", "key"]].join(reasons, on="key"))
-        if dup.any():
-            first = rest[~dup].set_index("key")["source_id"]
-            repeat = rest[dup][["pos", "key"]].assign(stage=STAGE, reason="duplicate_key")
-            repeat["detail"] = ["same key as " + sid for sid in first.loc[repeat["key"]]]
-            pieces.append(repeat)
+        pieces = _decide_bin(table)
         if pieces:
             out = pd.concat(pieces, ignore_index=True)[["pos", "stage", "reason", "detail"]]
             drops.add(
@@ -130,6 +142,8 @@ def _decide_drops(samples_paths: list[str], exclusions: list[str], spill_dir: st
     return drops, bounds
 
 
+# Over 60 lines: one streaming loop and the flush that shares its held rows; splitting them would pass
+# that state back and forth.
 def plan_shards(
     samples_paths: list[str],
     part_ids: list[str],

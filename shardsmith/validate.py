@@ -168,6 +168,41 @@ def check_loader_indexes(
     return problems + (energon.check_tar_index(energon_index, found) if energon_index else [])
 
 
+def _member_problems(name: str, members: list[tarfile.TarInfo]) -> list[str]:
+    """Members that are not regular files, or not named key.(jpg|txt|json) within a tar header's 100 bytes."""
+    problems = []
+    for info in members:
+        if not info.isreg():
+            problems.append(f"{name}: member {info.name} is not a regular file")
+        elif not MEMBER_NAME.match(info.name) or len(info.name.encode()) > 100:
+            problems.append(f"{name}: member name {info.name!r} is not key.(jpg|txt|json) within 100 bytes")
+    return problems
+
+
+def _sample_problems(
+    name: str, samples: list[dict], planned: dict[str, dict], max_side: int | None, max_pixels: int
+) -> tuple[list[str], int]:
+    """(problems, images decoded) of the samples as the loader read them, against the plan."""
+    problems: list[str] = []
+    decoded = 0
+    for s in samples:
+        want = planned.get(s["__key__"])
+        if want is None:
+            continue
+        if s["sha256"] != want["sha256"]:
+            problems.append(f"{name}/{s['__key__']}: image bytes differ from the processed image")
+        w, h = want["width"], want["height"]
+        if "size" in s:
+            decoded += 1
+            if s["mode"] != "RGB" or tuple(s["size"]) != (w, h):
+                problems.append(f"{name}/{s['__key__']}: decodes as {s['mode']} {s['size']}, planned RGB {(w, h)}")
+        if (max_side and max(w, h) > max_side) or w * h > max_pixels:
+            problems.append(f"{name}/{s['__key__']}: image {w}x{h} over the limits")
+        if not s["text"] or not s["text"].strip():
+            problems.append(f"{name}/{s['__key__']}: empty caption")
+    return problems, decoded
+
+
 def validate_shard(
     shard: str,
     plan_path: str,
@@ -195,11 +230,7 @@ def validate_shard(
     except (tarfile.TarError, OSError) as e:  # cut short or overwritten since write_shard
         problems.append(f"{name}: not a readable tar ({e}); run write_shard for it again")
         return {"shard": name, "loader": None, "groups": 0, "passed": 0, "decoded": 0, "problems": problems}
-    for info in members:
-        if not info.isreg():
-            problems.append(f"{name}: member {info.name} is not a regular file")
-        elif not MEMBER_NAME.match(info.name) or len(info.name.encode()) > 100:
-            problems.append(f"{name}: member name {info.name!r} is not key.(jpg|txt|json) within 100 bytes")
+    problems += _member_problems(name, members)
     problems += check_loader_indexes(members, dali_index, energon_index)
     rows, loader = read_like_openclip(shard, spread(len(plan_keys), decode_per_shard))
     samples = [r for r in rows if r["kept"] and "decode_error" not in r]
@@ -216,23 +247,8 @@ def validate_shard(
     if keys != plan_keys[: len(keys)] or len(keys) != len(plan_keys):
         missing = sorted(set(plan_keys) - set(keys))[:5]
         problems.append(f"{name}: keys read differ from the plan (missing e.g. {missing})")
-    planned = {r["key"]: r for r in plan}
-    decoded = 0
-    for s in samples:
-        want = planned.get(s["__key__"])
-        if want is None:
-            continue
-        if s["sha256"] != want["sha256"]:
-            problems.append(f"{name}/{s['__key__']}: image bytes differ from the processed image")
-        w, h = want["width"], want["height"]
-        if "size" in s:
-            decoded += 1
-            if s["mode"] != "RGB" or tuple(s["size"]) != (w, h):
-                problems.append(f"{name}/{s['__key__']}: decodes as {s['mode']} {s['size']}, planned RGB {(w, h)}")
-        if (max_side and max(w, h) > max_side) or w * h > max_pixels:
-            problems.append(f"{name}/{s['__key__']}: image {w}x{h} over the limits")
-        if not s["text"] or not s["text"].strip():
-            problems.append(f"{name}/{s['__key__']}: empty caption")
+    more, decoded = _sample_problems(name, samples, {r["key"]: r for r in plan}, max_side, max_pixels)
+    problems += more
     return {
         "shard": name,
         "loader": loader,

@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from PIL import Image
 from workflow_helpers import REPO
 
-from shardsmith import embed, embed_stats
-from shardsmith.embed import EmbedSettings, HalvingBatch, PartSamples, embed_part
+from shardsmith import embed, embed_model, embed_stats
+from shardsmith.embed import HalvingBatch, PartSamples, embed_part
+from shardsmith.embed_model import EmbedSettings
 from shardsmith.embed_stats import HIST_EDGES, QUANTILES, score_columns
 from shardsmith.errors import ConfigError
 from shardsmith.parts import SAMPLE_COLUMNS
@@ -261,21 +262,21 @@ def test_real_checkpoint_is_not_called_random_and_cpu_ignores_half_precision(par
 
 def test_bad_model_settings_are_one_line_config_errors(tiny, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="defines model 'tiny-clip'"):
-        embed.register_model_config(EmbedSettings(model="ViT-B-32", model_config=tiny.model_config))
+        embed_model.register_model_config(EmbedSettings(model="ViT-B-32", model_config=tiny.model_config))
     with pytest.raises(ConfigError, match="Did you mean ViT-B-32"):
-        embed.register_model_config(EmbedSettings(model="ViT-B32"))
+        embed_model.register_model_config(EmbedSettings(model="ViT-B32"))
     with pytest.raises(ConfigError, match="neither a pretrained tag of ViT-B-32 .*laion2b_s34b_b79k"):
-        embed.resolve_weights(EmbedSettings(pretrained="laion2b_typo"))
+        embed_model.resolve_weights(EmbedSettings(pretrained="laion2b_typo"))
     import huggingface_hub.constants as hf
 
     monkeypatch.setattr(hf, "HF_HUB_OFFLINE", True)  # a known tag, offline, with an empty cache: a clear message
     monkeypatch.setattr(hf, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(ConfigError, match="not in the Hugging Face cache"):
-        embed.resolve_weights(EmbedSettings(model="ViT-B-32", pretrained="laion2b_s34b_b79k"))
+        embed_model.resolve_weights(EmbedSettings(model="ViT-B-32", pretrained="laion2b_s34b_b79k"))
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="no CUDA device"):
-            embed.resolve_device("cuda")
-    assert embed.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+            embed_model.resolve_device("cuda")
+    assert embed_model.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_failed_job_leaves_no_output_and_empty_part_gives_well_formed_files(tiny, tmp_path, monkeypatch):
@@ -465,14 +466,14 @@ def test_gpu_decode_inside_embed_part_gives_the_cpu_scores(tiny, tmp_path, monke
 
 def test_gpu_decode_without_a_gpu_falls_back_with_a_log_line_or_is_an_error(caplog):
     cpu = torch.device("cpu")
-    assert embed.resolve_decode(EmbedSettings(decode="cpu"), cpu) == "cpu"
+    assert embed_model.resolve_decode(EmbedSettings(decode="cpu"), cpu) == "cpu"
     with caplog.at_level("WARNING", logger="shardsmith.embed"):
-        assert embed.resolve_decode(EmbedSettings(decode="gpu", device="auto"), cpu) == "cpu"
+        assert embed_model.resolve_decode(EmbedSettings(decode="gpu", device="auto"), cpu) == "cpu"
     assert "embed.decode is gpu but no CUDA device is visible" in caplog.text
     with pytest.raises(ConfigError, match="embed.decode is gpu but embed.device is cpu"):
-        embed.resolve_decode(EmbedSettings(decode="gpu", device="cpu"), cpu)
+        embed_model.resolve_decode(EmbedSettings(decode="gpu", device="cpu"), cpu)
     if torch.cuda.is_available():
-        assert embed.resolve_decode(EmbedSettings(decode="gpu"), torch.device("cuda")) == "gpu"
+        assert embed_model.resolve_decode(EmbedSettings(decode="gpu"), torch.device("cuda")) == "gpu"
 
 
 # --- the out-of-memory path for real, on a GPU
@@ -492,7 +493,7 @@ def test_a_batch_that_cannot_fit_on_the_card_halves_and_gives_the_scores_of_one_
     fits = embed_part(tar, samples, **outputs(tmp_path, "fits"), settings=replace(settings, batch_size=16), threads=3)
     assert fits["oom_halvings"] == 0
     # Bytes per image of a forward pass, measured, and the model's own size.
-    model, _ = embed.load_model(settings, torch.device("cuda"))
+    model, _ = embed_model.load_model(settings, torch.device("cuda"))
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

@@ -387,7 +387,7 @@ def test_defaults_come_from_the_schema_at_run_time(tmp_path, monkeypatch):
     props["captions"]["properties"]["max_chars"]["default"] = 77
     props["validate"]["properties"]["min_shards"]["default"] = 3
     (tmp_path / "schema.yaml").write_text(yaml.safe_dump(schema))
-    monkeypatch.setattr(newconfig, "SCHEMA_PATH", tmp_path / "schema.yaml")
+    monkeypatch.setattr("shardsmith.newconfig.options.SCHEMA_PATH", tmp_path / "schema.yaml")
     tsv = write_tsv(tmp_path / "cc3m.tsv", list(zip(SENTENCES, urls(10))))
     config, _ = guess([tsv], out=tmp_path / "build")
     assert (config["part_size"], config["samples_per_shard"], config["resize"], config["validate"]) == (

@@ -1,0 +1,37 @@
+"""Write a complete, commented config for the inputs a user points at: `python -m shardsmith new-config PATH...`.
+
+Each PATH becomes one source: a folder of images with sidecar .txt/.json captions, tar shards (a brace
+pattern or a .tar), or a manifest (parquet, csv, tsv, jsonl, optionally .gz; local, http(s):// or s3://).
+Only the start of each input is read (at most `--max-read-mb`; a parquet through its footer and first
+pages). Every guess (a header row or none, the URL and caption columns, the caption members) is stated on
+stderr with its evidence. Where two columns could be the URL or the caption, or none can, nothing is
+guessed: the command exits with status 2, naming the choices and the flag that picks one. Defaults come
+from config/config.schema.yaml, read at run time, and the written config is validated against it.
+"""
+
+from shardsmith.newconfig.command import HELP, add_arguments, main, new_config, source_name, unique_names
+from shardsmith.newconfig.options import (
+    SCHEMA_PATH,
+    CannotTell,
+    InputError,
+    Inspected,
+    Options,
+    load_schema,
+    schema_default,
+)
+
+__all__ = [
+    "HELP",
+    "SCHEMA_PATH",
+    "CannotTell",
+    "InputError",
+    "Inspected",
+    "Options",
+    "add_arguments",
+    "load_schema",
+    "main",
+    "new_config",
+    "schema_default",
+    "source_name",
+    "unique_names",
+]
