@@ -34,3 +34,15 @@ def test_every_link_resolves(page):
         if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in anchors(dest)):
             broken.append(target)
     assert not broken, f"{page.name}: {broken}"
+
+
+def test_the_architecture_map_names_every_module():
+    """A newcomer finds every module of the package in docs/architecture.md's map, and nothing that is gone."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    table = text[text.index("## Where each concern lives") :]
+    named = set(re.findall(r"`([a-z_0-9]+)/?`", table))
+    package = REPO / "shardsmith"
+    modules = {p.stem for p in package.glob("*.py") if not p.stem.startswith("__")}
+    modules |= {p.parent.name for p in package.glob("*/__init__.py")}
+    assert modules - named == set(), "modules missing from the map"
+    assert named - modules == set(), "the map names modules that do not exist"
