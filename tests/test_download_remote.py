@@ -1,6 +1,6 @@
-"""download_part with remote inputs: HTTP manifests, S3 URLs, S3 and HTTPS source shards, and the raw-cache
-keep that lets a rerun fetch only what failed. Real servers on 127.0.0.1 (tests/httpserver.py, moto_server
-through the real aws CLI)."""
+"""download_part with remote inputs: HTTP manifests and S3 URLs, reruns that fetch only what failed (the raw-cache
+keep), and the retry-failed command. Real servers on 127.0.0.1 (tests/httpserver.py, moto_server through the
+real aws CLI). Source shards: test_source_shards.py; the keep itself: test_rawcache.py."""
 
 import hashlib
 import io
@@ -14,7 +14,7 @@ from servers import ALLOW_LOOPBACK
 from test_download import assert_ledger, read_raw
 
 from shardsmith.download import download_part, main
-from shardsmith.rawcache import Keep, mark_failed
+from shardsmith.rawcache import mark_failed
 from shardsmith.s3 import upload
 from shardsmith.sources import plan_parts
 
@@ -152,25 +152,6 @@ def test_a_changed_record_is_fetched_again_and_captions_follow_the_manifest(tmp_
     assert json.loads(raw["r0000000"]["meta"])["caption"] == "ONE"  # fields come from the records, not the cache
 
 
-def test_a_damaged_keep_is_ignored_and_the_part_fetched_again(tmp_path, http_server):
-    url = http_server.route("/a.jpg", Reply(body=jpeg_bytes()))
-    write_manifest(tmp_path / "m.parquet", [{"url": url, "caption": "x"}])
-    run(tmp_path, manifest_source(tmp_path / "m.parquet"))
-    keep = Keep(tmp_path / "raw" / "web-000000.tar")
-    assert keep.load() is not None
-    size = keep.tar.stat().st_size
-    keep.tar.unlink()
-    keep.tar.write_bytes(b"\0" * 1024)  # e.g. a run killed between writing the tar and the keep's record of it
-    snakemake_deletes_outputs(tmp_path)
-    [(status, raw)] = run(tmp_path, manifest_source(tmp_path / "m.parquet"))
-    assert reasons(status) == ["ok"] and http_server.count("/a.jpg") == 2
-    keep.tar.unlink()
-    keep.tar.write_bytes(b"\xff" * size)  # same size, garbage inside
-    snakemake_deletes_outputs(tmp_path)
-    [(status, raw)] = run(tmp_path, manifest_source(tmp_path / "m.parquet"))
-    assert reasons(status) == ["ok"] and http_server.count("/a.jpg") == 3
-
-
 def test_retry_failed_marks_only_parts_with_retryable_failures(tmp_path, http_server):
     s = http_server
     img = jpeg_bytes()
@@ -220,49 +201,3 @@ def shard_tar(samples: dict[str, dict[str, bytes]]) -> bytes:
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
-
-
-def test_s3_source_shards_are_streamed_with_a_brace_pattern(tmp_path, s3_server, s3_bucket):
-    img = jpeg_bytes()
-    for i in range(2):
-        data = shard_tar(
-            {f"{i}{k}": {"jpg": img, "json": json.dumps({"description": f"photo {i}{k}"}).encode()} for k in "ab"}
-        )
-        (tmp_path / f"old-{i}.tar").write_bytes(data)
-        upload(str(tmp_path / f"old-{i}.tar"), f"s3://{s3_bucket}/shards/old-00000{i}.tar", s3_server)
-    src = {"name": "old", "type": "shards", "path": f"s3://{s3_bucket}/shards/old-{{000000..000002}}.tar"}
-    parts = run(tmp_path, src, s3=s3_server)
-    assert [reasons(st) for st, _ in parts] == [["ok", "ok"], ["ok", "ok"], ["not_found"]]
-    status, raw = parts[0]
-    assert list(status["source_id"]) == [f"s3://{s3_bucket}/shards/old-000000.tar#0{k}" for k in "ab"]
-    assert list(status["key"]) == ["old-old-000000-0a", "old-old-000000-0b"]
-    assert json.loads(raw["r0000001"]["meta"]) == {"json": {"description": "photo 0b"}}
-    assert parts[2][0]["source_id"][0] == f"s3://{s3_bucket}/shards/old-000002.tar"
-
-
-# --- HTTPS/HTTP source shards ------------------------------------------------------------------------
-
-
-def test_http_source_shards_stream_and_a_cut_shard_is_reread_on_retry(tmp_path, http_server):
-    s = http_server
-    img = jpeg_bytes()
-    whole = shard_tar({k: {"jpg": img + b"\0" * 3000, "txt": k.encode()} for k in ("a", "b", "c")})
-    content_type_tar = [("Content-Type", "application/x-tar")]
-    s.route("/shards/web-000000.tar", Reply(body=whole, headers=content_type_tar))
-    cut = whole[: len(whole) // 2 + 700]
-    s.route("/shards/web-000001.tar", Reply(body=cut, headers=content_type_tar, content_length=len(whole)))
-    src = {"name": "web", "type": "shards", "path": s.url("/shards/web-{000000..000001}.tar")}
-    parts = run(tmp_path, src, retries=1)
-    assert reasons(parts[0][0]) == ["ok", "ok", "ok"]
-    cut_rows = parts[1][0]
-    assert reasons(cut_rows)[-1] == "truncated_download" and cut_rows["source_id"].iloc[-1].endswith("#<rest>")
-    assert set(reasons(cut_rows)[:-1]) == {"ok"} and len(cut_rows) < 4
-    assert s.count("/shards/web-000000.tar") == 1 and s.count("/shards/web-000001.tar") == 1
-
-    s.route("/shards/web-000001.tar", Reply(body=whole, headers=content_type_tar))
-    snakemake_deletes_outputs(tmp_path)
-    parts = run(tmp_path, src)
-    assert [reasons(st) for st, _ in parts] == [["ok"] * 3, ["ok"] * 3]
-    assert s.count("/shards/web-000000.tar") == 1  # kept: not read again
-    assert s.count("/shards/web-000001.tar") == 2
-    assert parts[0][1]["r0000002"]["img"] == img + b"\0" * 3000

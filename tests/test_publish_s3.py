@@ -1,7 +1,8 @@
 """Publishing to S3: a real S3-compatible server on loopback (moto_server) driven by the real aws CLI.
 
 Faults are real too: a wrapper in front of the aws CLI SIGKILLs the publisher at a chosen upload, or
-overwrites an uploaded object with other bytes of the same size, as a flaky store would.
+overwrites an uploaded object with other bytes of the same size, as a flaky store would. Last, the helpers of
+shardsmith.publish_s3 that need no server: sizes, expected ETags, read-back batches.
 """
 
 import datetime as dt
@@ -19,7 +20,7 @@ from workflow_helpers import REPO
 
 from shardsmith.contents import PublishConflict
 from shardsmith.publish import PublishSettings, publish
-from shardsmith.publish_s3 import expected_etag
+from shardsmith.publish_s3 import _batches, expected_etag, human_bytes
 from shardsmith.s3 import read_object, run
 from shardsmith.stores import MARKER, PublishError, complete_versions, latest_version, read_complete
 
@@ -270,3 +271,28 @@ def test_a_publish_to_an_unreachable_store_fails_with_a_clear_message(s3_server,
     dead = replace(s3_server, endpoint_url=f"http://127.0.0.1:{free_port()}")
     proc = publish_cli(make_files(tmp_path / "a"), "s3://bucket/x", "v1", dead)
     assert proc.returncode == 1 and proc.stderr.startswith("shardsmith: ") and "Traceback" not in proc.stderr
+
+
+def test_human_sizes_read_like_the_aws_cli():
+    assert human_bytes(123) == 123 and human_bytes("5MB") == 5 * 1024**2 == human_bytes("5MiB")
+    assert human_bytes("1GB") == 1024**3 and human_bytes("4096") == 4096
+
+
+def test_expected_etag_is_md5_or_multipart_md5(tmp_path):
+    data = os.urandom(12 * 1024**2 + 5)
+    path = tmp_path / "x.bin"
+    path.write_bytes(data)
+    assert expected_etag(path, threshold=len(data) + 1) == hashlib.md5(data).hexdigest()
+    chunk = 5 * 1024**2
+    parts = [data[i : i + chunk] for i in range(0, len(data), chunk)]
+    want = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest() + "-3"
+    assert expected_etag(path, threshold=chunk, chunksize=chunk) == want
+    # parts below S3's 5 MiB minimum are raised to it, as the CLI does
+    assert expected_etag(path, threshold=1, chunksize=1024) == want
+
+
+def test_read_back_batches_bound_scratch_space():
+    table = {f"s{i}": {"size": 10, "sha256": ""} for i in range(7)}
+    assert [len(b) for b in _batches(list(table), table, limit=25)] == [2, 2, 2, 1]
+    assert [len(b) for b in _batches(list(table), table, limit=10**9, most=3)] == [3, 3, 1]
+    assert list(_batches(["big"], {"big": {"size": 100}}, limit=1)) == [["big"]]
