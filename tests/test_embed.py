@@ -5,12 +5,9 @@ by shardsmith.tinyclip into a temporary folder.
 """
 
 import gc
-import hashlib
 import io
 import json
 import os
-import subprocess
-import sys
 import tarfile
 from dataclasses import replace
 from pathlib import Path
@@ -20,22 +17,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before open_clip imports hugging
 import numpy as np
 import open_clip
 import pandas as pd
-import PIL
 import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
 from workflow_helpers import REPO
 
-from shardsmith import embed, embed_model, embed_stats
+from shardsmith import embed, embed_model
 from shardsmith.embed import HalvingBatch, PartSamples, embed_part
 from shardsmith.embed_model import EmbedSettings
-from shardsmith.embed_stats import HIST_EDGES, QUANTILES, score_columns
-from shardsmith.errors import ConfigError
+from shardsmith.embed_stats import score_columns
 from shardsmith.parts import SAMPLE_COLUMNS
-from shardsmith.shards import plan_shards
 from shardsmith.tario import ShardWriter, atomic_open
-from shardsmith.tinyclip import NAME, checkpoint_marker, write_tiny_clip
+from shardsmith.tinyclip import NAME, write_tiny_clip
 
 COLS = score_columns(NAME)
 SIM = COLS["similarity"]
@@ -92,12 +86,21 @@ def outputs(folder, part: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    config, ckpt = write_tiny_clip(tmp_path_factory.mktemp("models"))
-    return EmbedSettings(model=NAME, pretrained=str(ckpt), model_config=str(config), batch_size=4, workers=0)
+    return tiny_settings(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory, tiny):
+    return embedded_parts(tmp_path_factory, tiny)
+
+
+def tiny_settings(tmp_path_factory) -> EmbedSettings:
+    """The tiny random model saved as a checkpoint, as embed settings (CPU, no workers)."""
+    config, ckpt = write_tiny_clip(tmp_path_factory.mktemp("models"))
+    return EmbedSettings(model=NAME, pretrained=str(ckpt), model_config=str(config), batch_size=4, workers=0)
+
+
+def embedded_parts(tmp_path_factory, tiny: EmbedSettings) -> dict:
     """Three processed parts (7, 5 and 9 samples), embedded with the tiny model."""
     folder = tmp_path_factory.mktemp("parts")
     made = {}
@@ -107,17 +110,6 @@ def parts(tmp_path_factory, tiny):
         info = embed_part(tar, samples, **out, settings=tiny)
         made[part] = {"tar": tar, "samples": samples, "info": info, **out}
     return made
-
-
-def test_tiny_model_is_deterministic_and_loads_through_the_checkpoint_path(tmp_path):
-    (cfg1, ckpt1), (cfg2, ckpt2) = write_tiny_clip(tmp_path / "a"), write_tiny_clip(tmp_path / "b")
-    assert ckpt1.read_bytes() == ckpt2.read_bytes() and cfg1.read_bytes() == cfg2.read_bytes()
-    open_clip.add_model_config(cfg1)
-    model, _, preprocess = open_clip.create_model_and_transforms(NAME, pretrained=str(ckpt1))
-    saved = torch.load(ckpt1, weights_only=True)["state_dict"]
-    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
-    assert checkpoint_marker(ckpt1)["random_init"] is True
-    assert (tmp_path / "a" / "tiny-clip.pt").stat().st_size < 10_000_000
 
 
 def test_scores_equal_a_direct_open_clip_computation(parts, tiny):
@@ -228,57 +220,6 @@ def test_out_of_memory_inside_embed_part_gives_the_same_scores(parts, tiny, tmp_
     )
 
 
-def test_provenance_is_complete_and_says_the_weights_are_random(parts, tiny):
-    prov = parts["src-000000"]["info"]["provenance"]
-    assert prov["model"] == NAME and prov["pretrained"] == tiny.pretrained
-    assert prov["checkpoint_sha256"] == hashlib.sha256(Path(tiny.pretrained).read_bytes()).hexdigest()
-    assert prov["model_config_sha256"] == hashlib.sha256(Path(tiny.model_config).read_bytes()).hexdigest()
-    assert prov["random_weights"] is True and prov["weights_statement"].startswith("RANDOM WEIGHTS")
-    pre = prov["preprocess"]
-    assert pre["size"] == [64, 64] and pre["interpolation"] == "bicubic" and pre["resize_mode"] == "shortest"
-    assert len(pre["mean"]) == len(pre["std"]) == 3 and "Resize" in pre["transform"]
-    assert prov["tokenizer"] == {"class": "SimpleTokenizer", "context_length": 32}
-    lib = prov["resize_library"]
-    assert lib["version"] == PIL.__version__ and isinstance(lib["pillow_simd"], bool)
-    assert lib["name"] == ("pillow-simd" if lib["pillow_simd"] else "pillow")
-    assert prov["precision"] == {"requested": "auto", "used": "fp32", "autocast": False} and prov["device"] == "cpu"
-    assert prov["versions"]["torch"] == torch.__version__ and prov["versions"]["open_clip"] == open_clip.__version__
-
-
-def test_real_checkpoint_is_not_called_random_and_cpu_ignores_half_precision(parts, tiny, tmp_path):
-    plain = tmp_path / "plain.pt"
-    torch.save(
-        torch.load(tiny.pretrained, weights_only=True)["state_dict"], plain
-    )  # as open_clip training saves weights
-    part = parts["src-000001"]
-    settings = replace(tiny, pretrained=str(plain), precision="bf16")
-    prov = embed_part(part["tar"], part["samples"], **outputs(tmp_path, "q"), settings=settings)["provenance"]
-    assert prov["random_weights"] is False and prov["weights_statement"].startswith("weights from checkpoint")
-    assert prov["precision"] == {"requested": "bf16", "used": "fp32", "autocast": False}
-    np.testing.assert_allclose(
-        pd.read_parquet(tmp_path / "q.parquet")[SIM], pd.read_parquet(part["out_scores"])[SIM], atol=1e-6
-    )
-
-
-def test_bad_model_settings_are_one_line_config_errors(tiny, tmp_path, monkeypatch):
-    with pytest.raises(ConfigError, match="defines model 'tiny-clip'"):
-        embed_model.register_model_config(EmbedSettings(model="ViT-B-32", model_config=tiny.model_config))
-    with pytest.raises(ConfigError, match="Did you mean ViT-B-32"):
-        embed_model.register_model_config(EmbedSettings(model="ViT-B32"))
-    with pytest.raises(ConfigError, match="neither a pretrained tag of ViT-B-32 .*laion2b_s34b_b79k"):
-        embed_model.resolve_weights(EmbedSettings(pretrained="laion2b_typo"))
-    import huggingface_hub.constants as hf
-
-    monkeypatch.setattr(hf, "HF_HUB_OFFLINE", True)  # a known tag, offline, with an empty cache: a clear message
-    monkeypatch.setattr(hf, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    with pytest.raises(ConfigError, match="not in the Hugging Face cache"):
-        embed_model.resolve_weights(EmbedSettings(model="ViT-B-32", pretrained="laion2b_s34b_b79k"))
-    if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match="no CUDA device"):
-            embed_model.resolve_device("cuda")
-    assert embed_model.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def test_failed_job_leaves_no_output_and_empty_part_gives_well_formed_files(tiny, tmp_path, monkeypatch):
     tar, samples = make_part(tmp_path, "src-000009", 3)
     out = outputs(tmp_path, "broken")
@@ -300,105 +241,6 @@ def test_embedding_a_part_twice_gives_identical_files(parts, tiny, tmp_path):
     embed_part(part["tar"], part["samples"], **outputs(tmp_path, "again"), settings=tiny)
     for ext, key in (("parquet", "out_scores"), ("npz", "out_embeddings")):
         assert (tmp_path / f"again.{ext}").read_bytes() == Path(part[key]).read_bytes()
-
-
-def test_score_columns_are_named_as_datacomp_does():
-    assert score_columns("ViT-B-32")["similarity"] == "clip_b32_similarity_score"
-    assert score_columns("ViT-L-14")["similarity"] == "clip_l14_similarity_score"
-    assert score_columns("ViT-B-16-quickgelu")["image_norm"] == "clip_b16_quickgelu_image_norm"
-    assert score_columns("hf-hub:timm/ViT-SO400M-14-SigLIP")["similarity"] == "clip_so400m_14_siglip_similarity_score"
-    assert score_columns("tiny-clip") == {
-        "similarity": "tiny_clip_similarity_score",
-        "image_norm": "tiny_clip_image_norm",
-        "text_norm": "tiny_clip_text_norm",
-    }
-
-
-def _plan_and_score(parts, tmp_path, exclusions=(), samples_per_shard=5):
-    """plan_shards over the parts (as the workflow does), then the per-shard score tables and sums."""
-    names = [p for p in parts]
-    plan_dir = tmp_path / "plan"
-    shards = plan_shards(
-        [parts[p]["samples"] for p in names], names, "ds", samples_per_shard, plan_dir, exclusions=list(exclusions)
-    )
-    scores = [parts[p]["out_scores"] for p in names]
-    embs = [parts[p]["out_embeddings"] for p in names]
-    made = []
-    for s in shards:
-        out, sums = tmp_path / f"{s}.scores.parquet", tmp_path / f"{s}.sums.json"
-        embed_stats.write_shard_scores(str(plan_dir / f"{s}.samples.parquet"), scores, embs, str(out), str(sums))
-        npz = tmp_path / f"{s}.embeddings.npz"
-        embed_stats.write_shard_embeddings(str(plan_dir / f"{s}.samples.parquet"), embs, str(npz))
-        made.append((s, out, sums, npz))
-    return plan_dir, made
-
-
-def test_stats_aggregate_exactly_across_parts_and_shards(parts, tmp_path):
-    plan_dir, shards = _plan_and_score(parts, tmp_path)
-    for name, scores, _, npz in shards:  # each shard's table follows its plan, rows aligned with its embeddings
-        plan = pd.read_parquet(plan_dir / f"{name}.samples.parquet")
-        table = pd.read_parquet(scores)
-        assert list(table["key"]) == list(plan["key"]) == list(np.load(npz)["key"])
-    stats = embed_stats.summarize(
-        [str(s[1]) for s in shards], [str(s[2]) for s in shards], [p["out_info"] for p in parts.values()], NAME,
-        shard_embeddings_paths=[str(s[3]) for s in shards],
-    )  # fmt: skip
-    everything = pd.concat([pd.read_parquet(p["out_scores"]) for p in parts.values()])
-    sim = everything[SIM].to_numpy(np.float64)
-    assert stats["counts"] == {
-        "embedded": 21,
-        "published": 21,
-        "excluded_low_similarity": 0,
-        "not_published_other": 0,
-        "parts": 3,
-        "shards": 5,
-    }
-    assert stats["similarity"]["mean"] == pytest.approx(sim.mean()) and stats["similarity"]["std"] == pytest.approx(
-        sim.std()
-    )
-    assert list(stats["similarity"]["quantiles"].values()) == pytest.approx(list(np.quantile(sim, QUANTILES)))
-    assert stats["similarity"]["histogram"]["counts"] == np.histogram(sim, bins=HIST_EDGES)[0].tolist()
-    assert sum(stats["similarity"]["histogram"]["counts"]) == 21
-    norms = everything[COLS["text_norm"]].to_numpy(np.float64)
-    assert stats["text_norm"]["max"] == pytest.approx(norms.max()) and stats["text_norm"]["mean"] == pytest.approx(
-        norms.mean()
-    )
-    image = np.concatenate([np.load(p["out_embeddings"])["image"].astype(np.float64) for p in parts.values()])
-    assert stats["mean_image_embedding"] == pytest.approx(image.mean(axis=0).tolist(), abs=1e-6)
-    assert stats["random_weights"] is True and stats["provenance"]["mixed"] == []
-
-
-def test_min_similarity_sends_samples_to_the_ledger_and_shards_stay_uniform(parts, tmp_path):
-    part_scores = [p["out_scores"] for p in parts.values()]
-    everything = pd.concat([pd.read_parquet(p) for p in part_scores], ignore_index=True)
-    threshold = float(np.median(everything[SIM]))
-    excluded = tmp_path / "excluded.parquet"
-    n = embed_stats.write_exclusions(part_scores, NAME, threshold, str(excluded))
-    low = set(everything.loc[everything[SIM] < threshold, "key"])
-    assert n == len(low) > 0
-    plan_dir, shards = _plan_and_score(parts, tmp_path, exclusions=[str(excluded)], samples_per_shard=4)
-    dropped = pd.read_parquet(plan_dir / "dropped.parquet")
-    assert (
-        set(dropped["key"]) == low
-        and set(dropped["stage"]) == {"embed"}
-        and set(dropped["reason"]) == {"low_similarity"}
-    )
-    assert all(d.startswith(f"{SIM} ") and f"< min_similarity {threshold}" in d for d in dropped["detail"])
-    sizes = [len(pd.read_parquet(s[1])) for s in shards]
-    assert all(s == 4 for s in sizes[:-1]) and 0 < sizes[-1] <= 4 and sum(sizes) == len(everything) - len(low)
-    stats = embed_stats.summarize(
-        [str(s[1]) for s in shards], [str(s[2]) for s in shards], [p["out_info"] for p in parts.values()], NAME,
-        exclusions=str(excluded), min_similarity=threshold,
-    )  # fmt: skip
-    assert stats["counts"]["excluded_low_similarity"] == len(low) and stats["similarity"]["min"] >= threshold
-    assert stats["counts"]["published"] + len(low) == stats["counts"]["embedded"]
-    assert len(embed_stats.low_similarity_exclusions(part_scores, NAME, None)) == 0
-
-
-def test_summary_and_exclusion_modules_do_not_import_torch():
-    code = "import sys, shardsmith.embed_stats; assert 'torch' not in sys.modules, 'torch imported'"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
 
 
 def test_schema_keeps_embedding_off_by_default_and_the_demo_config_turns_it_on():
@@ -462,18 +304,6 @@ def test_gpu_decode_inside_embed_part_gives_the_cpu_scores(tiny, tmp_path, monke
     assert list(a["key"]) == list(b["key"])
     np.testing.assert_allclose(a[SIM], b[SIM], atol=5e-4)  # the tolerance of tests/test_embed_decode.py
     np.testing.assert_allclose(a[COLS["image_norm"]], b[COLS["image_norm"]], rtol=5e-4)
-
-
-def test_gpu_decode_without_a_gpu_falls_back_with_a_log_line_or_is_an_error(caplog):
-    cpu = torch.device("cpu")
-    assert embed_model.resolve_decode(EmbedSettings(decode="cpu"), cpu) == "cpu"
-    with caplog.at_level("WARNING", logger="shardsmith.embed"):
-        assert embed_model.resolve_decode(EmbedSettings(decode="gpu", device="auto"), cpu) == "cpu"
-    assert "embed.decode is gpu but no CUDA device is visible" in caplog.text
-    with pytest.raises(ConfigError, match="embed.decode is gpu but embed.device is cpu"):
-        embed_model.resolve_decode(EmbedSettings(decode="gpu", device="cpu"), cpu)
-    if torch.cuda.is_available():
-        assert embed_model.resolve_decode(EmbedSettings(decode="gpu"), torch.device("cuda")) == "gpu"
 
 
 # --- the out-of-memory path for real, on a GPU

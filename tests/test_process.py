@@ -16,8 +16,10 @@ from shardsmith.captions import CaptionSettings
 from shardsmith.download import download_part
 from shardsmith.leftovers import find_leftovers
 from shardsmith.process import ChildProcessor, PartProcessor, process_part
+from shardsmith.rawcache import encode_fields, write_raw
 from shardsmith.resize import ResizeSettings
 from shardsmith.sources import plan_parts
+from shardsmith.tario import ShardWriter, atomic_open
 
 RESIZE = ResizeSettings(max_side=64, min_side=8)
 
@@ -281,3 +283,44 @@ def test_rejected_images_are_not_held_until_the_part_is_done(tmp_path):
     assert all(isinstance(r, Exception) and r.reason == "truncated" for r, _ in proc.results.values())
     assert held < 4 << 20, f"{held >> 20} MiB still held after 12 rejected images of 1 MB"
     proc.finish(pd.DataFrame(rows), str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet"))
+
+
+def test_process_follows_record_order_whatever_order_the_raw_tar_holds(tmp_path):
+    """Downloads write bodies as they arrive and images are processed as they come; the samples table (and so
+    every shard) is in record order, its offsets point at each sample's own members, and a record whose
+    bytes are missing from the raw tar ends in the ledger, not nowhere."""
+    raw, rows = tmp_path / "raw.tar", []
+    with atomic_open(raw) as f, ShardWriter(f) as w:
+        for rid in (3, 0, 2):  # arrival order; rid 1 is "ok" in the status but its bytes are missing
+            write_raw(w, rid, jpeg_bytes((40 + rid, 40)), encode_fields({"txt": f"c{rid}"}))
+    for rid in range(4):
+        rows.append(
+            {
+                "rid": rid,
+                "source": "web",
+                "source_id": f"id{rid}",
+                "url": f"u{rid}",
+                "key": f"web-{rid}",
+                "status": "ok",
+                "reason": "",
+                "detail": "",
+            }
+        )
+    pd.DataFrame(rows).to_parquet(tmp_path / "status.parquet")
+    out = {k: str(tmp_path / f"p.{k}") for k in ("tar", "samples.parquet", "rejected.parquet")}
+    kept, rejected = process_part(
+        str(raw), str(tmp_path / "status.parquet"), out["tar"], out["samples.parquet"], out["rejected.parquet"],
+        ResizeSettings(min_side=8), CaptionSettings(),
+    )  # fmt: skip
+    assert (kept, rejected) == (3, 1)
+    samples = pd.read_parquet(out["samples.parquet"])
+    assert list(samples["key"]) == ["web-0", "web-2", "web-3"]
+    with tarfile.open(out["tar"]) as tar:
+        at = {(i.offset_data, i.size): i.name for i in tar}
+    for row in samples.to_dict("records"):
+        assert [at[(row[f"{e}_offset"], row[f"{e}_size"])] for e in ("jpg", "txt", "json")] == [
+            f"{row['key']}.{e}" for e in ("jpg", "txt", "json")
+        ]
+    assert list(samples["width_before"]) == [40, 42, 43]
+    [miss] = pd.read_parquet(out["rejected.parquet"]).to_dict("records")
+    assert (miss["key"], miss["stage"], miss["reason"]) == ("web-1", "process", "missing_raw")
