@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from snakemake.utils import validate
 
-from shardsmith.config import check_config
+from shardsmith.config import check_config, schema_error_message
 from shardsmith.errors import ConfigError
 
 SCHEMA = str(Path(__file__).resolve().parents[1] / "config" / "config.schema.yaml")
@@ -167,3 +167,7 @@ def test_check_config_refuses_overlaps_naming_the_offending_keys(sane, what, edi
         check_config(config)
     for key in named:
         assert key in str(e.value), f"{what}: {e.value}"
+
+
+def test_schema_error_message_without_a_schema_error_keeps_the_first_line():
+    assert schema_error_message(RuntimeError("WorkflowError:\nsomething broke\nmore")) == "something broke"
