@@ -38,3 +38,19 @@ def write_tar(path: Path, entries: list[tuple[tarfile.TarInfo, bytes]]) -> Path:
 @pytest.fixture
 def jpeg():
     return jpeg_bytes
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Embed settings for the tiny random open_clip model, saved as a checkpoint (one per test module)."""
+    from test_embed import tiny_settings  # torch is imported only by the modules that embed
+
+    return tiny_settings(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory, tiny):
+    """Three processed parts (7, 5 and 9 samples), embedded with the tiny model."""
+    from test_embed import embedded_parts
+
+    return embedded_parts(tmp_path_factory, tiny)

@@ -15,7 +15,7 @@ from conftest import jpeg_bytes
 from httpserver import Reply
 from servers import ALLOW_LOOPBACK
 from test_download_remote import shard_tar
-from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow
+from workflow_helpers import REPO, demo_config, run_workflow, snakemake_cmd
 
 from shardsmith.leftovers import find_leftovers
 from shardsmith.s3 import upload
@@ -125,19 +125,7 @@ def test_killed_run_resumes_with_only_the_unfinished_part(tmp_path, http_server)
     source = {"name": "web", "type": "manifest", "path": str(root / "manifest.parquet")}
     config = web_config(root, [source], download={**FAST, "read_timeout_s": 120})  # the slow part just hangs
     (root / "config.yaml").write_text(yaml.safe_dump(config))
-    cmd = [
-        str(SNAKEMAKE),
-        "-s",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(root),
-        "--configfile",
-        str(root / "config.yaml"),
-        "--workflow-profile",
-        "none",
-        "--cores",
-        "2",
-    ]  # both parts download at once
+    cmd = snakemake_cmd(root, "--cores", "2")  # both parts download at once
     stats = root / "output" / "web" / "stats.json"
     proc = subprocess.Popen(
         [*cmd, str(stats)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True

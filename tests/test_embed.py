@@ -84,16 +84,6 @@ def outputs(folder, part: str) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tiny_settings(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def parts(tmp_path_factory, tiny):
-    return embedded_parts(tmp_path_factory, tiny)
-
-
 def tiny_settings(tmp_path_factory) -> EmbedSettings:
     """The tiny random model saved as a checkpoint, as embed settings (CPU, no workers)."""
     config, ckpt = write_tiny_clip(tmp_path_factory.mktemp("models"))

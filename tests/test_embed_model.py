@@ -11,22 +11,12 @@ import pandas as pd
 import PIL
 import pytest
 import torch
-from test_embed import NAME, SIM, embedded_parts, outputs, tiny_settings
+from test_embed import NAME, SIM, outputs
 
 from shardsmith import embed_model
 from shardsmith.embed import embed_part
 from shardsmith.embed_model import EmbedSettings
 from shardsmith.errors import ConfigError
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tiny_settings(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def parts(tmp_path_factory, tiny):
-    return embedded_parts(tmp_path_factory, tiny)
 
 
 def test_provenance_is_complete_and_says_the_weights_are_random(parts, tiny):

@@ -7,22 +7,12 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from test_embed import COLS, NAME, SIM, embedded_parts, tiny_settings
+from test_embed import COLS, NAME, SIM
 from workflow_helpers import REPO
 
 from shardsmith import embed_stats
 from shardsmith.embed_stats import HIST_EDGES, QUANTILES, score_columns
 from shardsmith.shards import plan_shards
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tiny_settings(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def parts(tmp_path_factory, tiny):
-    return embedded_parts(tmp_path_factory, tiny)
 
 
 def test_score_columns_are_named_as_datacomp_does():

@@ -24,6 +24,15 @@ from shardsmith.tario import ShardWriter, atomic_open
 RESIZE = ResizeSettings(max_side=64, min_side=8)
 
 
+def ok_status(n: int) -> list[dict]:
+    """Status rows of `n` records of source `web`, all downloaded."""
+    return [
+        {"key": f"web-{i}", "source": "web", "source_id": f"u{i}", "url": f"u{i}", "rid": i, "status": "ok",
+         "reason": "", "detail": ""}
+        for i in range(n)
+    ]  # fmt: skip
+
+
 def manifest_part(tmp_path, rows: list[dict]) -> tuple[str, dict]:
     path = tmp_path / "manifest.parquet"
     pd.DataFrame(rows).to_parquet(path, index=False)
@@ -168,19 +177,7 @@ def test_held_images_stay_within_the_memory_bound(tmp_path):
 
     proc = Gated(str(tmp_path / "p.tar"), RESIZE, CaptionSettings(), hold_bytes=len(images[0]) * 2)
     proc.read_from(raw)
-    rows = [
-        {
-            "key": f"web-{i}",
-            "source": "web",
-            "source_id": f"u{i}",
-            "url": f"u{i}",
-            "rid": i,
-            "status": "ok",
-            "reason": "",
-            "detail": "",
-        }
-        for i in range(6)
-    ]
+    rows = ok_status(6)
     for i, data in enumerate(images):
         proc.submit(i, rows[i], {"caption": f"c{i}"}, data, where[i])
     assert proc._held <= len(images[0]) * 2
@@ -257,19 +254,7 @@ def test_rejected_images_are_not_held_until_the_part_is_done(tmp_path):
         buf, "JPEG", quality=95
     )
     jpeg = buf.getvalue()  # about 1.3 MB
-    rows = [
-        {
-            "key": f"web-{i}",
-            "source": "web",
-            "source_id": f"u{i}",
-            "url": f"u{i}",
-            "rid": i,
-            "status": "ok",
-            "reason": "",
-            "detail": "",
-        }
-        for i in range(12)
-    ]
+    rows = ok_status(12)
     proc = PartProcessor(str(tmp_path / "p.tar"), ResizeSettings(max_side=512), CaptionSettings(), hold_bytes=64 << 20)
     tracemalloc.start()
     try:

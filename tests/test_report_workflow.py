@@ -17,7 +17,7 @@ import yaml
 from braceexpand import braceexpand
 from PIL import Image
 from snakemake.utils import validate
-from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow
+from workflow_helpers import REPO, demo_config, run_workflow, snakemake_cmd
 
 from shardsmith.card import config_fingerprint
 from shardsmith.demo import make_demo
@@ -180,20 +180,7 @@ def test_a_finished_build_has_nothing_left_to_do(build):
     """The report rules add no job that reruns forever: after the run, a dry run finds nothing to do."""
     root = build["root"]
     dry = subprocess.run(
-        [
-            str(SNAKEMAKE),
-            "-s",
-            str(REPO / "Snakefile"),
-            "--directory",
-            str(root),
-            "--configfile",
-            str(root / "config.yaml"),
-            "--workflow-profile",
-            "none",
-            "-n",
-            "--cores",
-            "1",
-        ],
+        snakemake_cmd(root, "-n", "--cores", "1"),
         capture_output=True,
         text=True,
         timeout=300,

@@ -28,16 +28,21 @@ def demo_config(data: Path, root: Path, **overrides) -> dict:
     return config
 
 
+def snakemake_cmd(root: Path, *args: str, snakefile: Path = REPO / "Snakefile") -> list[str]:
+    """snakemake on `root`'s config.yaml, in `root`, with no workflow profile (tests pick their own cores)."""
+    return [
+        str(SNAKEMAKE), "-s", str(snakefile), "--directory", str(root), "--configfile", str(root / "config.yaml"),
+        "--workflow-profile", "none", *args,
+    ]  # fmt: skip
+
+
 def run_workflow(
     root: Path, config: dict, *args: str, check: bool = True, cores: int = 2, snakefile: Path = REPO / "Snakefile"
 ) -> subprocess.CompletedProcess:
     root.mkdir(parents=True, exist_ok=True)
     cfg = root / "config.yaml"
     cfg.write_text(yaml.safe_dump(config, sort_keys=False))
-    cmd = [
-        str(SNAKEMAKE), "-s", str(snakefile), "--directory", str(root), "--configfile", str(cfg),
-        "--workflow-profile", "none", "--cores", str(cores), *args,
-    ]  # fmt: skip
+    cmd = snakemake_cmd(root, "--cores", str(cores), *args, snakefile=snakefile)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
