@@ -12,7 +12,8 @@ from shardsmith.tario import atomic_write_text, sha256_file
 
 BUILD_INFO = "build.json"
 
-_CODE = ("Snakefile", "rules/*.smk", "scripts/*.py", "shardsmith/*.py", "envs/*")
+# every module in every folder of the package: a pattern that does not recurse would leave subpackages out
+_CODE = ("Snakefile", "rules/*.smk", "scripts/*.py", "shardsmith/**/*.py", "envs/*")
 
 
 def code_fingerprint(repo: str | os.PathLike) -> dict[str, str]:
