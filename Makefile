@@ -13,22 +13,22 @@ setup:
 	bash tools/setup.sh
 
 demo-data: setup
-	@[ -f demo/data/manifest.tsv ] || $(PY) -m shardsmith.demo demo/data
+	@[ -f demo/data/manifest.tsv ] || $(PY) -m shardsmith demo demo/data
 
 demo-model: setup
-	@[ -f demo/models/tiny-clip.pt ] || $(PY) -m shardsmith.tinyclip demo/models
+	@[ -f demo/models/tiny-clip.pt ] || $(PY) -m shardsmith tiny-clip demo/models
 
 demo: demo-data demo-model
 	$(SNAKEMAKE) --workflow-profile none --cores $(CORES) --configfile config/demo.yaml
 	@$(SNAKEMAKE) --workflow-profile none --cores 1 --configfile config/demo.yaml --quiet all --report demo/report.html && echo "report: demo/report.html"
-	@$(PY) -m shardsmith.summary demo/fast-storage/demo/$$(cat demo/fast-storage/demo/latest)
+	@$(PY) -m shardsmith summary demo/fast-storage/demo/$$(cat demo/fast-storage/demo/latest)
 
 test: setup
 	$(PY) -m pytest
 
 # Fetch again only the records whose download failed for a transient reason (docs/running.md: Retrying failed downloads).
 retry-failed: setup
-	$(PY) -m shardsmith.download retry-failed $(CONFIG)
+	$(PY) -m shardsmith retry-failed $(CONFIG)
 	$(SNAKEMAKE) --workflow-profile none --cores $(CORES) --configfile $(CONFIG)
 
 # Speed against img2dataset (its own venv, created by bench/setup_img2dataset.sh) and the resize ceiling (bench/README.md).

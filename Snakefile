@@ -22,7 +22,6 @@ include: "rules/common.smk"
 include: "rules/download.smk"
 include: "rules/shards.smk"
 include: "rules/embed.smk"
-include: "rules/validate.smk"
 include: "rules/publish.smk"
 include: "rules/report.smk"
 

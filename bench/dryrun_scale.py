@@ -80,7 +80,7 @@ def touch(path: Path, text: str = "") -> None:
 
 
 def part_ids(scale: dict) -> list[str]:
-    """Parts never span two input files, as in shardsmith.sources.plan_parts."""
+    """Parts never span two input files, as in shardsmith.download.sources.plan_parts."""
     per_file = [scale["records"] // len(scale["files"])] * len(scale["files"])
     per_file[-1] += scale["records"] - sum(per_file)
     n = sum(math.ceil(rows / scale["part_size"]) for rows in per_file)

@@ -11,7 +11,7 @@ For every model it measures:
 - feed: the DataLoader side alone, no model, on one core: how many images/s one worker turns into model
   input (read, decode, open_clip's transform, tokenize; with `decode gpu` read and tokenize only).
 - forward: the device's own forward-pass rate (images and captions already on the device) per batch size.
-- end to end: `shardsmith.embed.embed_part` over the part, per batch size, worker count and decode: images/s
+- end to end: `shardsmith.embed.part.embed_part` over the part, per batch size, worker count and decode: images/s
   from the loaded model to the written files, the fraction of the forward rate that is, and on CUDA the GPU
   utilisation (NVML through nvidia-smi, sampled every 100 ms while the part is embedded) and peak GPU memory.
 - cpus_per_task for `embed_part`: ceil(forward images/s / per-core feed / 0.9) + 1, so that the workers,
@@ -45,13 +45,15 @@ import torch
 from open_clip.transform import PreprocessCfg, image_transform_v2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shardsmith import embed, embed_model
-from shardsmith.demo import jpeg, photo
-from shardsmith.embed import embed_part
-from shardsmith.embed_model import EmbedSettings
-from shardsmith.parts import SAMPLE_COLUMNS
-from shardsmith.tario import ShardWriter, atomic_open
-from shardsmith.tinyclip import NAME, RANDOM_MARKER, write_tiny_clip
+from shardsmith.cli.demo import jpeg, photo
+from shardsmith.cli.tinyclip import NAME, RANDOM_MARKER, write_tiny_clip
+from shardsmith.core.atomic import atomic_open
+from shardsmith.embed import model as embed_model
+from shardsmith.embed import part as embed
+from shardsmith.embed.model import EmbedSettings
+from shardsmith.embed.part import embed_part
+from shardsmith.formats.parts import SAMPLE_COLUMNS
+from shardsmith.formats.tario import ShardWriter
 
 NOT_MEASURED = "not measured: no GPU lent"
 BUSY = 0.9  # the GPU must be at least this busy: the workers feed 1/BUSY of its rate
@@ -395,8 +397,8 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "device": device_slug(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
-        "what": "shardsmith.embed.embed_part over one processed part (JPEGs <= 512 px), random weights of the real "
-        "architectures; img_per_s from the loaded model to the written files",
+        "what": "shardsmith.embed.part.embed_part over one processed part (JPEGs <= 512 px), random weights of the "
+        "real architectures; img_per_s from the loaded model to the written files",
         "cpu_note": (
             None
             if device.type == "cuda"

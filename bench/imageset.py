@@ -6,7 +6,7 @@ Large photos are 2000-6000 px on the long side (phone and camera originals); sma
 (thumbnails, web images; `--small-sides 200 1500` for web-size images, a quarter of them within 512 px).
 Formats follow a web crawl: small images are mostly JPEG, with PNG with alpha, WebP, CMYK JPEG, EXIF-rotated
 JPEG and a few broken files; large ones are what cameras and phones write,
-JPEG (CMYK and EXIF-rotated among them), with a few large PNG and WebP. Content comes from shardsmith.demo
+JPEG (CMYK and EXIF-rotated among them), with a few large PNG and WebP. Content comes from shardsmith.cli.demo
 (the photograph and terrain sample that matplotlib ships, cropped, scaled and with grain).
 
 MIX names the composition; bench results record it. Large PNG and WebP cost both tools the same (neither
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shardsmith.demo import alpha_png, encoded, exif_rotated, jpeg, photo
+from shardsmith.cli.demo import alpha_png, encoded, exif_rotated, jpeg, photo
 
 # Cumulative shares of jpeg, png_alpha, webp, cmyk, exif_rotated; the rest (3%) are broken.
 WEB_SHARES = (0.70, 0.78, 0.86, 0.91, 0.97)

@@ -26,8 +26,8 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench.e2e_bench import save_result  # noqa: E402
-from shardsmith.ledger import REJECT_COLUMNS  # noqa: E402
-from shardsmith.parts import SAMPLE_COLUMNS  # noqa: E402
+from shardsmith.core.ledger import REJECT_COLUMNS  # noqa: E402
+from shardsmith.formats.parts import SAMPLE_COLUMNS  # noqa: E402
 
 
 def write_parts(folder: Path, samples: int, part_size: int, rng: np.random.Generator) -> list[str]:
@@ -85,7 +85,7 @@ def measure(folder: Path, samples: int, part_size: int, per_shard: int) -> dict:
     args.write_text(json.dumps({"parts": parts, "part_ids": part_ids}))
     load = f"import json\na = json.load(open({str(args)!r}))\n"
     out["plan_shards"] = peak_rss_mib(
-        f"{load}from shardsmith.shards import plan_shards\n"
+        f"{load}from shardsmith.shards.plan import plan_shards\n"
         f"plan_shards(a['parts'], a['part_ids'], 'ds', {per_shard}, {str(plan)!r})"
     )
     names = sorted(p.name.split(".")[0] for p in plan.glob("*.samples.parquet"))
@@ -120,11 +120,11 @@ def measure(folder: Path, samples: int, part_size: int, per_shard: int) -> dict:
         json.dumps({"infos": infos, "plans": plans, "status": status, "rejected": rejected, "reports": reports})
     )
     out["index_shards"] = peak_rss_mib(
-        f"{load}from shardsmith.index import build_index\n"
+        f"{load}from shardsmith.formats.index import build_index\n"
         f"build_index('ds', a['infos'], a['plans'], a['status'], a['rejected'], {str(index)!r})"
     )
     out["validate_dataset"] = peak_rss_mib(
-        f"{load}from shardsmith.validate import check_dataset\n"
+        f"{load}from shardsmith.shards.validate import check_dataset\n"
         f"check_dataset(a['reports'], {str(index / 'sizes.json')!r}, {str(index / 'manifest.parquet')!r}, 1)"
     )
     stats = json.loads((index / "stats.json").read_text())

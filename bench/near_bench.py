@@ -2,16 +2,16 @@
 
     python bench/near_bench.py [--photos 300] [--scale 1000000 10000000] [--semantic 100000 1000000]
 
-1. Threshold: pHash distances between generated photos (shardsmith.demo.scene) and their copies (resized,
+1. Threshold: pHash distances between generated photos (shardsmith.cli.demo.scene) and their copies (resized,
    recompressed, cropped, mirrored), and between distinct photos; the share within each threshold.
 2. Hash cost: process_image on the e2e bench's web-size and large images (bench/imageset.py) with and
    without the hash (and without the larger reduced decode a passed-through JPEG gets for it), alternating,
    single core, the least CPU of 5 rounds each; the hash's share of the process stage's CPU per image. Also:
    the reduced (reducing_gap) hash against imagehash's plain one, and a pass-through JPEG's hash (from its
    reduced decode) against the hash of its full decode.
-3. Scale: plan_shards' near-duplicate step (shardsmith.neardup.find_near_duplicates) on synthetic samples
+3. Scale: plan_shards' near-duplicate step (shardsmith.shards.neardup.find_near_duplicates) on synthetic samples
    tables at each --scale size (random 64-bit hashes and mirror hashes), and the search alone
-   (shardsmith.nearsearch) on synthetic 512-d unit embeddings (float16, as embed_part stores them) at each
+   (shardsmith.shards.nearsearch) on synthetic 512-d unit embeddings (float16, as embed_part stores them) at each
    --semantic size; each in a fresh interpreter, with its peak RSS and wall time, and recall: the share of
    planted near pairs (1% of samples, 2-8 bits, or cosine >= 0.95) found.
 Raw figures go to bench/results/near.json.
@@ -41,8 +41,8 @@ CHUNK = 200_000
 def threshold_figures(n: int) -> dict:
     from PIL import Image
 
-    from shardsmith.demo import jpeg, scene
-    from shardsmith.phash import distance, phash_pair, to_codes
+    from shardsmith.cli.demo import jpeg, scene
+    from shardsmith.download.process.phash import distance, phash_pair, to_codes
 
     def decoded(data: bytes) -> Image.Image:
         return Image.open(io.BytesIO(data)).convert("RGB")
@@ -102,8 +102,8 @@ def cost_figures(count: int) -> dict:
 
     from bench.e2e_bench import MIXES
     from bench.imageset import make_imageset
-    from shardsmith import resize
-    from shardsmith.phash import distance, phash_pair, to_codes
+    from shardsmith.download.process import resize
+    from shardsmith.download.process.phash import distance, phash_pair, to_codes
 
     out = {}
     settings = resize.ResizeSettings(max_side=512, quality=90)
@@ -136,8 +136,8 @@ def cost_figures(count: int) -> dict:
         }
     # the reduced hash against imagehash's plain path, and a pass-through's hash against its full decode
     rng = np.random.default_rng(3)
-    from shardsmith.demo import jpeg, scene
-    from shardsmith.phash import hash_reduced, reduce
+    from shardsmith.cli.demo import jpeg, scene
+    from shardsmith.download.process.phash import hash_reduced, reduce
 
     same, passthrough, exact = [], [], 0
     for _ in range(200):
@@ -213,8 +213,8 @@ def _peak_rss() -> int:
 
 
 def step_child(folder: str, bin_size: int) -> dict:
-    """plan_shards' near-duplicate step (shardsmith.neardup) on the tables in `folder`, in this interpreter."""
-    from shardsmith.neardup import NearSettings, find_near_duplicates
+    """plan_shards' near-duplicate step (shardsmith.shards.neardup) on the tables in `folder`, in this interpreter."""
+    from shardsmith.shards.neardup import NearSettings, find_near_duplicates
 
     paths = sorted(str(p) for p in Path(folder).glob("*.samples.parquet"))
     t = time.perf_counter()
@@ -234,7 +234,7 @@ def step_child(folder: str, bin_size: int) -> dict:
 
 def embedding_child(n: int, bin_size: int) -> dict:
     """The search on n synthetic 512-d unit embeddings (fp16, as embed_part stores them), in this interpreter."""
-    from shardsmith.nearsearch import near_pairs
+    from shardsmith.shards.nearsearch import near_pairs
 
     chunk = 100_000
 

@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from servers import aws_cli, free_port, wait_for_port  # noqa: E402
 
-from shardsmith.contents import file_table  # noqa: E402
-from shardsmith.publish import PublishSettings  # noqa: E402
-from shardsmith.publish_s3 import verify_s3  # noqa: E402
-from shardsmith.s3 import S3Settings, open_stream, run  # noqa: E402
-from shardsmith.stores import S3Store  # noqa: E402
-from shardsmith.tario import hash_file  # noqa: E402
+from shardsmith.formats.tario import hash_file  # noqa: E402
+from shardsmith.publish.contents import file_table  # noqa: E402
+from shardsmith.publish.dataset import PublishSettings  # noqa: E402
+from shardsmith.publish.s3 import verify_s3  # noqa: E402
+from shardsmith.storage.s3 import S3Settings, open_stream, run  # noqa: E402
+from shardsmith.storage.stores import S3Store  # noqa: E402
 
 
 def best(fn, repeat: int) -> float:

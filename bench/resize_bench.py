@@ -21,8 +21,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.imageset import make_imageset
-from shardsmith.errors import Rejection
-from shardsmith.resize import ResizeSettings, fit_within, process_image
+from shardsmith.core.errors import Rejection
+from shardsmith.download.process.resize import ResizeSettings, fit_within, process_image
 
 
 def ceiling(data: bytes, s: ResizeSettings) -> bytes:

@@ -7,10 +7,10 @@ from snakemake.utils import validate
 
 sys.path.insert(0, workflow.basedir)  # the shardsmith package beside this Snakefile
 
-from shardsmith.config import check_config, plain_data, schema_error_message
-from shardsmith.errors import ConfigError
-from shardsmith.index import INDEX_FILES
-from shardsmith.summary import print_failure, print_success, stop_scheduler_timers
+from shardsmith.core.config import check_config, plain_data, schema_error_message
+from shardsmith.core.errors import ConfigError
+from shardsmith.formats.index import INDEX_FILES
+from shardsmith.report.summary import print_failure, print_success, stop_scheduler_timers
 
 if not config and "--lint" in sys.argv:
     # `snakemake --lint` checks the rules, which are only built with a config: without one, the demo's
@@ -98,7 +98,7 @@ def get_part_source(wildcards):
 
 
 def get_retry_marker(wildcards):
-    """The part's retry marker, once `python -m shardsmith.download retry-failed` has touched it: newer than
+    """The part's retry marker, once `python -m shardsmith retry-failed` has touched it: newer than
     the part's outputs, it makes Snakemake download the part again (only its failed records)."""
     marker = f"{RAW}/.keep/{wildcards.part}.retry"
     return [marker] if os.path.exists(marker) else []
@@ -278,7 +278,7 @@ def get_shard_members(wildcards):
 
 def get_loader_files(wildcards):
     """Published beside the shards for NVIDIA DALI (an index per shard) and Megatron-Energon (an index per
-    shard and .nv-meta/): shardsmith.dali, shardsmith.energon."""
+    shard and .nv-meta/): shardsmith.formats.dali, shardsmith.formats.energon."""
     shards = get_shard_ids()
     return [
         *expand(rules.write_shard.output.dali_index, shard=shards),
@@ -322,7 +322,7 @@ def get_final_outputs():
 
 def get_card_config():
     """What the dataset card states about the build: the fingerprinted config and the version name."""
-    from shardsmith.card import fingerprinted_config
+    from shardsmith.formats.build import fingerprinted_config
 
     return {**fingerprinted_config(config), "version": config["version"]}
 
@@ -346,8 +346,8 @@ def get_report_outputs():
 
 
 def remove_leftovers_of_killed_runs():
-    """Remove the temporary names an earlier killed run left (shardsmith.leftovers); before any job starts."""
-    from shardsmith.leftovers import remove_leftovers
+    """Remove the temporary names an earlier killed run left (shardsmith.core.leftovers); before any job starts."""
+    from shardsmith.core.leftovers import remove_leftovers
 
     removed = remove_leftovers([RAW, WORK, OUT, LOGS])
     dest = config["publish"]["dest"]

@@ -19,7 +19,7 @@ checkpoint plan_parts:
 # Downloads a part and resizes each image as it arrives, so the codec works while the rest of the part
 # downloads. The raw tar and status are also hard-linked under {RAW}/.keep/, which Snakemake does not
 # delete before a rerun: a rerun of a part (a changed resize setting, make retry-failed) fetches only what
-# the raw cache lacks, or its failed records (see shardsmith/download.py).
+# the raw cache lacks, or its failed records (see shardsmith/download/part.py).
 rule download_part:
     input:
         records=get_part_records,

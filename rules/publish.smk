@@ -1,6 +1,6 @@
 from snakemake import __version__ as SNAKEMAKE_VERSION
 
-from shardsmith.card import fingerprinted_config
+from shardsmith.formats.build import fingerprinted_config
 
 
 # Beside validate_dataset, not after it (see write_card); rerun whenever the dataset is indexed again.

@@ -16,7 +16,7 @@ checkpoint plan_shards:
         # scheduled refreshes: new records whose image is already published are left out (stage dedupe);
         # done here rather than in a job of its own, which cost a job start-up on every run's critical path
         dedupe=get_dedupe_settings(),
-        # near-duplicate images (shardsmith.neardup): found here, after the other exclusions, so a sample
+        # near-duplicate images (shardsmith.shards.neardup): found here, after the other exclusions, so a sample
         # left out for another reason keeps nothing out
         near=config["dedupe"],
         scratch=SCRATCH,
@@ -37,12 +37,12 @@ rule write_shard:
     output:
         tar=f"{OUT}/{DATASET}-{{shard}}.tar",
         info=f"{WORK}/shards/{DATASET}-{{shard}}.json",
-        # the shard re-read from disk with OpenCLIP's reader and filter (shardsmith.validate), in the same
+        # the shard re-read from disk with OpenCLIP's reader and filter (shardsmith.shards.validate), in the same
         # job: a job of its own cost a start-up per batch and a step on every run's critical path
         report=f"{WORK}/validate/{DATASET}-{{shard}}.json",
         # where each member landed, recorded as written: the loaders' indexes are made from it
         members=f"{WORK}/shards/{DATASET}-{{shard}}.members.parquet",
-        # NVIDIA DALI's index (shardsmith.dali) and Megatron-Energon's (shardsmith.energon), checked
+        # NVIDIA DALI's index (shardsmith.formats.dali) and Megatron-Energon's (shardsmith.formats.energon), checked
         # against the shard as re-read, with it
         dali_index=f"{OUT}/{DATASET}-{{shard}}.idx",
         energon_index=f"{OUT}/{DATASET}-{{shard}}.tar.idx",
@@ -102,3 +102,24 @@ rule write_energon_meta:
         scratch=SCRATCH,  # SQLite sorts for its indexes in temporary files: here, not in a node's small /tmp
     script:
         "../scripts/write_energon_meta.py"
+
+
+# Each shard is validated by the job that wrote it (write_shard); this checks the dataset as a whole.
+rule validate_dataset:
+    input:
+        reports=get_validation_reports,
+        sizes=rules.index_shards.output.sizes,
+        manifest=rules.index_shards.output.manifest,
+        energon_info=rules.write_energon_meta.output.info,  # .nv-meta/ is checked against sizes.json
+        plan_dir=PLANNED,
+    output:
+        f"{OUT}/validation.json",
+    log:
+        f"{LOGS}/validate_dataset.log",
+    priority: 1  # on the way to publish_dataset: ahead of the report jobs
+    conda:
+        "../envs/validate.yaml"
+    params:
+        min_shards=config["validate"]["min_shards"],
+    script:
+        "../scripts/validate_dataset.py"

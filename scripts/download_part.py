@@ -1,11 +1,11 @@
-"""Rule glue for download_part: logic in shardsmith.download (records, raw cache), shardsmith.fetch and
-shardsmith.process (resize, captions; run on each image as it arrives)."""
+"""Rule glue for download_part: logic in shardsmith.download.part (records, raw cache), shardsmith.download.fetch.client
+and shardsmith.download.process.child (resize, captions; run on each image as it arrives)."""
 
-from shardsmith.captions import CaptionSettings
-from shardsmith.download import download_part
-from shardsmith.logs import run_job
-from shardsmith.process import ChildProcessor
-from shardsmith.resize import ResizeSettings
+from shardsmith.core.logs import run_job
+from shardsmith.download.part import download_part
+from shardsmith.download.process.captions import CaptionSettings
+from shardsmith.download.process.child import ChildProcessor
+from shardsmith.download.process.resize import ResizeSettings
 
 
 def main() -> None:

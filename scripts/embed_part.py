@@ -1,8 +1,8 @@
-"""Rule glue for embed_part: logic in shardsmith.embed (the model lives in this process; workers only decode)."""
+"""Rule glue for embed_part: logic in shardsmith.embed.part (the model lives in this process; workers only decode)."""
 
-from shardsmith.embed import embed_part
-from shardsmith.embed_model import EmbedSettings
-from shardsmith.logs import run_job
+from shardsmith.core.logs import run_job
+from shardsmith.embed.model import EmbedSettings
+from shardsmith.embed.part import embed_part
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
-"""Rule glue for exclude_low_similarity: logic in shardsmith.embed_stats."""
+"""Rule glue for exclude_low_similarity: logic in shardsmith.embed.stats."""
 
-from shardsmith.embed_stats import write_exclusions
-from shardsmith.logs import run_job
+from shardsmith.core.logs import run_job
+from shardsmith.embed.stats import write_exclusions
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
-"""Rule glue for index_shards: logic in shardsmith.index."""
+"""Rule glue for index_shards: logic in shardsmith.formats.index."""
 
 from pathlib import Path
 
-from shardsmith.index import LedgerMismatch, build_index
-from shardsmith.logs import run_job
+from shardsmith.core.logs import run_job
+from shardsmith.formats.index import LedgerMismatch, build_index
 
 
 def main() -> None:

@@ -1,11 +1,11 @@
-"""Rule glue for plan_parts: logic in shardsmith.sources."""
+"""Rule glue for plan_parts: logic in shardsmith.download.sources."""
 
-from shardsmith.fetch import Fetcher
-from shardsmith.fetch_settings import FetchSettings
-from shardsmith.leftovers import use_scratch
-from shardsmith.logs import run_job
-from shardsmith.s3 import S3Settings
-from shardsmith.sources import plan_parts
+from shardsmith.core.leftovers import use_scratch
+from shardsmith.core.logs import run_job
+from shardsmith.download.fetch.client import Fetcher
+from shardsmith.download.fetch.settings import FetchSettings
+from shardsmith.download.sources import plan_parts
+from shardsmith.storage.s3 import S3Settings
 
 
 def main() -> None:

@@ -1,10 +1,11 @@
-"""Rule glue for plot_dataset: logic in shardsmith.plots and shardsmith.report."""
+"""Rule glue for plot_dataset: logic in shardsmith.report.plots and shardsmith.report.numbers."""
 
 import json
 from pathlib import Path
 
-from shardsmith import plots, report
-from shardsmith.logs import run_job
+from shardsmith.core.logs import run_job
+from shardsmith.report import numbers as report
+from shardsmith.report import plots
 
 MANIFEST_COLUMNS = ["source", "width_before", "height_before", "width", "height", "bytes", "caption_length"]
 

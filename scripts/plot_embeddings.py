@@ -1,13 +1,14 @@
-"""Rule glue for plot_embeddings: logic in shardsmith.plots and shardsmith.report."""
+"""Rule glue for plot_embeddings: logic in shardsmith.report.plots and shardsmith.report.numbers."""
 
 import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from shardsmith import plots, report
-from shardsmith.errors import ConfigError
-from shardsmith.logs import run_job
+from shardsmith.core.errors import ConfigError
+from shardsmith.core.logs import run_job
+from shardsmith.report import numbers as report
+from shardsmith.report import plots
 
 
 def main() -> None:

@@ -1,12 +1,12 @@
-"""Rule glue for plot_near_duplicates: logic in shardsmith.near_report."""
+"""Rule glue for plot_near_duplicates: logic in shardsmith.report.near."""
 
 import json
 from pathlib import Path
 
 import pandas as pd
 
-from shardsmith.logs import run_job
-from shardsmith.near_report import image_places, pick_examples, plot_distances, sheet
+from shardsmith.core.logs import run_job
+from shardsmith.report.near import image_places, pick_examples, plot_distances, sheet
 
 
 def main() -> None:

@@ -1,15 +1,16 @@
-"""Rule glue for publish_dataset: logic in shardsmith.publish."""
+"""Rule glue for publish_dataset: logic in shardsmith.publish.dataset."""
 
 import json
 from pathlib import Path
 
-from shardsmith.contents import PublishConflict
-from shardsmith.leftovers import use_scratch
-from shardsmith.logs import run_job
-from shardsmith.publish import PublishSettings, publish
-from shardsmith.s3 import S3Error, S3Settings
-from shardsmith.stores import PublishError
-from shardsmith.tario import atomic_write_text
+from shardsmith.core.atomic import atomic_write_text
+from shardsmith.core.leftovers import use_scratch
+from shardsmith.core.logs import run_job
+from shardsmith.publish.contents import PublishConflict
+from shardsmith.publish.dataset import publish
+from shardsmith.publish.settings import PublishSettings
+from shardsmith.storage.s3 import S3Error, S3Settings
+from shardsmith.storage.stores import PublishError
 
 
 def main() -> None:

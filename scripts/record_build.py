@@ -1,7 +1,7 @@
-"""Rule glue for record_build: logic in shardsmith.publish (build metadata published as build.json)."""
+"""Rule glue for record_build: logic in shardsmith.publish.dataset (build metadata published as build.json)."""
 
-from shardsmith.build import build_info, write_build_info
-from shardsmith.logs import run_job
+from shardsmith.core.logs import run_job
+from shardsmith.formats.build import build_info, write_build_info
 
 
 def main() -> None:

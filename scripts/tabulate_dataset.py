@@ -1,10 +1,10 @@
-"""Rule glue for tabulate_dataset: logic in shardsmith.report."""
+"""Rule glue for tabulate_dataset: logic in shardsmith.report.numbers."""
 
 import json
 from pathlib import Path
 
-from shardsmith import report
-from shardsmith.logs import run_job
+from shardsmith.core.logs import run_job
+from shardsmith.report import numbers as report
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
-"""Rule glue for validate_dataset: logic in shardsmith.validate."""
+"""Rule glue for validate_dataset: logic in shardsmith.shards.validate."""
 
 from pathlib import Path
 
-from shardsmith.logs import run_job
-from shardsmith.validate import ValidationFailed, check_dataset, write_json
+from shardsmith.core.logs import run_job
+from shardsmith.shards.validate import ValidationFailed, check_dataset, write_json
 
 
 def main() -> None:

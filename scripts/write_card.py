@@ -1,12 +1,12 @@
-"""Rule glue for write_card: logic in shardsmith.card."""
+"""Rule glue for write_card: logic in shardsmith.report.card."""
 
 import json
 from pathlib import Path
 
-from shardsmith.card import card_text
-from shardsmith.index import rejected_by_source
-from shardsmith.logs import run_job
-from shardsmith.tario import atomic_write_text
+from shardsmith.core.atomic import atomic_write_text
+from shardsmith.core.logs import run_job
+from shardsmith.formats.index import rejected_by_source
+from shardsmith.report.card import card_text
 
 
 def load(path: str) -> dict:

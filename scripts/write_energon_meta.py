@@ -1,11 +1,12 @@
-"""Rule glue for write_energon_meta: logic in shardsmith.energon (the format) and shardsmith.shards (members)."""
+"""Rule glue for write_energon_meta: logic in shardsmith.formats.energon (the format) and shardsmith.shards.plan
+(members)."""
 
 from pathlib import Path
 
-from shardsmith.energon import EnergonError, write_meta
-from shardsmith.leftovers import use_scratch
-from shardsmith.logs import run_job
-from shardsmith.shards import read_members
+from shardsmith.core.leftovers import use_scratch
+from shardsmith.core.logs import run_job
+from shardsmith.formats.energon import EnergonError, write_meta
+from shardsmith.shards.write import read_members
 
 
 def main() -> None:

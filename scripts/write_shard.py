@@ -1,12 +1,12 @@
-"""Rule glue for write_shard: logic in shardsmith.shards (writing), shardsmith.dali and shardsmith.energon (the
-loaders' per-shard indexes) and shardsmith.validate (re-reading)."""
+"""Rule glue for write_shard: logic in shardsmith.shards.write, shardsmith.formats.dali and shardsmith.formats.energon
+(the loaders' per-shard indexes) and shardsmith.shards.validate (re-reading)."""
 
 from pathlib import Path
 
-from shardsmith import dali, energon
-from shardsmith.logs import run_job
-from shardsmith.shards import read_members, write_shard
-from shardsmith.validate import validate_shard, write_json
+from shardsmith.core.logs import run_job
+from shardsmith.formats import dali, energon
+from shardsmith.shards.validate import validate_shard, write_json
+from shardsmith.shards.write import read_members, write_shard
 
 
 def main() -> None:

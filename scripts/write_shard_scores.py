@@ -1,7 +1,7 @@
-"""Rule glue for write_shard_scores: logic in shardsmith.embed_stats."""
+"""Rule glue for write_shard_scores: logic in shardsmith.embed.stats."""
 
-from shardsmith.embed_stats import write_shard_scores
-from shardsmith.logs import run_job
+from shardsmith.core.logs import run_job
+from shardsmith.embed.stats import write_shard_scores
 
 
 def main() -> None:

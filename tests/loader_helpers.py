@@ -5,9 +5,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import jpeg_bytes
+from generated import jpeg_bytes
 
-from shardsmith.tario import ShardWriter, TarMember, atomic_open
+from shardsmith.core.atomic import atomic_open
+from shardsmith.formats.tario import ShardWriter, TarMember
 
 
 def installed(module: str) -> bool:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shardsmith.s3 import S3Settings, run
+from shardsmith.storage.s3 import S3Settings, run
 
 # The network guard refuses loopback by default; tests that fetch from their servers on 127.0.0.1 say so.
 ALLOW_LOOPBACK = {"allow_networks": ["127.0.0.0/8", "::1/128"]}

@@ -13,8 +13,8 @@ from PIL import Image
 
 from bench.e2e_bench import MAX_SIDE, QUALITY, check_quality
 from bench.imageset import make_imageset
-from shardsmith.errors import Rejection
-from shardsmith.resize import ResizeSettings, process_image
+from shardsmith.core.errors import Rejection
+from shardsmith.download.process.resize import ResizeSettings, process_image
 
 BASE = "http://127.0.0.1:1"
 
@@ -158,10 +158,10 @@ def test_start_up_is_counted_per_script_from_its_top_level_imports(tmp_path, mon
     script = tmp_path / "scripts" / "some_job.py"
     script.parent.mkdir()
     script.write_text(
-        "import sys\nfrom shardsmith.logs import run_job\nfrom . import nothing\n\ndef f():\n    import pandas\n"
+        "import sys\nfrom shardsmith.core.logs import run_job\nfrom . import nothing\n\ndef f():\n    import pandas\n"
     )
     monkeypatch.setattr(e2e, "REPO", tmp_path)
-    assert e2e.script_imports(script) == ["sys", "shardsmith.logs"]  # not relative, not inside functions
+    assert e2e.script_imports(script) == ["sys", "shardsmith.core.logs"]  # not relative, not inside functions
 
     monkeypatch.setattr(e2e, "_STARTUP", {"write_shard": 0.2, "process_part": 0.5})  # measured once per script
     job = "/run/.snakemake/scripts/tmpab12.{}.py"

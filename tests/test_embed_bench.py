@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import bench.embed_bench as eb
-from shardsmith.tinyclip import NAME
+from shardsmith.cli.tinyclip import NAME
 
 
 def test_cpus_per_task_is_the_fewest_workers_that_feed_the_gpu_while_busy_at_most_90_percent():

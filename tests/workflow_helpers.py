@@ -21,7 +21,7 @@ def demo_config(data: Path, root: Path, **overrides) -> dict:
     by_name["photos"]["path"] = str(data / "photos")
     by_name["legacy"]["path"] = str(data / "shards" / "legacy-{000000..000001}.tar")
     # The demo's tiny CLIP model lives in the repo's demo/models (built by `make demo`); tests that embed
-    # pass embed=... with a model they build (shardsmith.tinyclip.write_tiny_clip).
+    # pass embed=... with a model they build (shardsmith.cli.tinyclip.write_tiny_clip).
     config["embed"] = {"enabled": False}
     for key, value in overrides.items():
         config[key] = value

@@ -30,4 +30,4 @@ if ! flock --nonblock 9; then
 fi
 echo "$(date -u +%FT%TZ) refresh: $config (lock $lock, $cores cores)"
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
-"$venv/bin/python" -m shardsmith.refresh --configfile "$config" --cores "$cores" "$@"
+"$venv/bin/python" -m shardsmith refresh --configfile "$config" --cores "$cores" "$@"

@@ -1,0 +1,341 @@
+"""Manifests: reading the sampled start of a parquet, csv, tsv or jsonl file and choosing its URL, caption,
+key and hash columns from the evidence, or saying it cannot tell."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shardsmith.cli.newconfig.options import (
+    BLOCK,
+    CAPTION_NAMES,
+    HASH_HEX_DIGITS,
+    HEAD_BYTES,
+    KEY_NAMES,
+    MOST,
+    SAMPLE_ROWS,
+    URL_NAMES,
+    CannotTell,
+    InputError,
+    Inspected,
+    Options,
+)
+from shardsmith.cli.newconfig.reading import ByteSource, RangeFile, open_bytes
+from shardsmith.core.config import expand_paths
+from shardsmith.core.errors import ConfigError
+from shardsmith.download.sources import manifest_format
+
+_URL = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*://\S+|\.{0,2}/\S+|~/\S+|[^\s/]+(?:/[^\s/]+)+)$")
+_WORDS = re.compile(r"[^\W\d_]{2,}\S*\s+\S")  # a word of letters, a space, more text
+_HEX = re.compile(r"^[0-9a-fA-F]+$")
+
+
+# --- manifests ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Table:
+    """The sampled start of a manifest: column names (None: a headerless file) and rows of cell text."""
+
+    header: list[str] | None
+    rows: list[list[str]]
+    header_note: str = ""
+
+
+def cell_text(value: object) -> str:
+    """A cell as text; None, NaN and nested values (lists, dicts: never a URL or a caption) as ''."""
+    if value is None or isinstance(value, (list, tuple, dict)) or (isinstance(value, float) and value != value):
+        return ""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def sniff_format(head: bytes) -> str:
+    """A manifest's format from its first bytes, for names that do not tell it."""
+    if head[:4] == b"PAR1":
+        return "parquet"
+    if head[:2] == b"\x1f\x8b":
+        raise InputError("gzip-compressed, but its name does not end in .gz (the workflow decompresses by name)")
+    first = head.lstrip().split(b"\n", 1)[0]
+    return "jsonl" if first.startswith(b"{") else "tsv" if b"\t" in first else "csv"
+
+
+def text_head(src: ByteSource, gz: bool) -> tuple[str, bool]:
+    """(text, whole): the start of a text manifest, decompressed; whole is False when the file goes on."""
+    raw = src.read(0, HEAD_BYTES)
+    whole = len(raw) < HEAD_BYTES
+    if gz:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        data = d.decompress(raw, 8 * HEAD_BYTES)
+        whole = d.eof
+    else:
+        data = raw
+    return data.decode("utf-8", "replace"), whole
+
+
+def text_rows(text: str, whole: bool, fmt: str) -> list[list[str]] | list[dict]:
+    """Rows of a text manifest's start: lists of cells (csv, tsv) or dicts (jsonl); a cut last line is dropped."""
+    lines = text.split("\n")
+    if not whole:
+        lines = lines[:-1]
+    lines = [ln.rstrip("\r") for ln in lines if ln.strip()][: SAMPLE_ROWS + 1]
+    if fmt == "jsonl":
+        try:
+            return [json.loads(ln) for ln in lines[:SAMPLE_ROWS]]
+        except ValueError as e:
+            raise InputError(f"not JSON lines: {e}") from None
+    if fmt == "tsv":
+        return [ln.split("\t") for ln in lines]
+    return list(csv.reader(io.StringIO("\n".join(lines))))
+
+
+def looks_like_url(v: str) -> bool:
+    return bool(v) and _URL.match(v) is not None
+
+
+def looks_like_number(v: str) -> bool:
+    try:
+        float(v)
+    except ValueError:
+        return False
+    return True
+
+
+def looks_like_text(v: str) -> bool:
+    """Caption-like: words with spaces, not a URL, not a number."""
+    return bool(_WORDS.search(v.strip())) and not looks_like_url(v) and not looks_like_number(v)
+
+
+def split_header(rows: list[list[str]]) -> Table:
+    """A CSV/TSV's first row is data when it holds a URL (a header never does), else it is the header."""
+    if not rows:
+        raise InputError("the file is empty")
+    first = rows[0]
+    url_cell = next((c for c in first if looks_like_url(c.strip())), None)
+    if url_cell is not None:
+        return Table(None, rows[:SAMPLE_ROWS], f"none (row 1 holds a URL or path, {short(url_cell)}: it is data)")
+    names = ", ".join(first)
+    return Table(first, rows[1 : SAMPLE_ROWS + 1], f"row 1 ({short(names, 80)}; it holds no URL or path)")
+
+
+def read_table(src: ByteSource, fmt: str, gz: bool) -> Table:
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(RangeFile(src), buffer_size=BLOCK, pre_buffer=False)
+            batch = next(pf.iter_batches(batch_size=SAMPLE_ROWS), None)
+        except InputError:
+            raise
+        except Exception as e:  # pyarrow's errors have many types; the message says what is wrong
+            raise InputError(f"not a readable parquet file: {e}") from None
+        names = list(pf.schema_arrow.names)
+        rows = [] if batch is None else [[cell_text(r.get(n)) for n in names] for r in batch.to_pylist()]
+        return Table(names, rows, f"from the parquet schema ({short(', '.join(names), 80)})")
+    text, whole = text_head(src, gz)
+    rows = text_rows(text, whole, fmt)
+    if fmt == "jsonl":
+        names = list(dict.fromkeys(k for r in rows if isinstance(r, dict) for k in r))
+        cells = [[cell_text(r.get(n)) if isinstance(r, dict) else "" for n in names] for r in rows]
+        return Table(names, cells, f"the JSON keys ({short(', '.join(names), 80)})")
+    return split_header(rows)
+
+
+@dataclass(frozen=True)
+class Column:
+    """Evidence about one sampled column."""
+
+    position: int  # 1-based
+    name: str | None  # None in a headerless file
+    values: list[str]  # non-empty sampled values
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name is not None else f"column {self.position}"
+
+    def share(self, test: Callable[[str], bool]) -> float:
+        return sum(map(test, self.values)) / len(self.values) if self.values else 0.0
+
+    def named(self, names: tuple[str, ...]) -> bool:
+        return self.name is not None and self.name.strip().lower() in names
+
+
+def columns_of(table: Table) -> list[Column]:
+    width = len(table.header) if table.header is not None else max((len(r) for r in table.rows), default=0)
+    cols = []
+    for i in range(width):
+        values = [r[i].strip() for r in table.rows if i < len(r) and r[i].strip()]
+        cols.append(Column(i + 1, table.header[i] if table.header is not None else None, values))
+    return cols
+
+
+def pct(share: float) -> str:
+    return f"{round(100 * share)}%"
+
+
+def short(v: str, n: int = 40) -> str:
+    return repr(v if len(v) <= n else v[: n - 3] + "...")
+
+
+def forced_column(cols: list[Column], wanted: str, flag: str) -> Column:
+    """The column a flag names: by header name, or by 1-based number (the only way in a headerless file)."""
+    for c in cols:
+        if c.name == wanted:
+            return c
+    if wanted.isdigit() and 1 <= int(wanted) <= len(cols):
+        return cols[int(wanted) - 1]
+    have = ", ".join(c.label for c in cols)
+    how = f"a number from 1 to {len(cols)} (the file has no header)" if cols and cols[0].name is None else "one of"
+    raise InputError(f"{flag} {wanted}: no such column; give {how}: {have}")
+
+
+def evidence(c: Column, test: Callable[[str], bool], what: str) -> str:
+    """`header name and 100% of 200 sampled values are URLs`: the name counts only where it is a usual one."""
+    names = URL_NAMES if test is looks_like_url else CAPTION_NAMES
+    by_name = "header name and " if c.named(names) else ""
+    return f"{by_name}{pct(c.share(test))} of {len(c.values)} sampled values are {what}"
+
+
+def flag_for(cols: list[Column], flag: str) -> str:
+    return f"{flag} N" if cols and cols[0].name is None else f"{flag} NAME"
+
+
+def choose_url(cols: list[Column], forced: str | None) -> tuple[Column, str]:
+    """The one column whose values are mostly URLs or paths; CannotTell when none or several are."""
+    if forced:
+        c = forced_column(cols, forced, "--url-column")
+        return c, f"chosen with --url-column; {pct(c.share(looks_like_url))} of {len(c.values)} sampled values are URLs"
+    found = [c for c in cols if c.values and c.share(looks_like_url) > MOST]
+    if len(found) == 1:
+        return found[0], evidence(found[0], looks_like_url, "URLs or paths")
+    flag = flag_for(cols, "--url-column")
+    if not found:
+        have = ", ".join(c.label for c in cols)
+        raise CannotTell(f"no column holds URLs or paths in most sampled rows (columns: {have}); name it with {flag}")
+    choices = ", ".join(f"{c.label} ({pct(c.share(looks_like_url))} URLs, e.g. {short(c.values[0])})" for c in found)
+    raise CannotTell(f"{len(found)} columns could be the URL: {choices}; pick one with {flag}")
+
+
+def choose_caption(cols: list[Column], url: Column, forced: str | None) -> tuple[Column, str]:
+    """The one other column of mostly text with spaces (else the one named for captions); CannotTell otherwise."""
+    if forced:
+        c = forced_column(cols, forced, "--caption-column")
+        return (
+            c,
+            f"chosen with --caption-column; {pct(c.share(looks_like_text))} of {len(c.values)} sampled values are text",
+        )
+    rest = [c for c in cols if c is not url]
+    found = [c for c in rest if c.values and c.share(looks_like_text) >= MOST]
+    flag = flag_for(cols, "--caption-column")
+    if len(found) == 1:
+        return found[0], evidence(found[0], looks_like_text, "text with spaces") + "; no other column is"
+    if len(found) > 1:
+        choices = ", ".join(
+            f"{c.label} ({pct(c.share(looks_like_text))} text, e.g. {short(c.values[0])})" for c in found
+        )
+        raise CannotTell(f"{len(found)} columns could be the caption: {choices}; pick one with {flag}")
+    named = [c for c in rest if c.values and c.named(CAPTION_NAMES) and c.share(looks_like_url) <= MOST]
+    if len(named) == 1:  # short captions (single words): the name alone, said as such
+        c = named[0]
+        return (
+            c,
+            f"header name only: just {pct(c.share(looks_like_text))} of {len(c.values)} sampled values have spaces",
+        )
+    have = ", ".join(c.label for c in rest) or "none"
+    raise CannotTell(
+        f"no column besides the URL holds caption text in most sampled rows (columns: {have}); name it with {flag}"
+    )
+
+
+def row_numbers(values: list[str]) -> bool:
+    """Values 0..n or 1..n in some order: a row number, which the default key (file + row) already is."""
+    if not all(v.isdigit() for v in values):
+        return False
+    ints = sorted(int(v) for v in values)
+    return ints == list(range(ints[0], ints[0] + len(ints)))
+
+
+def choose_key(cols: list[Column], taken: set[int], rows: int) -> tuple[Column, str] | None:
+    """A named id column, present and unique in every sampled row; None when none is clearly right."""
+    for name in KEY_NAMES:
+        for c in cols:
+            if c.position in taken or not c.named((name,)) or len(c.values) != rows or rows == 0:
+                continue
+            if len(set(c.values)) == rows and not row_numbers(c.values):
+                why = f"header name; all {rows} sampled values present and unique: sample keys follow it, not the row"
+                if name == "sha256":
+                    why += " (identical images share it: the second is rejected as duplicate_key)"
+                return c, why
+    return None
+
+
+def choose_hash(cols: list[Column]) -> tuple[Column, str, str] | None:
+    """(column, hash type, why) for a column named for a hash whose values are hex digests of that length."""
+    for c in cols:
+        lowered = (c.name or "").lower()
+        kind = next((k for k in HASH_HEX_DIGITS if k in lowered), None)
+        if kind and c.values and all(_HEX.match(v) and len(v) == HASH_HEX_DIGITS[kind] for v in c.values):
+            digits = HASH_HEX_DIGITS[kind]
+            why = f"header name; all {len(c.values)} sampled values are {digits}-digit hex"
+            return c, kind, why + ": a download with other bytes is rejected"
+    return None
+
+
+def inspect_manifest(path: str, name: str, opts: Options) -> Inspected:
+    files = expand_paths(path)
+    if not files:
+        raise InputError("no file matches")
+    first = files[0]
+    src = open_bytes(first, opts)
+    source: dict = {"name": name, "type": "manifest", "path": path}
+    guesses = [] if len(files) == 1 else [f"files: {len(files)} match; looked at the first, {first}"]
+    try:
+        fmt, how = manifest_format(first), "from the file name"
+    except ConfigError:
+        fmt, how = sniff_format(src.read(0, 64)), "from its first bytes"
+        source["format"] = fmt
+    guesses.append(f"format: {fmt} ({how})")
+    table = read_table(src, fmt, gz=first.endswith(".gz"))  # as pandas, which reads a .gz name as gzip
+    guesses.append(f"header: {table.header_note}; {len(table.rows)} rows sampled")
+    cols = columns_of(table)
+    url, url_why = choose_url(cols, opts.url_column)
+    caption, caption_why = choose_caption(cols, url, opts.caption_column)
+    if caption is url:
+        raise InputError(f"the URL and the caption cannot be the same column ({url.label})")
+    notes = relative_path_notes(url)
+    if table.header is None:
+        names = ["url" if c is url else "caption" if c is caption else f"col{c.position}" for c in cols]
+        source["columns"] = names
+        guesses.append(f"url column: {url.label}, named url ({url_why})")
+        guesses.append(f"caption column: {caption.label}, named caption ({caption_why})")
+        return Inspected({**source, "url_column": "url"}, ["caption"], guesses, notes=notes)
+    source["url_column"] = url.name
+    guesses += [f"url column: {url.name} ({url_why})", f"caption column: {caption.name} ({caption_why})"]
+    key = choose_key(cols, {url.position, caption.position}, len(table.rows))
+    if key:
+        source["key_column"] = key[0].name
+        guesses.append(f"key column: {key[0].name} ({key[1]})")
+    hashed = choose_hash(cols)
+    if hashed:
+        source["hash_column"], source["hash_type"] = hashed[0].name, hashed[1]
+        guesses.append(f"hash column: {hashed[0].name}, {hashed[1]} ({hashed[2]})")
+    not_captions = {c.name for c in cols if c is not caption and c.name is not None}
+    return Inspected(source, [caption.name], guesses, not_captions, notes)
+
+
+def relative_path_notes(url: Column) -> list[str]:
+    relative = [v for v in url.values if "://" not in v and not v.startswith(("/", "~"))]
+    if not relative:
+        return []
+    return [
+        f"{len(relative)} of {len(url.values)} sampled URLs are relative paths (e.g. {short(relative[0])}): "
+        "the workflow opens them from the folder snakemake runs in (its --directory)"
+    ]

@@ -1,0 +1,201 @@
+"""Checks on the validated config that a JSON schema cannot express, run before any work.
+
+The schema (config/config.schema.yaml) checks keys and types; this module checks the paths: folders that
+overlap once made a cache directory equal to the image directory, which mixed raw and processed files
+and crashed training with mixed batch shapes. So overlapping or nested folders are refused up front.
+"""
+
+import glob
+import ipaddress
+import os
+import re
+from pathlib import Path
+
+from braceexpand import braceexpand
+
+from shardsmith.core.errors import ConfigError
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+REMOTE = re.compile(r"^(https?|s3)://")
+
+
+def _real(path: str) -> Path:
+    return Path(os.path.realpath(os.path.expanduser(path)))
+
+
+def _nested(a: Path, b: Path) -> bool:
+    """True when a and b are the same folder or one contains the other."""
+    return a == b or a in b.parents or b in a.parents
+
+
+def static_dir(pattern: str) -> str:
+    """The folder of a path pattern, up to its first brace or glob character."""
+    cut = min((i for i, c in enumerate(pattern) if c in "{*?["), default=len(pattern))
+    return os.path.dirname(pattern[:cut]) or "."
+
+
+def expand_paths(pattern: str) -> list[str]:
+    """Brace-expand, then glob, a path pattern; sorted and de-duplicated, in brace order for brace patterns.
+
+    URLs (http, https, s3) are brace-expanded only: `?` starts a query and there is no folder to glob.
+    """
+    out: list[str] = []
+    for p in braceexpand(pattern):
+        if _GLOB_CHARS.search(p) and not REMOTE.match(p):
+            out.extend(sorted(glob.glob(p)))
+        else:
+            out.append(p)
+    return list(dict.fromkeys(out))
+
+
+def output_dirs(config: dict) -> dict[str, str]:
+    """The folders the workflow writes to, by config key."""
+    dirs = {f"paths.{k}": config["paths"][k] for k in ("raw", "work", "output", "logs")}
+    dest = config.get("publish", {}).get("dest")
+    if dest and not REMOTE.match(dest):
+        dirs["publish.dest"] = dest
+    return dirs
+
+
+def check_paths(config: dict, inputs_needed: bool = True) -> None:
+    """Refuse output folders that coincide or nest, outputs that overlap an input, and (unless not
+    `inputs_needed`: `snakemake --lint` reads the rules, not the data) local inputs that do not exist."""
+    outs = {k: _real(v) for k, v in output_dirs(config).items()}
+    names = list(outs)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            if a == "paths.logs" or b == "paths.logs":
+                if outs[a] == outs[b]:
+                    raise ConfigError(f"{a} and {b} are the same folder ({outs[a]}); give each its own folder.")
+                continue
+            if _nested(outs[a], outs[b]):
+                raise ConfigError(
+                    f"{a} ({config_value(config, a)}) and {b} ({config_value(config, b)}) overlap: "
+                    "the raw cache, work, output and publish folders must be separate, none inside another."
+                )
+    for i, src in enumerate(config["sources"]):
+        where = f"sources[{i}] ({src['name']})"
+        if REMOTE.match(src["path"]):
+            continue
+        if src["type"] == "folder":
+            src_dir = _real(src["path"])
+            if inputs_needed and not src_dir.is_dir():
+                raise ConfigError(f"{where}.path: folder {src['path']} does not exist.")
+        else:
+            src_dir = _real(static_dir(src["path"]))
+            local = [p for p in expand_paths(src["path"]) if not REMOTE.match(p)]
+            if inputs_needed and not local:
+                raise ConfigError(f"{where}.path: no file matches {src['path']}.")
+            missing = [p for p in local if not os.path.exists(p)]
+            if inputs_needed and src["type"] == "manifest" and missing:
+                raise ConfigError(f"{where}.path: manifest {missing[0]} does not exist.")
+            for p in local:
+                for key, out in outs.items():
+                    if _real(p) == out or out in _real(p).parents:
+                        raise ConfigError(
+                            f"{where}.path: input {p} lies inside {key} ({out}); keep inputs out of output folders."
+                        )
+            if src["type"] == "manifest":
+                continue  # a manifest's own folder is not an input folder
+        for key, out in outs.items():
+            if _nested(src_dir, out):
+                raise ConfigError(
+                    f"{key} ({config_value(config, key)}) overlaps input folder {src['path']} of {where}: "
+                    "a cache or output folder inside an input folder (or the other way round) mixes raw and "
+                    "processed files. Choose a separate folder."
+                )
+
+
+def plain_data(value: object) -> object:
+    """`value` as plain dicts and lists (a JSON config arrives as OrderedDicts; YAML writers refuse those)."""
+    if isinstance(value, dict):
+        return {str(k): plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    return value
+
+
+def config_value(config: dict, dotted: str) -> object:
+    node: object = config
+    for part in dotted.split("."):
+        node = node[part]  # type: ignore[index]
+    return node
+
+
+def check_sources(config: dict) -> None:
+    """Source settings that depend on each other."""
+    names = [s["name"] for s in config["sources"]]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"sources: names must be unique; {', '.join(dupes)} used more than once.")
+    for i, src in enumerate(config["sources"]):
+        if src["type"] != "manifest":
+            for key in ("columns", "key_column", "carry_columns", "hash_column"):
+                if key in src:
+                    raise ConfigError(f"sources[{i}] ({src['name']}): '{key}' applies to manifests only.")
+        fmt = src.get("format", "auto")
+        if src.get("columns") and fmt not in ("auto", "csv", "tsv"):
+            raise ConfigError(f"sources[{i}] ({src['name']}): 'columns' (a headerless table) needs format csv or tsv.")
+
+
+def check_download(config: dict) -> None:
+    """The guard's allow list must name networks: a typo would otherwise fail every download job."""
+    for value in config.get("download", {}).get("allow_networks", []):
+        try:
+            ipaddress.ip_network(str(value).strip(), strict=False)
+        except ValueError:
+            raise ConfigError(
+                f"download.allow_networks: '{value}' is not a network; write it as an address or CIDR "
+                "(10.20.0.0/16, 127.0.0.0/8, fd12::/16)."
+            ) from None
+
+
+def check_config(config: dict, inputs_needed: bool = True) -> None:
+    """Everything beyond the schema, in the order a user would fix it (see check_paths for `inputs_needed`)."""
+    check_sources(config)
+    check_download(config)
+    check_paths(config, inputs_needed)
+
+
+def _dotted(path: list[object]) -> str:
+    """`resize.quality`, `sources[0].type` from a JSON path."""
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def schema_error_message(exc: BaseException) -> str:
+    """One line naming the key and what it must be, from Snakemake's WorkflowError around a jsonschema error.
+
+    Snakemake prints the schema error with the failing sub-schema, often 40 lines; the user needs the key,
+    the value and the rule.
+    """
+    import difflib
+
+    from jsonschema.exceptions import ValidationError
+
+    err = exc
+    while err is not None and not isinstance(err, ValidationError):
+        err = err.__cause__ or err.__context__
+    if err is None:  # not a schema error: keep Snakemake's first meaningful line
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.startswith("WorkflowError")]
+        return lines[0] if lines else str(exc)
+    key = _dotted(list(err.absolute_path))
+    described = err.schema.get("description", "") if isinstance(err.schema, dict) else ""
+    if err.validator == "additionalProperties":
+        allowed = list(err.schema.get("properties", {}))
+        unknown = re.findall(r"'([^']+)'", err.message.split("(", 1)[-1]) or ["?"]
+        where = f"{key}." if key else ""
+        close = difflib.get_close_matches(unknown[0], allowed, n=1)
+        hint = f"did you mean '{where}{close[0]}'?" if close else f"known keys here: {', '.join(allowed)}"
+        return f"{where}{unknown[0]}: unknown key; {hint}"
+    if err.validator == "required":
+        missing = re.findall(r"'([^']+)' is a required property", err.message) or ["?"]
+        sub = err.schema.get("properties", {}).get(missing[0], {})
+        what = f" ({sub['description']})" if sub.get("description") else ""
+        return f"{key + '.' if key else ''}{missing[0]}: missing; this key is required{what}"
+    value = repr(err.instance)
+    message = err.message.removeprefix(value).strip()  # jsonschema starts with the value: say it once
+    value = value if len(value) <= 60 else value[:57] + "..."
+    return f"{key or '(top level)'} = {value} {message}" + (f" ({described.rstrip('.')})" if described else "")

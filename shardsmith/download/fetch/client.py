@@ -1,0 +1,392 @@
+"""Fetch: the bytes of many URLs at once, politely and within a deadline; one outcome per URL.
+
+Used by download_part for one part. Worker threads each run one attempt at a time; the calling thread
+is the dispatcher and decides what runs when: at most `concurrency` attempts in all and
+`per_host_concurrency` per host, at most `per_host_rate` starts per second per host, backoff with jitter
+between attempts, and a Retry-After from a 429/503 pauses every request of this job to that host, not just
+the one URL (other download jobs know nothing of it). It stops at the part deadline: what is not done by
+then is reported as `deadline`, and the workers (daemon threads, bounded by their own timeouts) are left
+behind, so a stalled server never holds a job.
+
+http(s) goes through urllib3 with redirects followed by hand (counted, each hop checked by the guard and the
+opt-outs, and the X-Robots-Tag and tdm-reservation of the final response read), s3:// through the AWS CLI
+(shardsmith.storage.s3), plain paths and file:// from disk within the allowed folders. Every URL passes
+shardsmith.download.fetch.netguard first (schemes, credentials, control characters, addresses, local folders), every
+image URL shardsmith.download.fetch.optout (robots.txt, TDMRep). Every downloaded body is sniffed: an HTML error page
+served as image/jpeg is `not_an_image` here, not later (the checks: shardsmith.download.fetch.responses). Local files
+are opened by shardsmith.storage.localfiles, source shards streamed by shardsmith.download.streams; the scheduling
+loop is shardsmith.download.fetch.dispatch, the settings and retry policy shardsmith.download.fetch.settings."""
+
+import queue
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from urllib.parse import urljoin, urlsplit
+
+import urllib3
+
+from shardsmith.download.fetch.dispatch import Dispatcher
+from shardsmith.download.fetch.netguard import Guard, Refused
+from shardsmith.download.fetch.optout import ROBOTS_MAX_BYTES, OptOuts, Unreachable, opted_out, tdm_header_reserved
+from shardsmith.download.fetch.responses import (
+    AttemptError,
+    Outcome,
+    check_hash,
+    classify_exception,
+    content_length,
+    describe_non_image,
+    discard,
+    http_status_reason,
+    parse_retry_after,
+    reusable,
+    sniff_image,
+)
+from shardsmith.download.fetch.settings import RETRY_NEXT_RUN_ONLY, FetchSettings
+from shardsmith.storage.localfiles import FetchError, open_source
+from shardsmith.storage.s3 import S3Error, S3Settings, open_stream
+
+_REDIRECTS = (301, 302, 303, 307, 308)
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+class _ByteBudget:
+    """Bytes of bodies held in memory at once by one job: a fetch thread waits for room before it reads a
+    body (its Content-Length, or UNKNOWN_SIZE), and the room is given back once the body is written out.
+    Without it, 32 requests for 20-50 MB originals could hold over a GiB. A body larger than the whole
+    budget waits for all of it, so it is read alone rather than never."""
+
+    UNKNOWN_SIZE = 4 << 20
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used, self.peak = max(1, limit), 0, 0
+        self._cv = threading.Condition()
+
+    def take(self, n: int | None, timeout: float) -> int:
+        n = min(self.limit, self.UNKNOWN_SIZE if n is None else max(0, n))
+        with self._cv:
+            if not self._cv.wait_for(lambda: self.used + n <= self.limit, timeout=max(0.0, timeout)):
+                raise AttemptError("deadline", "waited for memory to read the body until the part deadline")
+            self.used += n
+            self.peak = max(self.peak, self.used)
+        return n
+
+    def give(self, n: int) -> None:
+        if n:
+            with self._cv:
+                self.used -= n
+                self._cv.notify_all()
+
+
+class Fetcher:
+    """Fetches URLs under one FetchSettings, S3 settings and part deadline (a time.monotonic() value).
+
+    Local paths are read only below `local_folders` (the source's own folders) and the settings'
+    `allow_local_folders`.
+    """
+
+    def __init__(
+        self,
+        settings: FetchSettings,
+        s3: S3Settings | None = None,
+        deadline: float | None = None,
+        log: Callable[[str], None] = print,
+        local_folders: tuple[str, ...] = (),
+    ) -> None:
+        self.s = settings
+        self.s3 = s3 or S3Settings()
+        self.budget = _ByteBudget(settings.max_buffered_mb << 20)
+        self._tls = threading.local()  # the budget a thread's current body holds (see attempt)
+        if deadline is None and settings.part_deadline_s is not None:
+            deadline = time.monotonic() + settings.part_deadline_s
+        self.deadline = deadline if deadline is not None else float("inf")
+        self.log = log
+        self.headers = {"User-Agent": settings.user_agent, "Accept": "image/*,*/*;q=0.8", "Accept-Encoding": "identity"}
+        self.guard = Guard(
+            settings.allow_networks, settings.allow_hosts, (*local_folders, *settings.allow_local_folders)
+        )
+        self.optouts = OptOuts(
+            self._get_small, settings.ua_token, settings.respect_robots_txt, settings.respect_tdm_reservation
+        )
+        pool_args = {"num_pools": 256, "maxsize": settings.per_host_concurrency, "block": False}
+        self._direct = self.guard.pool_manager(**pool_args)
+        self._proxies = {k: v for k, v in urllib.request.getproxies().items() if k in ("http", "https")}
+        self._proxy_pools = {url: urllib3.ProxyManager(url, **pool_args) for url in set(self._proxies.values())}
+
+    # Which retries to make: the in-job set is the retry set without `deadline` (time is up by then).
+    def retryable(self, reason: str) -> bool:
+        return reason in self.s.retry_reasons and reason not in RETRY_NEXT_RUN_ONLY
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def _pool(self, url: str) -> urllib3.PoolManager:
+        u = urlsplit(url)
+        proxy = self._proxies.get(u.scheme.lower())
+        if proxy and (u.hostname or "") not in _LOOPBACK and not urllib.request.proxy_bypass(u.hostname or ""):
+            return self._proxy_pools[proxy]
+        return self._direct
+
+    def attempt(
+        self, url: str, expected_hash: str | None = None, hash_type: str = "md5", hold: bool = False
+    ) -> tuple[bytes, int]:
+        """One attempt at one URL: (bytes, HTTP status). Raises AttemptError.
+
+        With `hold`, the memory budget the body took stays taken (`self.held()` says how much) until the
+        caller gives it back with `self.budget.give`; fetch_all does that once the body is written out.
+        """
+        self._tls.held = 0
+        try:
+            data, status = self._attempt(url, expected_hash, hash_type)
+        except BaseException:
+            self.budget.give(self.held())
+            raise
+        if not hold:
+            self.budget.give(self.held())
+        return data, status
+
+    def held(self) -> int:
+        """Budget bytes the calling thread's last body holds; taking them leaves 0 behind."""
+        n, self._tls.held = getattr(self._tls, "held", 0), 0
+        return n
+
+    def admit(self, url: str, resolve: bool = False) -> None:
+        """Raise AttemptError if the guard refuses `url` without fetching it: its form, a local path outside
+        the allowed folders, and with `resolve` (records kept from the raw cache) the host's addresses."""
+        try:
+            scheme = self.guard.check_url(url)
+            if scheme in ("", "file"):
+                self.guard.check_local(url)
+            elif resolve and scheme in ("http", "https"):
+                self.guard.check_remote(url)
+        except Refused as e:
+            raise AttemptError(e.reason, e.detail) from None
+        except ValueError as e:
+            raise AttemptError("bad_url", f"{e}: {url[:200]}") from None
+
+    def _attempt(self, url: str, expected_hash: str | None, hash_type: str) -> tuple[bytes, int]:
+        if not url:
+            raise AttemptError("no_url", "the record has no URL")
+        if self.left() <= 0:
+            raise AttemptError("deadline", "the part deadline passed before this attempt")
+        self.admit(url)
+        try:
+            scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+        except ValueError as e:
+            raise AttemptError("bad_url", f"{e}: {url[:200]}") from None
+        if scheme in ("http", "https"):
+            data, status, ctype = self._http(url)
+        elif scheme == "s3":
+            data, status, ctype = self._s3(url), 0, ""
+        elif scheme in ("", "file"):
+            return self._local(url), 0  # local inputs are taken as they are (resize judges them)
+        else:
+            raise AttemptError("unsupported_url", f"no fetcher for {scheme}:// URLs")
+        if not sniff_image(data):
+            raise AttemptError("not_an_image", describe_non_image(data, ctype), status)
+        try:
+            check_hash(data, expected_hash, hash_type)
+        except AttemptError as e:
+            e.http_status = status
+            raise
+        return data, status
+
+    def _local(self, url: str) -> bytes:
+        try:
+            with open_source(self.guard.check_local(url)) as f:
+                data = f.read(self.s.max_bytes + 1)
+        except FetchError as e:
+            raise AttemptError(e.reason, e.detail) from None
+        if len(data) > self.s.max_bytes:
+            raise AttemptError("too_large", f"file is over max_bytes={self.s.max_bytes}", nbytes=len(data))
+        return data
+
+    def _timeout(self) -> urllib3.Timeout:
+        left = max(0.01, self.left())
+        return urllib3.Timeout(connect=min(self.s.connect_timeout_s, left), read=min(self.s.read_timeout_s, left))
+
+    def open_http(self, url: str, optouts: bool = False) -> tuple[urllib3.BaseHTTPResponse, str]:
+        """GET `url`, following at most max_redirects redirects; returns the final 2xx response (body unread)
+        and its URL. Raises AttemptError for other statuses, refused URLs and addresses, X-Robots-Tag opt-outs,
+        and with `optouts` (images, not the sources named in the config) for what robots.txt and TDMRep forbid."""
+        hops = 0
+        while True:
+            if urlsplit(url).scheme.lower() not in ("http", "https"):
+                raise AttemptError("unsupported_url", f"redirected to a non-http URL: {url[:200]}")
+            if self.left() <= 0:
+                raise AttemptError("deadline", "the part deadline passed")
+            try:
+                self.guard.check_url(url)
+                if optouts:
+                    self.optouts.check(url)
+                resp = self._request(url)
+            except Refused as e:
+                detail = e.detail if not hops else f"{e.detail} (after {hops} redirects)"
+                raise AttemptError(e.reason, detail) from None
+            except Unreachable as e:
+                raise AttemptError(e.reason, f"no answer for robots.txt or tdmrep.json: {e.detail}") from None
+            except urllib3.exceptions.HTTPError as e:
+                raise AttemptError(*classify_exception(e)) from None
+            status = resp.status
+            if status in _REDIRECTS:
+                location = resp.headers.get("Location")
+                discard(resp)
+                if not location:
+                    raise AttemptError("http_error", f"HTTP {status} without a Location header", status)
+                hops += 1
+                if hops > self.s.max_redirects:
+                    raise AttemptError(
+                        "too_many_redirects",
+                        f"more than {self.s.max_redirects} redirects (next: {location[:200]})",
+                        status,
+                    )
+                url = urljoin(url, location)
+                continue
+            if not 200 <= status < 300:
+                retry_after = parse_retry_after(resp.headers.get("Retry-After")) if status in (429, 503) else None
+                discard(resp)
+                raise AttemptError(
+                    http_status_reason(status), f"HTTP {status} {resp.reason or ''}".strip(), status, retry_after
+                )
+            if self.s.respect_optout:
+                said = opted_out(resp.headers.getlist("X-Robots-Tag"), self.s.ua_token, self.s.optout_directives)
+                if said:
+                    discard(resp)
+                    raise AttemptError("opted_out", f"X-Robots-Tag: {said}", status)
+            if optouts and self.s.respect_tdm_reservation and (said := tdm_header_reserved(resp.headers)):
+                discard(resp)
+                raise AttemptError("tdm_reserved", said, status)
+            return resp, url
+
+    def _request(self, url: str) -> urllib3.BaseHTTPResponse:
+        """One GET, no redirects followed, body not read. Through a proxy the proxy connects, so the host is
+        resolved and checked here (the proxy's own lookup is the proxy's); direct connections are checked
+        where they are made (shardsmith.download.fetch.netguard)."""
+        pool = self._pool(url)
+        if pool is not self._direct:
+            self.guard.check_remote(url)
+        return pool.request(
+            "GET",
+            url,
+            headers=self.headers,
+            redirect=False,
+            retries=False,
+            preload_content=False,
+            timeout=self._timeout(),
+        )
+
+    def optout_requests(self, key: str) -> int:
+        """Requests for opt-out files before a host's first image (an http(s) host; s3 buckets have none)."""
+        if key.startswith("s3://"):
+            return 0
+        return int(self.s.respect_robots_txt) + int(self.s.respect_tdm_reservation)
+
+    def _get_small(self, url: str) -> tuple[int, bytes]:
+        """(status, body) of robots.txt or tdmrep.json: redirects followed (five at most), the body cut at
+        ROBOTS_MAX_BYTES. Raises Unreachable when no answer comes, Refused for a guarded address."""
+        try:
+            for _ in range(6):
+                self.guard.check_url(url)
+                resp = self._request(url)
+                try:
+                    if resp.status in _REDIRECTS and resp.headers.get("Location"):
+                        url = urljoin(url, resp.headers["Location"])
+                        continue
+                    return resp.status, resp.read(ROBOTS_MAX_BYTES)
+                finally:
+                    discard(resp)
+                    if self.s.per_host_rate:  # the next request to this host keeps the rate (see Dispatcher)
+                        time.sleep(1.0 / self.s.per_host_rate)
+            return 404, b""  # a redirect loop: as if the file did not exist
+        except urllib3.exceptions.HTTPError as e:
+            raise Unreachable(*classify_exception(e)) from None
+
+    def _http(self, url: str) -> tuple[bytearray, int, str]:
+        started = time.monotonic()
+        resp, _ = self.open_http(url, optouts=True)
+        status = resp.status
+        clean = False
+        try:
+            declared = content_length(resp)
+            if declared is not None and declared > self.s.max_bytes:
+                raise AttemptError(
+                    "too_large", f"Content-Length {declared} is over max_bytes={self.s.max_bytes}", status
+                )
+            stop_at = min(started + self.s.request_timeout_s, self.deadline)
+            self._tls.held = self.budget.take(declared, stop_at - time.monotonic())
+            buf = bytearray()
+            while True:
+                now = time.monotonic()
+                if now > stop_at:
+                    reason = "deadline" if now >= self.deadline else "timeout"
+                    raise AttemptError(
+                        reason, f"slow response: {len(buf)} bytes in {now - started:.1f} s", status, nbytes=len(buf)
+                    )
+                try:
+                    chunk = resp.read1(1 << 16)
+                except (urllib3.exceptions.HTTPError, OSError) as e:
+                    reason, detail = classify_exception(e)
+                    raise AttemptError(reason, detail, status, nbytes=len(buf)) from None
+                if not chunk:
+                    break
+                buf += chunk
+                if len(buf) > self.s.max_bytes:
+                    raise AttemptError(
+                        "too_large",
+                        f"body is over max_bytes={self.s.max_bytes}; stopped reading",
+                        status,
+                        nbytes=len(buf),
+                    )
+            if declared is not None and len(buf) < declared and "Content-Encoding" not in resp.headers:
+                raise AttemptError("truncated_download", f"got {len(buf)} of {declared} bytes", status, nbytes=len(buf))
+            clean = True
+            # the bytearray itself, not bytes(buf): a copy doubled the memory of 32 multi-MB bodies in flight
+            return buf, status, resp.headers.get("Content-Type", "")
+        finally:
+            if clean and reusable(resp):
+                resp.release_conn()
+            else:
+                discard(resp)
+
+    def _s3(self, url: str) -> bytearray:
+        try:
+            with open_stream(url, self.s3, timeout=max(0.1, min(self.s.request_timeout_s, self.left()))) as f:
+                self._tls.held = self.budget.take(None, min(self.s.request_timeout_s, self.left()))
+                buf = bytearray()
+                while chunk := f.read1(1 << 16):
+                    buf += chunk
+                    if len(buf) > self.s.max_bytes:
+                        raise AttemptError(
+                            "too_large",
+                            f"object is over max_bytes={self.s.max_bytes}; stopped reading",
+                            nbytes=len(buf),
+                        )
+        except S3Error as e:
+            reason = "deadline" if e.reason == "timeout" and self.left() <= 0 else e.reason
+            raise AttemptError(reason, e.detail) from None
+        return buf  # not copied into bytes, as in _http
+
+    # --- many URLs --------------------------------------------------------------------------------
+
+    def fetch_all(
+        self,
+        jobs: list[tuple[int, str, str | None]],
+        on_result: Callable[[int, Outcome], None],
+        hash_type: str = "md5",
+        label: str = "",
+    ) -> None:
+        """Fetch every (id, url, expected hash) job; `on_result(id, outcome)` is called once per job, in this
+        thread, as outcomes become final. Returns at the latest at the deadline (rest: `deadline`)."""
+        Dispatcher(self, jobs, on_result, hash_type, label).run()
+
+    def worker(self, work: "queue.SimpleQueue", done: "queue.SimpleQueue", hash_type: str) -> None:
+        # Workers share only the connection pools, which are thread-safe.
+        while (job := work.get()) is not None:
+            jid, url, expected = job
+            try:
+                data, status = self.attempt(url, expected, hash_type, hold=True)
+                done.put((jid, Outcome(data=data, http_status=status, nbytes=len(data), held=self.held())))
+            except AttemptError as e:
+                done.put((jid, e))
+            except Exception as e:  # a bug must not lose the record: report it on its status row
+                done.put((jid, AttemptError("fetch_error", f"{type(e).__name__}: {e}")))

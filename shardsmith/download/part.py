@@ -1,0 +1,304 @@
+"""Download: fetch each record's raw bytes into the part's raw-cache tar, with a status row per record.
+
+The raw cache holds bytes exactly as fetched, so a rebuild or a change of resize settings never fetches
+again. Every input record gets one status row (ok, or an error with a reason, the HTTP status, bytes and
+attempts); nothing is dropped silently. Remote records are fetched concurrently by shardsmith.download.fetch.client;
+source shards (local, https://, s3://) are streamed and never extracted.
+
+Retrying without refetching: the job's outputs ({raw}/{dataset}/{part}.tar and .status.parquet) are also
+hard-linked under {raw}/{dataset}/.keep/. Snakemake deletes a job's outputs before it reruns the job, but
+the .keep links survive, so any rerun of a part (`make retry-failed`, `--forcerun download_part`, a
+changed download setting) reuses every record whose URL is unchanged and whose outcome is final, and
+fetches only records never fetched and failures whose reason is in `download.retry_reasons`.
+"""
+
+import argparse
+import json
+import os
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from shardsmith.core.atomic import atomic_open
+from shardsmith.core.memory import return_large_buffers
+from shardsmith.download.fetch.client import Fetcher
+from shardsmith.download.fetch.netguard import Refused
+from shardsmith.download.fetch.responses import AttemptError, Outcome, check_hash
+from shardsmith.download.fetch.settings import DEFAULT_RETRY_REASONS, FetchSettings
+from shardsmith.download.process.child import ChildProcessor, PartProcessor
+from shardsmith.download.rawcache import (
+    STATUS_COLUMNS,
+    STATUS_TYPES,
+    Keep,
+    encode_fields,
+    iter_raw,
+    link_or_copy,
+    mark_failed,
+    reusable,
+    status_row,
+    write_raw,
+)
+from shardsmith.download.sidecars import read_sidecars
+from shardsmith.download.source_shards import iter_shard_records, shard_keys
+from shardsmith.download.sources import local_folders
+from shardsmith.formats.tario import ShardWriter
+from shardsmith.storage.localfiles import local_path
+from shardsmith.storage.s3 import S3Settings
+
+
+def download_records(
+    records: pd.DataFrame,
+    source: dict,
+    fetcher: Fetcher,
+    tar: ShardWriter,
+    keep: Keep | None,
+    kept: pd.DataFrame | None,
+    label: str = "",
+    refetch: set[str] | None = None,
+    processor: "PartProcessor | ChildProcessor | None" = None,
+) -> list[dict]:
+    """Fetch what is not in the keep, writing every ok record to `tar` as it arrives; returns status rows.
+
+    The raw tar is in arrival order (kept records first): writing bodies as they come avoids a spool and a
+    second copy of every multi-MB original. Its members are named by record id, and nothing downstream
+    depends on their order. Kept failures whose reason is in `refetch` (default: the retry reasons) are
+    fetched again. Each record written is also handed to `processor`, which resizes it while the rest of
+    the part downloads.
+    """
+    recs = records.to_dict("records")
+    by_rid = {r["rid"]: r for r in recs}
+    retry = set(fetcher.s.retry_reasons) if refetch is None else refetch
+    hash_type = source.get("hash_type", "md5")
+    expected = {r["rid"]: (r.get("hash") or None) for r in recs}
+    kept_members, prev_rows = _kept(keep, kept, fetcher, label)
+    write = _record_writer(by_rid, source, fetcher, tar, processor)
+
+    reused: dict[int, dict] = {}
+    outcomes: dict[int, Outcome] = {}
+    jobs = []
+    for rec in recs:
+        rid, prev = rec["rid"], prev_rows.get(rec["rid"])
+        if not (reusable(prev, rec, retry) and (prev["status"] != "ok" or rid in kept_members)):
+            jobs.append((rid, rec["url"], expected[rid]))
+            continue
+        if prev["status"] == "ok":
+            verdict = _rewrite_kept(rec, keep, kept_members[rid]["img"], expected[rid], hash_type, fetcher, write)
+            if verdict is _REFETCH:
+                jobs.append((rid, rec["url"], expected[rid]))
+                continue
+            if verdict is not None:
+                outcomes[rid] = verdict
+                continue
+        reused[rid] = prev
+    if keep is not None:
+        keep.close()
+    if reused:
+        fetcher.log(f"download {label}: {len(reused)} records kept from the raw cache, {len(jobs)} to fetch")
+
+    def on_result(rid: int, outcome: Outcome) -> None:
+        if outcome.ok:
+            try:
+                write(rid, outcome.data)
+            except Refused as e:
+                outcome = Outcome(reason=e.reason, detail=e.detail, attempts=outcome.attempts)
+            outcome.data = None
+        outcomes[rid] = outcome
+
+    fetcher.fetch_all(jobs, on_result, hash_type=hash_type, label=label)
+    return [
+        _kept_row(rec, reused[rec["rid"]]) if rec["rid"] in reused else status_row(rec, outcomes[rec["rid"]])
+        for rec in recs
+    ]
+
+
+_REFETCH = object()  # _rewrite_kept: the kept bytes no longer match the manifest's hash
+
+
+def _rewrite_kept(
+    rec: dict,
+    keep: Keep,
+    where: tuple[int, int],
+    expected: str | None,
+    hash_type: str,
+    fetcher: Fetcher,
+    write: Callable[[int, bytes], None],
+) -> "Outcome | object | None":
+    """Write a kept ok record's bytes to the new raw tar: None when written, an Outcome when it is refused now
+    (the guard as configured now, or a sidecar out of bounds), _REFETCH when the manifest's hash changed."""
+    try:  # kept bytes are published only if the guard (as configured now) still allows the URL
+        fetcher.admit(rec["url"], resolve=True)
+    except AttemptError as e:
+        return Outcome(reason=e.reason, detail=e.detail, attempts=0)
+    data = keep.read(where)
+    if expected:
+        try:  # the manifest's hash may have changed since the bytes were kept
+            check_hash(data, expected, hash_type)
+        except AttemptError:
+            return _REFETCH
+    try:
+        write(rec["rid"], data)
+    except Refused as e:
+        return Outcome(reason=e.reason, detail=e.detail, attempts=0)
+    return None
+
+
+def _kept(
+    keep: Keep | None, kept: pd.DataFrame | None, fetcher: Fetcher, label: str
+) -> tuple[dict[int, dict[str, tuple[int, int]]], dict[int, dict]]:
+    """({rid: members} of the kept raw tar, {rid: kept status row}); both empty when there is no usable keep."""
+    if keep is None or kept is None:
+        return {}, {}
+    try:
+        members = keep.members()
+    except (tarfile.TarError, OSError, ValueError) as e:
+        fetcher.log(f"download {label}: the raw cache's tar is unreadable ({e}); fetching the whole part")
+        return {}, {}
+    return members, {int(r["rid"]): r for r in kept.to_dict("records")}
+
+
+def _record_writer(
+    by_rid: dict[int, dict],
+    source: dict,
+    fetcher: Fetcher,
+    tar: ShardWriter,
+    processor: "PartProcessor | ChildProcessor | None",
+) -> Callable[[int, bytes], None]:
+    def write(rid: int, data: bytes) -> None:
+        """Write one record's image and fields; raises Refused (nothing written) for a sidecar out of bounds."""
+        fields = json.loads(by_rid[rid]["fields"])
+        if source["type"] == "folder":
+            fields.update(read_sidecars(local_path(by_rid[rid]["url"]) or by_rid[rid]["url"], fetcher.guard))
+        meta = encode_fields(fields)
+        where = write_raw(tar, rid, data, meta)
+        if processor is not None:
+            tar.flush()  # the processor may read the image back from the raw tar
+            # the fields as the raw tar holds them (keys sorted), so a reprocess from the raw tar sees the same
+            processor.submit(rid, by_rid[rid], meta, data, where["img"])
+
+    return write
+
+
+def _kept_row(rec: dict, prev: dict) -> dict:
+    """A kept outcome's status row, with the record's identity as planned now."""
+    return {**{c: prev[c] for c in STATUS_COLUMNS}, **{c: rec[c] for c in ("rid", "source", "source_id", "url", "key")}}
+
+
+def download_part(
+    records_path: str,
+    out_tar: str,
+    out_status: str,
+    source: dict,
+    settings: "FetchSettings | dict | None" = None,
+    s3: "S3Settings | dict | None" = None,
+    log: Callable[[str], None] = print,
+    retry_marker: str | None = None,
+    processor: "PartProcessor | ChildProcessor | None" = None,
+) -> pd.DataFrame:
+    """Fetch one part into `out_tar` (members r{rid}.img + r{rid}.meta) and write its status parquet.
+
+    Records kept in the raw cache from an earlier run of this part are reused (see the module docstring);
+    failures with a retry reason, or with a reason named in a `retry_marker` newer than the keep, are
+    fetched again. Every image in the raw tar, fetched or kept, is also handed to `processor` (then call
+    its `finish` with the status returned).
+    """
+    settings = FetchSettings.from_config(settings)
+    s3 = s3 if isinstance(s3, S3Settings) else S3Settings(**(s3 or {}))
+    return_large_buffers()  # up to `concurrency` multi-MB bodies in flight
+    records = pd.read_parquet(records_path)
+    label = Path(out_tar).name.removesuffix(".tar")
+    fetcher = Fetcher(settings, s3, log=log, local_folders=local_folders(source))
+    keep = Keep(out_tar)
+    kept = keep.load()
+    retry = set(settings.retry_reasons) | keep.marked_reasons(retry_marker)
+    started = time.monotonic()
+
+    if source["type"] == "shards":
+        if kept is not None and set(kept["url"]) == set(records["url"]) and not kept["reason"].isin(retry).any():
+            log(f"download {label}: source shard kept from the raw cache, not read again")
+            status = _reuse_shard(keep, kept, source, out_tar, processor)
+        else:
+            status = _read_shards(records, source, fetcher, out_tar, processor)
+    else:
+        with atomic_open(out_tar) as f, ShardWriter(f) as tar:
+            if processor is not None:
+                processor.read_from(f.name)
+            rows = download_records(records, source, fetcher, tar, keep, kept, label, retry, processor)
+        status = pd.DataFrame(rows, columns=STATUS_COLUMNS)
+
+    status = status.astype(STATUS_TYPES)
+    with atomic_open(out_status) as f:
+        status.to_parquet(f, index=False)
+    keep.save(out_tar, out_status, status)
+    ok = int((status["status"] == "ok").sum())
+    log(
+        f"download {label}: {len(status)} records, {ok} ok, {len(status) - ok} failed "
+        f"in {time.monotonic() - started:.1f} s"
+    )
+    return status
+
+
+def _reuse_shard(
+    keep: Keep, kept: pd.DataFrame, source: dict, out_tar: str, processor: "PartProcessor | ChildProcessor | None"
+) -> pd.DataFrame:
+    """The kept raw tar of a source shard put back in place, its samples handed to `processor`."""
+    link_or_copy(keep.tar, Path(out_tar))
+    os.utime(out_tar)  # newer than its inputs, or Snakemake would rerun the job next time
+    status = kept[STATUS_COLUMNS].assign(key=shard_keys(kept, source))
+    if processor is not None:
+        by_rid = {r["rid"]: r for r in status.to_dict("records")}
+        processor.read_from(out_tar)
+        for rid, where, fields in iter_raw(out_tar):
+            if rid in by_rid and by_rid[rid]["status"] == "ok":
+                processor.submit(rid, by_rid[rid], fields, where=where)
+    return status
+
+
+def _read_shards(
+    records: pd.DataFrame,
+    source: dict,
+    fetcher: Fetcher,
+    out_tar: str,
+    processor: "PartProcessor | ChildProcessor | None",
+) -> pd.DataFrame:
+    """Source shards read (or streamed) into the raw tar, each sample handed to `processor` as it is written."""
+    rows = []
+    with atomic_open(out_tar) as f, ShardWriter(f) as tar:
+        if processor is not None:
+            processor.read_from(f.name)
+        for row, data, fields in iter_shard_records(records, source, fetcher):
+            rows.append(row)
+            if data is not None:
+                meta = encode_fields(fields)
+                where = write_raw(tar, row["rid"], data, meta)
+                if processor is not None:
+                    tar.flush()
+                    processor.submit(row["rid"], row, meta, data, where["img"])
+    return pd.DataFrame(rows, columns=STATUS_COLUMNS)
+
+
+def add_retry_arguments(p: argparse.ArgumentParser) -> None:
+    """`shardsmith retry-failed CONFIG`: see docs/running.md (Retrying failed downloads)."""
+    p.add_argument("config", help="the workflow's config file (relative paths are taken from the current folder)")
+    p.add_argument("--reasons", nargs="+", help="reasons to refetch (default: download.retry_reasons)")
+    p.add_argument("--dry-run", action="store_true", help="only list what would be refetched")
+    p.set_defaults(run=retry_failed)
+
+
+def retry_failed(args: argparse.Namespace) -> int:
+    import yaml
+
+    config = yaml.safe_load(Path(args.config).read_text())
+    raw_dir = Path(config["paths"]["raw"]) / config["dataset"]
+    reasons = set(args.reasons or config.get("download", {}).get("retry_reasons", DEFAULT_RETRY_REASONS))
+    marked = mark_failed(raw_dir, reasons, dry_run=args.dry_run)
+    for part, hits in marked.items():
+        print(
+            f"{part}: {sum(hits.values())} records to refetch ({', '.join(f'{r} {n}' for r, n in hits.most_common())})"
+        )
+    total = sum(sum(h.values()) for h in marked.values())
+    verb = "would be" if args.dry_run else "are"
+    print(f"{len(marked)} parts with {total} failed records {verb} fetched again by the next snakemake run")
+    return 0

@@ -1,0 +1,45 @@
+"""Source fields from text that comes with an image: a folder's sidecar files (`photo.txt`, `photo.json`
+beside `photo.jpg`) and a source shard's text members. `json` is parsed, other text decoded (UTF-8, else
+Latin-1)."""
+
+import json
+import os
+from pathlib import Path
+
+from shardsmith.download.fetch.netguard import Guard
+
+SIDECARS = ("txt", "json")
+
+
+def _decode_text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.decode("latin-1")
+
+
+def member_fields(members: dict[str, bytes]) -> dict[str, object]:
+    """Text members as source fields: `json` parsed (kept as text if invalid), others decoded."""
+    fields: dict[str, object] = {}
+    for ext, data in members.items():
+        if ext == "json":
+            text = _decode_text(data)
+            try:
+                fields["json"] = json.loads(text)
+            except ValueError:
+                fields["json"] = text
+        elif ext in ("txt", "text", "caption", "cls"):
+            fields[ext] = _decode_text(data)
+    return fields
+
+
+def read_sidecars(image_path: str, guard: Guard | None = None) -> dict[str, object]:
+    """`photo.txt` / `photo.json` beside `photo.jpg`; with `guard`, a sidecar that resolves outside the allowed
+    folders (a symbolic link out) raises Refused and is not opened."""
+    stem = os.path.splitext(image_path)[0]
+    members = {}
+    for ext in SIDECARS:
+        if os.path.exists(f"{stem}.{ext}"):
+            path = guard.check_local(f"{stem}.{ext}") if guard is not None else f"{stem}.{ext}"
+            members[ext] = Path(path).read_bytes()
+    return member_fields(members)

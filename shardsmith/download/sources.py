@@ -1,0 +1,250 @@
+"""Plan: split every source deterministically into parts of `part_size` records.
+
+Each part is a small parquet of records (what to fetch and which source fields it carries). Manifests are
+streamed in chunks; nothing holds a whole manifest in memory. Parts never span two input files, so a
+manifest that grows by a new file only adds parts.
+"""
+
+import contextlib
+import csv
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlsplit
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from shardsmith.core.config import REMOTE, expand_paths, static_dir
+from shardsmith.core.errors import ConfigError
+from shardsmith.core.keys import make_key
+
+if TYPE_CHECKING:
+    from shardsmith.download.fetch.client import Fetcher
+
+DEFAULT_IMAGE_EXTENSIONS = ["jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"]  # as in the schema
+RECORD_COLUMNS = ["rid", "source", "source_id", "url", "key", "fields"]
+_FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
+def _file_name(path: str) -> str:
+    """The file name of a local path or of a URL's path (without its query)."""
+    return os.path.basename(unquote(urlsplit(path).path) if REMOTE.match(path) else path)
+
+
+def manifest_format(path: str, declared: str = "auto") -> str:
+    """Format of a manifest file: the declared one, else from its name (`.gz` is looked through)."""
+    if declared != "auto":
+        return declared
+    name = _file_name(path)
+    name = name[:-3] if name.endswith(".gz") else name
+    fmt = _FORMATS.get(os.path.splitext(name)[1].lower())
+    if not fmt:
+        raise ConfigError(f"cannot tell the format of manifest {path}; set format: parquet, csv, tsv or jsonl.")
+    return fmt
+
+
+def path_stem(path: str, pattern: str) -> str:
+    """A file's path relative to the fixed folder of its pattern, without .gz and the format suffix.
+
+    Keys built from it stay distinct for `a/part.parquet` vs `b/part.parquet` and `cap.2023.tsv` vs `cap.2024.tsv`.
+    """
+    rel = os.path.relpath(path, static_dir(pattern))
+    rel = rel[:-3] if rel.endswith(".gz") else rel
+    return os.path.splitext(rel)[0]
+
+
+def _plain(value: object) -> object:
+    """A JSON-safe Python value from a pandas/numpy cell; NaN and NA become None."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()  # numpy scalar
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if hasattr(value, "tolist"):
+        return _plain(value.tolist())
+    return value
+
+
+@contextlib.contextmanager
+def readable_manifest(path: str, fetcher: "Fetcher | None" = None) -> Iterator[str]:
+    """A local file to read the manifest at `path` from: the path itself, or for an http(s) or s3 URL a copy
+    streamed into a temporary folder through the project's own clients (the download and s3 settings,
+    timeouts and proxies apply as to images; pandas and pyarrow would read URLs through other clients, or
+    not at all). The copy keeps the URL's file name, so the format and compression are told as for a file."""
+    if not REMOTE.match(path):
+        yield path
+        return
+    from shardsmith.download.fetch.client import Fetcher
+    from shardsmith.download.fetch.responses import AttemptError
+    from shardsmith.download.fetch.settings import FetchSettings
+    from shardsmith.download.streams import StreamError, open_stream_url
+    from shardsmith.storage.s3 import S3Error
+
+    fetcher = fetcher or Fetcher(FetchSettings(part_deadline_s=None), log=lambda _: None)
+    with tempfile.TemporaryDirectory(prefix="shardsmith-manifest-") as tmp:
+        local = os.path.join(tmp, _file_name(path) or "manifest")
+        try:
+            with open_stream_url(path, fetcher) as (stream, _, _), open(local, "wb") as f:
+                shutil.copyfileobj(stream, f, 1 << 20)
+        except (AttemptError, StreamError, S3Error) as e:
+            raise ConfigError(f"manifest {path} cannot be read: {e.reason}: {e.detail}") from None
+        yield local
+
+
+def iter_manifest_chunks(path: str, src: dict, chunk: int) -> Iterator[pd.DataFrame]:
+    """Stream a (local) manifest as DataFrames of at most `chunk` rows."""
+    fmt = manifest_format(path, src.get("format", "auto"))
+    if fmt == "parquet":
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=chunk):
+            yield batch.to_pandas()
+    elif fmt in ("csv", "tsv"):
+        names = src.get("columns")
+        yield from pd.read_csv(
+            path,
+            sep="\t" if fmt == "tsv" else ",",
+            header=None if names else "infer",
+            names=names,
+            dtype=str,
+            keep_default_na=False,
+            quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
+            chunksize=chunk,
+            compression="infer",
+            encoding_errors="replace",
+        )
+    else:
+        yield from pd.read_json(path, lines=True, chunksize=chunk, dtype=False, compression="infer")
+
+
+def _check_columns(path: str, src: dict, columns: list[str]) -> None:
+    for key in ("url_column", "key_column", "hash_column"):
+        col = src.get(key, "url" if key == "url_column" else None)
+        if col and col not in columns:
+            hint = " (a headerless file needs 'columns')" if not src.get("columns") else ""
+            raise ConfigError(f"manifest {path} has no column '{col}' ({key}); its columns are {columns}{hint}.")
+
+
+def iter_manifest_parts(src: dict, part_size: int, fetcher: "Fetcher | None" = None) -> Iterator[list[dict]]:
+    """Records of a manifest source, as lists of at most part_size; a new file starts a new part."""
+    url_col = src.get("url_column", "url")
+    for path in expand_paths(src["path"]):
+        stem = path_stem(path, src["path"])
+        row = 0
+        part: list[dict] = []
+        with readable_manifest(path, fetcher) as local:
+            for df in iter_manifest_chunks(local, src, part_size):
+                _check_columns(path, src, list(df.columns))
+                carry = src.get("carry_columns") or list(df.columns)
+                for rec in df.to_dict("records"):
+                    fields = {c: _plain(rec.get(c)) for c in carry}
+                    ident = _plain(rec[src["key_column"]]) if src.get("key_column") else None
+                    part.append(
+                        {
+                            "source_id": f"{path}:{row + 1}",
+                            "url": "" if rec[url_col] is None else str(_plain(rec[url_col]) or ""),
+                            "key": make_key(src["name"], str(ident))
+                            if ident is not None
+                            else make_key(src["name"], stem, f"{row:09d}"),
+                            "fields": json.dumps(fields, sort_keys=True, ensure_ascii=False, default=str),
+                            **({"hash": str(_plain(rec[src["hash_column"]]) or "")} if src.get("hash_column") else {}),
+                        }
+                    )
+                    row += 1
+                    if len(part) == part_size:
+                        yield part
+                        part = []
+        if part:
+            yield part
+
+
+def _image_exts(src: dict) -> set[str]:
+    return {e.lower().lstrip(".") for e in src.get("image_extensions", DEFAULT_IMAGE_EXTENSIONS)}
+
+
+def iter_folder_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
+    """Image files under a folder (sorted walk); sidecars are read at download time."""
+    root = src["path"]
+    exts = _image_exts(src)
+    part: list[dict] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))  # .thumbnails, .ipynb_checkpoints
+        for name in sorted(filenames):
+            if name.startswith(".") or name.rsplit(".", 1)[-1].lower() not in exts or "." not in name:
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, name), root)
+            part.append(
+                {
+                    "source_id": rel,
+                    "url": os.path.join(dirpath, name),
+                    "key": make_key(src["name"], rel.rsplit(".", 1)[0]),
+                    "fields": "{}",
+                }
+            )
+            if len(part) == part_size:
+                yield part
+                part = []
+    if part:
+        yield part
+
+
+def iter_shard_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
+    """One part per source shard; its samples are found when the shard is read."""
+    for url in expand_paths(src["path"]):
+        yield [{"source_id": url, "url": url, "key": "", "fields": "{}"}]
+
+
+def local_folders(src: dict) -> list[str]:
+    """The folders a source's local paths may be read from by default: a local manifest's folder (and below),
+    a folder source's folder, a local shard pattern's fixed folder; none for remote paths."""
+    if REMOTE.match(src["path"]):
+        return []
+    return [src["path"] if src["type"] == "folder" else static_dir(src["path"])]
+
+
+ITERATORS = {"manifest": iter_manifest_parts, "folder": iter_folder_parts, "shards": iter_shard_parts}
+
+
+def plan_parts(
+    sources: list[dict], part_size: int, out_dir: str | os.PathLike, fetcher: "Fetcher | None" = None
+) -> list[str]:
+    """Write `{out_dir}/{part}.parquet` for every part of every source; returns the part ids in order.
+
+    `fetcher` reads remote manifests (see readable_manifest); by default with the schema's download settings.
+    """
+    from shardsmith.core.atomic import atomic_open
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    part_ids: list[str] = []
+    for src in sources:
+        n = 0
+        parts = (
+            iter_manifest_parts(src, part_size, fetcher)
+            if src["type"] == "manifest"
+            else ITERATORS[src["type"]](src, part_size)
+        )
+        for records in parts:
+            part_id = f"{src['name']}-{n:06d}"
+            df = pd.DataFrame(records)
+            df.insert(0, "rid", range(len(df)))
+            df.insert(1, "source", src["name"])
+            with atomic_open(out_dir / f"{part_id}.parquet") as f:  # + `hash` when the source has a hash_column
+                df[[*RECORD_COLUMNS, *(["hash"] if "hash" in df else [])]].to_parquet(f, index=False)
+            part_ids.append(part_id)
+            n += 1
+        if n == 0:
+            raise ConfigError(
+                f"source {src['name']} ({src['path']}) has no records: point its path at a non-empty "
+                f"{src['type']} or remove the source from the config."
+            )
+    return part_ids

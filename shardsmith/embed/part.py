@@ -1,0 +1,329 @@
+"""CLIP embeddings of one processed part: image and caption embeddings, their cosine similarity and norms.
+
+One model per process, loaded once, in the main process. DataLoader workers only read, decode and
+preprocess samples (image transform and tokenizer); they are started before the model is built, so a
+forked worker never holds a copy of it (per-process model copies are what ran Data-Juicer's CLIP filter
+out of GPU memory). Inference is batched across samples under `torch.inference_mode`, with bf16/fp16
+autocast and pinned memory on CUDA only; when a forward pass runs out of memory the batch is halved and
+the job goes on.
+
+With `decode: gpu` (CUDA only) the workers read bytes and tokenize; JPEGs are decoded in batches by nvJPEG
+(`torchvision.io.decode_jpeg(..., device="cuda")`) and open_clip's inference transform runs as tensor ops
+on the GPU (`shardsmith.embed.decode`). Other formats are decoded by Pillow in the worker, and a JPEG nvJPEG
+refuses by Pillow in this process, one image at a time; either then takes the same tensor steps.
+
+The model comes from an open_clip pretrained tag (Hugging Face cache; `HF_HUB_OFFLINE=1` works with a
+cache) or a local checkpoint file, optionally with a custom model config JSON (the tiny test model,
+`shardsmith.cli.tinyclip`). Everything that changes a score is recorded as provenance next to the scores.
+"""
+
+import contextlib
+import io
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import open_clip
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from open_clip.transform import PreprocessCfg, image_transform_v2
+from PIL import Image
+
+from shardsmith.core.atomic import atomic_open, atomic_write_text
+from shardsmith.embed.decode import check_tensor_preprocess, decode_jpeg_batch, image_tensor, tensor_preprocess
+from shardsmith.embed.model import (
+    EmbedSettings,
+    load_model,
+    preprocess_config,
+    provenance,
+    register_model_config,
+    resolve_decode,
+    resolve_device,
+    resolve_precision,
+    resolve_weights,
+)
+from shardsmith.embed.stats import score_columns, write_npz
+from shardsmith.formats.parts import member_columns
+
+log = logging.getLogger(__name__)
+AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+SAMPLE_COLUMNS = ["key", *member_columns("jpg", "txt")]  # what embedding reads of a samples table
+JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+def collate_bytes(batch: list[tuple]) -> tuple[torch.Tensor, list, torch.Tensor]:
+    """Batches of `PartSamples(decode=False)`: images stay a list (JPEG bytes or decoded tensors, any size)."""
+    index, images, tokens = zip(*batch, strict=True)
+    return torch.tensor(index), list(images), torch.stack(tokens)
+
+
+class PartSamples:
+    """Map-style dataset over one processed part tar: reads, decodes and preprocesses one sample.
+
+    Holds only file offsets, the image transform and the tokenizer; never a model. With `decode=False`
+    (GPU decoding) a JPEG's image comes back as its bytes and any other format as Pillow's decode (a uint8
+    3 x H x W tensor), for `device_images`.
+    """
+
+    def __init__(
+        self, tar_path: str, samples: pd.DataFrame, transform: Callable, tokenizer: Callable, decode: bool = True
+    ) -> None:
+        self.tar_path = str(tar_path)
+        self.keys = samples["key"].tolist()
+        self.where = samples[["jpg_offset", "jpg_size", "txt_offset", "txt_size"]].to_numpy(np.int64)
+        self.transform = transform
+        self.tokenizer = tokenizer
+        self.decode = decode
+        self._fd: int | None = None
+        self._pid: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def _read(self, offset: int, size: int) -> bytes:
+        if self._pid != os.getpid():  # one descriptor per process; pread keeps no shared file position
+            self._fd, self._pid = os.open(self.tar_path, os.O_RDONLY), os.getpid()
+        data = os.pread(self._fd, int(size), int(offset))
+        if len(data) != size:
+            raise OSError(f"{self.tar_path}: short read at offset {offset} ({len(data)} of {size} bytes)")
+        return data
+
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor | bytes, torch.Tensor]:
+        jpg_offset, jpg_size, txt_offset, txt_size = self.where[i]
+        data = self._read(jpg_offset, jpg_size)
+        text = self._read(txt_offset, txt_size).decode("utf-8")
+        if not self.decode and data.startswith(JPEG_MAGIC):  # bytes, not a tensor: no shared-memory handle per image
+            return i, data, self.tokenizer([text])[0]
+        image = self.pil_image(i, data)
+        return i, self.transform(image) if self.decode else image_tensor(image), self.tokenizer([text])[0]
+
+    def pil_image(self, i: int, data: bytes) -> Image.Image:
+        """Pillow's RGB decode, as OpenCLIP's loader decodes ("pilrgb")."""
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                return im.convert("RGB")
+        except OSError as e:
+            raise ValueError(f"{self.tar_path}: sample {self.keys[i]}: image does not decode ({e})") from e
+
+    def device_images(
+        self, index: torch.Tensor, images: list[torch.Tensor], device: torch.device, pp_cfg: dict
+    ) -> tuple[torch.Tensor, int]:
+        """A `collate_bytes` batch made model input on `device`: JPEGs decoded there, all preprocessed there.
+
+        Returns the batch and how many JPEGs fell back to Pillow here.
+        """
+        jpegs = [k for k, im in enumerate(images) if isinstance(im, bytes)]
+        payloads = [torch.frombuffer(bytearray(images[k]), dtype=torch.uint8) for k in jpegs]
+        decoded, failed = decode_jpeg_batch(payloads, device) if jpegs else ([], 0)
+        ready = [None if isinstance(im, bytes) else im.to(device, non_blocking=True) for im in images]
+        for k, image in zip(jpegs, decoded, strict=True):
+            if image is None:  # nvJPEG refused it: Pillow decides, as on the CPU path
+                i = int(index[k])
+                log.info("%s: sample %s: decoded by Pillow (nvJPEG refused it)", self.tar_path, self.keys[i])
+                image = image_tensor(self.pil_image(i, images[k]))
+            ready[k] = image.to(device, non_blocking=True)
+        return tensor_preprocess(ready, pp_cfg), failed
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    )
+
+
+def _free_cuda_cache() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class HalvingBatch:
+    """Runs a forward pass over a batch in slices of `size`; on out-of-memory halves the slice and retries.
+
+    The smaller size is kept for the rest of the job, so one OOM costs one retry, not one per batch.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        is_oom: Callable[[BaseException], bool] = is_out_of_memory,
+        on_oom: Callable[[], None] = _free_cuda_cache,
+    ) -> None:
+        self.size = max(1, size)
+        self.is_oom = is_oom
+        self.on_oom = on_oom
+        self.halvings = 0
+
+    def run(self, fn: Callable[..., tuple[torch.Tensor, ...]], *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n = len(tensors[0])
+        outputs, start = [], 0
+        while start < n:
+            stop = min(n, start + self.size)
+            oom = None
+            try:
+                outputs.append(fn(*(t[start:stop] for t in tensors)))
+            except Exception as exc:
+                if not self.is_oom(exc):
+                    raise
+                if stop - start == 1:
+                    raise RuntimeError(
+                        "out of memory even with a batch of one sample; use a smaller model or another device"
+                    ) from exc
+                oom = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if oom is None:
+                start = stop
+                continue
+            self.size = (stop - start) // 2  # outside `except`: the traceback no longer pins the failed batch's tensors
+            self.halvings += 1
+            log.warning("out of memory at batch %d (%s); going on with batches of %d", stop - start, oom, self.size)
+            self.on_oom()
+        return tuple(torch.cat(parts) for parts in zip(*outputs, strict=True))
+
+
+def encode(
+    model: torch.nn.Module, images: torch.Tensor, tokens: torch.Tensor, device: torch.device, precision: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw image and text embeddings in fp32, computed under inference mode (autocast on CUDA only)."""
+    autocast = (
+        torch.autocast("cuda", dtype=AUTOCAST_DTYPES[precision])
+        if device.type == "cuda" and precision in AUTOCAST_DTYPES
+        else contextlib.nullcontext()
+    )
+    with torch.inference_mode(), autocast:
+        image = model.encode_image(images.to(device, non_blocking=True))
+        text = model.encode_text(tokens.to(device, non_blocking=True))
+    return image.float().cpu(), text.float().cpu()
+
+
+# Over 60 lines: one job's steps in the order they must run (DataLoader workers fork before the model
+# exists); the settings, loader, model and counters it would pass to each piece are the function's state.
+def embed_part(
+    tar_path: str,
+    samples_path: str,
+    out_scores: str,
+    out_embeddings: str,
+    out_info: str,
+    settings: EmbedSettings,
+    threads: int = 1,
+) -> dict:
+    """Embed every sample of a processed part; writes scores (parquet), embeddings (npz) and info (json).
+
+    `threads` is what the job may use: up to `threads - 1` DataLoader workers (at most settings.workers)
+    plus this process, whose torch threads (on the CPU) get all `threads`.
+    """
+    started = time.perf_counter()
+    samples = pd.read_parquet(samples_path, columns=SAMPLE_COLUMNS)
+    device = resolve_device(settings.device)
+    precision = resolve_precision(settings.precision, device)
+    decode = resolve_decode(settings, device)
+    register_model_config(settings)
+    weights = resolve_weights(settings)
+    pp_cfg = preprocess_config(settings)
+    if decode == "gpu":
+        check_tensor_preprocess(pp_cfg)
+    transform = image_transform_v2(PreprocessCfg(**pp_cfg), is_train=False)
+    tokenizer = open_clip.get_tokenizer(settings.model)
+    workers = min(settings.workers, max(0, threads - 1))  # a job stays within the threads it was given
+    dataset = PartSamples(tar_path, samples, transform, tokenizer, decode=decode == "cpu")
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=settings.batch_size,
+        num_workers=workers,
+        pin_memory=device.type == "cuda" and decode == "cpu",
+        prefetch_factor=2 if workers else None,
+        collate_fn=collate_bytes if decode == "gpu" else None,
+    )
+    batches = iter(loader)  # starts the workers now: they fork from a process that holds no model yet
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, threads))
+    model, loaded_cfg = load_model(settings, device)
+    if loaded_cfg != pp_cfg:
+        raise RuntimeError(
+            f"preprocessing of the loaded model {loaded_cfg} differs from the one the workers use {pp_cfg}"
+        )
+    loaded = time.perf_counter()
+
+    batcher = HalvingBatch(settings.batch_size)
+    image, text, pillow_fallbacks = _embed_batches(
+        batches, dataset, batcher, model, tokenizer, device, precision, pp_cfg
+    )
+    _write_scores(samples["key"], image, text, settings.model, out_scores, out_embeddings)
+    seconds = time.perf_counter() - loaded
+    info = {
+        "part": Path(samples_path).name.split(".")[0],
+        "samples": len(samples),
+        "provenance": provenance(settings, weights, pp_cfg, transform, tokenizer, device, precision, decode),
+        "settings": asdict(settings),
+        "embed_dim": int(image.shape[-1]),
+        "seconds_total": round(time.perf_counter() - started, 3),
+        "seconds_inference": round(seconds, 3),
+        "images_per_second": round(len(samples) / seconds, 1) if seconds > 0 else None,
+        "final_batch_size": batcher.size,
+        "oom_halvings": batcher.halvings,
+        "decode": decode,
+        "jpeg_pillow_fallbacks": pillow_fallbacks,
+        "threads": threads,
+        "workers": workers,
+    }
+    atomic_write_text(out_info, json.dumps(info, indent=1, sort_keys=True) + "\n")
+    return info
+
+
+def _embed_batches(
+    batches: Iterator,
+    dataset: PartSamples,
+    batcher: HalvingBatch,
+    model: torch.nn.Module,
+    tokenizer: Callable,
+    device: torch.device,
+    precision: str,
+    pp_cfg: dict,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(image, text) raw embeddings of every sample in order, and how many JPEGs nvJPEG left to Pillow."""
+    image_parts, text_parts, order, pillow_fallbacks = [], [], [], 0
+    for index, images, tokens in batches:
+        if not dataset.decode:  # decode: gpu
+            images, failed = dataset.device_images(index, images, device, pp_cfg)
+            pillow_fallbacks += failed
+        image, text = batcher.run(lambda im, tok: encode(model, im, tok, device, precision), images, tokens)
+        image_parts.append(image)
+        text_parts.append(text)
+        order.append(index)
+    if order:
+        image, text = torch.cat(image_parts), torch.cat(text_parts)
+        if not torch.equal(torch.cat(order), torch.arange(len(dataset))):
+            raise RuntimeError("the DataLoader returned samples out of order")
+    else:  # an empty part: shapes from the model, so the files are still well-formed
+        with torch.inference_mode():
+            dim = model.encode_text(tokenizer([""]).to(device)).shape[-1]
+        image = text = torch.zeros(0, dim)
+    return image, text, pillow_fallbacks
+
+
+def _write_scores(
+    keys: pd.Series, image: torch.Tensor, text: torch.Tensor, model_name: str, out_scores: str, out_embeddings: str
+) -> None:
+    """Scores (similarity, norms) as parquet and the unit embeddings as fp16 npz, both in sample order."""
+    image_unit, text_unit = F.normalize(image, dim=-1), F.normalize(text, dim=-1)
+    cols = score_columns(model_name)
+    scores = pd.DataFrame(
+        {
+            "key": keys,
+            cols["similarity"]: (image_unit * text_unit).sum(-1).numpy().astype(np.float32),
+            cols["image_norm"]: image.norm(dim=-1).numpy().astype(np.float32),
+            cols["text_norm"]: text.norm(dim=-1).numpy().astype(np.float32),
+        }
+    )
+    write_npz(
+        out_embeddings,
+        key=keys.to_numpy(dtype=str),
+        image=image_unit.numpy().astype(np.float16),
+        text=text_unit.numpy().astype(np.float16),
+    )
+    with atomic_open(out_scores) as f:
+        scores.to_parquet(f, index=False)

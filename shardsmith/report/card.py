@@ -1,0 +1,306 @@
+"""The dataset card: the `README.md` each published version carries.
+
+The card holds no absolute path of the build (output, work or publish folders): the same inputs and
+config built in another folder give a byte-identical card, like every other published file. So the
+training command names the shards relative to the folder the card sits in.
+"""
+
+from shardsmith.formats.build import FINGERPRINT_EXCLUDES, config_fingerprint, fingerprinted_config, package_versions
+from shardsmith.formats.names import brace_pattern
+from shardsmith.report.summary import openclip_command
+
+CARD_QUANTILES = ("0.05", "0.25", "0.5", "0.75", "0.95")
+
+
+def _table(header: list[str], rows: list[list[object]]) -> list[str]:
+    """A Markdown table; columns of numbers are right-aligned."""
+
+    def cell(v: object) -> str:
+        return (f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)).replace("|", "\\|")
+
+    def numeric(i: int) -> bool:
+        values = [r[i] for r in rows if r[i] != ""]
+        return bool(values) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+    align = "|" + "|".join("---:" if numeric(i) else "---" for i in range(len(header))) + "|"
+    return ["| " + " | ".join(header) + " |", align] + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+
+
+def _yaml(data: dict) -> str:
+    """Block-style YAML with short lists inline and no anchors: the config as a user would write it."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: object) -> bool:
+            return True
+
+    def seq(dumper: yaml.SafeDumper, value: list) -> yaml.Node:
+        flat = all(not isinstance(v, (dict, list)) for v in value)
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flat)
+
+    Dumper.add_representer(list, seq)
+    return yaml.dump(
+        data, Dumper=Dumper, sort_keys=True, default_flow_style=False, width=110, allow_unicode=True
+    ).rstrip()
+
+
+def _human(n: int) -> str:
+    from shardsmith.report.numbers import human_bytes  # imported here: card's top level stays light for the Snakefile
+
+    return human_bytes(n)
+
+
+def _clip_section(emb: dict) -> list[str]:
+    """CLIP score statistics from embedding_stats.json, with the weights stated plainly."""
+    from shardsmith.report.numbers import model_name, random_weights
+
+    prov = emb.get("provenance", {}) or {}
+    lines = ["## CLIP scores", ""]
+    if random_weights(emb):
+        lines += [
+            "**These CLIP scores were computed with RANDOM (untrained) weights.** They show that the embedding",
+            "stage ran on every sample; they say nothing about how well images and captions match. Rebuild with",
+            "real weights (config `embed`) before filtering or analysing by score.",
+            "",
+        ]
+    statement = prov.get("weights_statement") if not random_weights(emb) else None  # random: said above
+    lines += [f"Model: `{model_name(emb)}`." + (f" {statement}" if statement else ""), ""]
+    rows: list[list[object]] = []
+    for name, value in sorted((emb.get("counts") or {}).items()):
+        if isinstance(value, int):
+            rows.append([name.replace("_", " "), value])
+    if emb.get("min_similarity") is not None:
+        rows.append(["min_similarity", emb["min_similarity"]])
+    for field in ("similarity", "image_norm", "text_norm"):
+        d = emb.get(field) or {}
+        for key in ("mean", "std", "min", "max"):
+            if isinstance(d.get(key), (int, float)):
+                rows.append([f"{field.replace('_', ' ')} {key}", f"{d[key]:.4f}"])
+        q = d.get("quantiles") if field == "similarity" else None
+        if isinstance(q, dict):  # a few quantiles; all of them are in embedding_stats.json
+            rows += [
+                [f"similarity quantile {k}", f"{v:.4f}"]
+                for k, v in q.items()
+                if k in CARD_QUANTILES and isinstance(v, (int, float))
+            ]
+    for name in ("precision", "device"):
+        if prov.get(name) is not None:
+            value = prov[name].get("used", prov[name]) if isinstance(prov[name], dict) else prov[name]
+            rows.append([name, f"`{value}`"])
+    lines += _table(["", "value"], rows) if rows else ["(no statistics in embedding_stats.json)"]
+    lines += [
+        "",
+        "Statistics, histogram and full provenance (model, weights, preprocessing, versions): `embedding_stats.json`.",
+    ]
+    return lines + [""]
+
+
+def _near_section(near: dict) -> list[str]:
+    """Near-duplicate images: the settings, the counts, and the distances found (plan_shards' summary)."""
+    s = near["settings"]
+    left = "left out" if s["near"] == "exclude" else "only reported (`dedupe.near: report`): every one is in the shards"
+    signals = f"pHash distance at most {s['phash_max_distance']} of 64 bits (an image or its mirror image)"
+    if s.get("embedding_min_similarity") is not None:
+        signals += f", or CLIP image cosine similarity at least {s['embedding_min_similarity']}"
+    out = [
+        "## Near-duplicates",
+        "",
+        f"Of {near['samples_compared']:,} samples compared, {near['samples_in_groups']:,} fall in "
+        f"{near['groups']:,} groups "
+        f"of near-duplicate images ({signals}), within this version and against the published ones. One sample",
+        f"of each group is kept (already published, else the largest image, else the earliest record); the other "
+        f"{near['near_duplicates']:,} are {left}.",
+        "",
+    ]
+    for signal, hist in near.get("distances", {}).items():
+        label = "pHash distance (bits)" if signal == "phash" else "cosine similarity"
+        out += _table([label, "samples"], [[k, v] for k, v in hist.items()]) + [""]
+    return out
+
+
+def _other_loaders(shards: list[str], config: dict) -> list[str]:
+    """NVIDIA DALI and Megatron-Energon read the same folder through the index files beside the shards."""
+    from shardsmith.formats import dali, energon
+
+    val = (config.get("loaders") or {}).get("energon_val_shards", 0)
+    split = (
+        f"the last {val} shards are the `val` split, the rest `train`" if val else "every shard is in the `train` split"
+    )
+    return [
+        "With NVIDIA DALI (`fn.readers.webdataset`; each shard's `.idx` saves DALI a scan of every tar at start-up):",
+        "",
+        "```python",
+        dali.reader_snippet(shards),
+        "```",
+        "",
+        f"With Megatron-Energon (`.nv-meta/` and each shard's `.tar.idx` are what `energon prepare` writes; {split}):",
+        "",
+        "```python",
+        energon.loader_snippet(val),
+        "```",
+        "",
+        "`energon lint . --split-parts train` checks the prepared dataset with energon's own reader.",
+        "",
+    ]
+
+
+def card_text(
+    config: dict,
+    stats: dict,
+    sizes: dict[str, int],
+    loader: str | None,
+    emb_stats: dict | None = None,
+    versions: dict[str, str] | None = None,
+    near: dict | None = None,
+) -> str:
+    """The dataset card (Markdown) of one built version."""
+    versions = package_versions() if versions is None else versions
+    shards = sorted(sizes)
+    out = _intro(config, stats, sizes, loader, versions)
+    if shards:
+        out += _train_section(config, sizes)
+    out += _counts_section(config, stats)
+    out += _rejections_section(stats)
+    if emb_stats is not None:
+        out += _clip_section(emb_stats)
+    if near is not None:
+        out += _near_section(near)
+    out += _build_section(config, versions)
+    out += _files_section(shards, emb_stats is not None)
+    return "\n".join(out) + "\n"
+
+
+def _intro(config: dict, stats: dict, sizes: dict[str, int], loader: str | None, versions: dict[str, str]) -> list[str]:
+    dataset, version = stats["dataset"], config.get("version", "v1")
+    resize, captions = config.get("resize", {}), config.get("captions", {})
+    n = sum(sizes.values())
+    max_side = resize.get("max_side")
+    side = f"long side at most {max_side} px, " if max_side else ""
+    title = f"# {dataset} {version}" if version != "auto" else f"# {dataset}"
+    out = [
+        title,
+        "",
+        "Image-caption pairs as [WebDataset](https://github.com/webdataset/webdataset) shards for OpenCLIP-style",
+        f"training: **{n:,} samples in {len(sizes)} shards** ({_human(stats.get('bytes', 0))}) from "
+        f"{stats['input_records']:,} input records, built by shardsmith {versions.get('shardsmith', '')}.",
+        "",
+        "Each sample is three files with the same key: `{key}.jpg` (RGB JPEG, "
+        f"{side}at most {resize.get('max_pixels', 0):,} pixels),",
+        f"`{{key}}.txt` (the normalized UTF-8 caption, at most {captions.get('max_chars', '?')} characters) and "
+        "`{key}.json` (source, source id, URL,",
+        "sizes before and after resize, and the original source fields). Every shard was read back with",
+        f"`{loader}` before publishing." if loader else "OpenCLIP's loader before publishing.",
+        "",
+    ]
+    if version == "auto":
+        out += ["The version is named when published (`{UTC date}-{content fingerprint}`); see `_COMPLETE.json`.", ""]
+    return out
+
+
+def _train_section(config: dict, sizes: dict[str, int]) -> list[str]:
+    shards = sorted(sizes)
+    workers = max(1, min(2, len(shards)))
+    return [
+        "## Train on it",
+        "",
+        "From the folder this card is in:",
+        "",
+        "```sh",
+        openclip_command(".", sizes, workers=workers),
+        "```",
+        "",
+        f"From elsewhere, put this folder's path in front of `{brace_pattern(shards)}`; from S3, use",
+        f"`--train-data 'pipe:aws s3 cp s3://BUCKET/PREFIX/{brace_pattern(shards)} -'`. OpenCLIP needs at least",
+        f"workers x GPUs shards; this version has {len(shards)}. `sizes.json` gives the sample count per shard.",
+        "",
+        *_other_loaders(shards, config),
+    ]
+
+
+def _counts_section(config: dict, stats: dict) -> list[str]:
+    from shardsmith.report.numbers import funnel
+
+    out = ["## Counts", ""]
+    out += _table(["step", "records left", "rejected here"], [[s, left, d or ""] for s, left, d in funnel(stats)])
+    out += ["", "By source:", ""]
+    by_source, rejected_by_source = stats.get("published_by_source", {}), stats.get("rejected_by_source", {})
+    src_rows = []
+    for src in config.get("sources", []):
+        published, rejected = by_source.get(src["name"], 0), rejected_by_source.get(src["name"], 0)
+        src_rows.append([src["name"], src["type"], f"`{src['path']}`", published + rejected, published, rejected])
+    out += _table(["source", "type", "path", "input", "published", "rejected"], src_rows)
+    return out
+
+
+def _rejections_section(stats: dict) -> list[str]:
+    from shardsmith.report.numbers import ordered_stages
+
+    out = ["", "## Rejections", ""]
+    reasons = stats.get("rejected_by_reason", {})
+    if reasons:
+        rank = {s: i for i, s in enumerate(ordered_stages(r.split("/", 1)[0] for r in reasons))}
+        order = sorted(reasons, key=lambda r: (rank[r.split("/", 1)[0]], -reasons[r], r))
+        total = max(stats["input_records"], 1)
+        out += _table(
+            ["stage/reason", "records", "share of input"],
+            [[r, reasons[r], f"{100 * reasons[r] / total:.2f} %"] for r in order],
+        )
+        out += [
+            "",
+            "Every rejected record is listed in `rejected.parquet` "
+            "(source, source id, URL, key, stage, reason, detail).",
+        ]
+    else:
+        out += ["No input record was rejected."]
+    return out + [""]
+
+
+def _build_section(config: dict, versions: dict[str, str]) -> list[str]:
+    out = [
+        "## Build",
+        "",
+        f"- Config fingerprint: `{config_fingerprint(config)}` (sha256 of the canonical JSON of the validated",
+        f"  config without {', '.join(f'`{k}`' for k in FINGERPRINT_EXCLUDES)}: "
+        "the settings that cannot change the shards).",
+        f"- Sample keys are unique; shards hold {config.get('samples_per_shard', '?'):,} samples each, "
+        "the last one fewer.",
+        "",
+        "Package versions:",
+        "",
+    ]
+    out += _table(["package", "version"], [[k, f"`{v}`"] for k, v in versions.items()])
+    return out + [
+        "",
+        "<details><summary>Config (the fingerprinted part, defaults filled in)</summary>",
+        "",
+        "```yaml",
+        _yaml(fingerprinted_config(config)),
+        "```",
+        "",
+        "</details>",
+        "",
+    ]
+
+
+def _files_section(shards: list[str], embedded: bool) -> list[str]:
+    files = [
+        [f"`{brace_pattern(shards)}`" if shards else "(no shards)", "the shards"],
+        ["`sizes.json`", "samples per shard (OpenCLIP reads it for epoch accounting)"],
+        ["`*.idx`", "NVIDIA DALI's index per shard (`fn.readers.webdataset(index_paths=...)`)"],
+        [
+            "`*.tar.idx`, `.nv-meta/`",
+            "Megatron-Energon's per-shard sample offsets, dataset type, splits and sample index",
+        ],
+        ["`wids-index.json`", "wids shard index: url, nsamples, md5sum, filesize per shard"],
+        [
+            "`manifest.parquet`",
+            "one row per sample: key, shard, source, URL, sizes, bytes, sha256, caption length, "
+            "perceptual hash (pHash, and of the mirror image)",
+        ],
+        ["`rejected.parquet`", "one row per rejected record, with stage, reason and detail"],
+        ["`stats.json`", "the counts above"],
+        ["`validation.json`", "what validation checked, and with which loader"],
+    ]
+    if embedded:
+        files.append(["`embedding_stats.json`", "CLIP score statistics and their provenance"])
+    return ["## Files", ""] + _table(["file", "content"], files)

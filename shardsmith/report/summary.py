@@ -1,0 +1,189 @@
+"""The one-screen summary of a build, and the OpenCLIP command that trains on it.
+
+python -m shardsmith summary demo/results/demo
+"""
+
+import argparse
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+from shardsmith.formats.names import brace_pattern
+
+
+def openclip_command(shard_dir: str, sizes: dict[str, int], workers: int = 2) -> str:
+    """The exact OpenCLIP training command for the shards listed in sizes.json."""
+    pattern = f"{shard_dir.rstrip('/')}/{brace_pattern(list(sizes))}"
+    return (
+        "python -m open_clip_train.main --dataset-type webdataset "
+        f"--train-data '{pattern}' --train-num-samples {sum(sizes.values())} "
+        f"--workers {workers} --batch-size 256 --model ViT-B-32 --epochs 32"
+    )
+
+
+def summary_text(out_dir: str) -> str:
+    out = Path(out_dir)
+    stats = json.loads((out / "stats.json").read_text())
+    sizes = json.loads((out / "sizes.json").read_text())
+    from shardsmith.report.numbers import funnel_line
+
+    lines = [
+        f"dataset {stats['dataset']}: {stats['input_records']} input records -> "
+        f"{stats['published']} published in {stats['shards']} shards, {stats['rejected']} rejected",
+        f"  funnel: {funnel_line(stats)}",
+    ]
+    for reason, n in sorted(stats["rejected_by_reason"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"  rejected {n:>8}  {reason}")
+    lines.append(f"  ledger: {out / 'rejected.parquet'}")
+    if (out / "embedding_stats.json").exists():
+        emb = json.loads((out / "embedding_stats.json").read_text())
+        sim = emb["similarity"]
+        lines.append(
+            f"  CLIP {emb['columns']['similarity']}: mean {sim.get('mean', float('nan')):.4f}, "
+            f"median {sim.get('quantiles', {}).get('0.5', float('nan')):.4f} "
+            f"({emb['provenance'].get('weights_statement', '')})"
+        )
+    if sizes:
+        lines.append("train with:")
+        lines.append("  " + openclip_command(str(out), sizes))
+    return "\n".join(lines)
+
+
+def print_success(out_dir: str, published_dir: str | None = None) -> None:
+    """The run's last screen (Snakemake `onsuccess`): the funnel, the rejections and the training command."""
+    if published_dir and Path(published_dir).is_file():  # the `latest` pointer (version: auto)
+        published_dir = str(Path(published_dir).parent / Path(published_dir).read_text().strip())
+    folder = published_dir if published_dir and (Path(published_dir) / "stats.json").exists() else out_dir
+    if not (Path(folder) / "stats.json").exists():  # a partial target (--until, a single file): nothing to sum up
+        return
+    try:
+        text = summary_text(folder)
+    except Exception as e:  # a summary must not turn a successful run into a traceback
+        text = f"shardsmith: could not summarize {folder} ({e})"
+    if (Path(folder) / "README.md").exists():
+        text += f"\ndataset card: {Path(folder) / 'README.md'}"
+    text += "\nreport: add --report report.html to this command to get the plots and tables"
+    print(text, flush=True)
+
+
+def stop_scheduler_timers() -> int:
+    """Cancel the re-evaluation timers Snakemake's scheduler left behind (from onsuccess/onerror); how many.
+
+    With its default --max-jobs-per-timespan (100/1s) the scheduler arms a 1-s threading.Timer after each
+    pass. Timers are not daemon threads, so Python waits up to a second for the last one after the run
+    has ended, on every run. When onsuccess/onerror run the scheduler is done and nothing waits on them.
+    Found by the file of the timer's function (checked against Snakemake 9.27; the real fix, daemon
+    timers, belongs in Snakemake). The test fails if a Snakemake release moves or renames it.
+    """
+    scheduler_code = os.path.join("snakemake", "scheduling", "")
+    stopped = 0
+    for thread in threading.enumerate():
+        code = getattr(getattr(thread, "function", None), "__code__", None)
+        if isinstance(thread, threading.Timer) and code is not None and scheduler_code in code.co_filename:
+            thread.cancel()
+            stopped += 1
+    return stopped
+
+
+# Which settings to look at when one stage rejected everything.
+STAGE_HINTS = {
+    "download": "check the sources' paths or URLs (and the s3 settings for s3:// sources)",
+    "caption": "check captions.fields (which source field holds the caption) and captions.min_chars",
+    "resize": "check resize.min_side and resize.max_decode_pixels, and that the inputs are images",
+    "process": "check that sample keys are unique (key_column)",
+    "shard": "check that sample keys are unique across sources",
+}
+# Refusals of the download guard (shardsmith.download.fetch.netguard): the setting that lifts each.
+GUARD_HINTS = {
+    "blocked_address": "the network guard refused their addresses (loopback, private, link-local, ...); "
+    "for a network of your own, list it in download.allow_networks (or its hosts in download.allow_hosts)",
+    "outside_allowed_folders": "their local paths are outside the sources' own folders; "
+    "list the folders they may read in download.allow_local_folders",
+}
+
+
+def _main_logs(main_log: str | list[str] | None) -> list[str]:
+    """Snakemake passes `onerror` a list of log files (one per logger), or one path."""
+    logs = [main_log] if isinstance(main_log, (str, os.PathLike)) else list(main_log or [])
+    return [str(p) for p in logs if p and Path(p).is_file()]
+
+
+def failed_jobs(main_log: str | list[str] | None) -> list[dict]:
+    """[{rule, log, wildcards}] of each `Error in rule` block of Snakemake's run log."""
+    jobs: list[dict] = []
+    text = "\n".join(Path(p).read_text(errors="replace") for p in _main_logs(main_log))
+    for line in text.splitlines():
+        if line.startswith("Error in rule "):
+            jobs.append({"rule": line.removeprefix("Error in rule ").rstrip(":"), "log": [], "wildcards": ""})
+        elif jobs and line.startswith("    "):
+            key, _, value = line.strip().partition(": ")
+            if key == "log":
+                jobs[-1]["log"] = value.removesuffix(" (check log file(s) for error details)").split(", ")
+            elif key == "wildcards":
+                jobs[-1]["wildcards"] = value
+    return jobs
+
+
+def job_message(log_path: str, max_lines: int = 6) -> str:
+    """The user-facing message a job left in its log: from the last `shardsmith:` line, without traceback."""
+    try:
+        lines = Path(log_path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    starts = [i for i, line in enumerate(lines) if line.startswith("shardsmith:")]
+    if not starts:  # not one of ours: the last line of a traceback names the exception
+        tail = [line for line in lines if line.strip()]
+        return f"unexpected error: {tail[-1].strip()}" if tail else ""
+    block = []
+    for line in lines[starts[-1] :]:
+        if line.startswith("Traceback"):
+            break
+        block.append(line)
+    return "\n".join(block[:max_lines]).removeprefix("shardsmith: ")
+
+
+def failure_text(main_log: str | list[str] | None, out_dir: str) -> str:
+    """What failed, why (the job's own one-line message) and where its log is; plus the funnel if nothing passed."""
+    jobs = failed_jobs(main_log)
+    lines = []
+    for job in jobs:
+        where = f" ({job['wildcards']})" if job["wildcards"] else ""
+        message = next((m for m in (job_message(p) for p in job["log"]) if m), "")
+        lines.append(f"shardsmith: {job['rule']}{where} failed" + (f": {message}" if message else ""))
+        lines += [f"  log: {p}" for p in job["log"]]
+    stats_path = Path(out_dir) / "stats.json"
+    if jobs and stats_path.exists():
+        stats = json.loads(stats_path.read_text())
+        if stats["input_records"] and not stats["published"]:
+            from shardsmith.storage.s3 import HINTS as S3_HINTS
+
+            top = sorted(stats["rejected_by_reason"].items(), key=lambda kv: -kv[1])[:3]
+            stage, _, code = top[0][0].partition("/") if top else ("", "", "")
+            hint = GUARD_HINTS.get(code) or STAGE_HINTS.get(stage, "see rejected.parquet")
+            if code in S3_HINTS:  # credentials, endpoint, bucket: say which setting
+                hint += f"; for s3:// sources, {S3_HINTS[code]}"
+            reasons = ", ".join(f"{r} {n}" for r, n in top)
+            lines.append(f"  all {stats['input_records']} input records were rejected ({reasons}): {hint}.")
+            lines.append(f"  ledger: {Path(out_dir) / 'rejected.parquet'}")
+    if jobs:
+        where = ", ".join(_main_logs(main_log)) or "in .snakemake/log/"
+        lines.append(f"  Snakemake's log: {where}; SHARDSMITH_DEBUG=1 puts tracebacks in the job logs.")
+    return "\n".join(lines)
+
+
+def print_failure(main_log: str | list[str] | None, out_dir: str) -> None:
+    """Snakemake `onerror`: the failing jobs' own messages and logs, as the last thing on screen."""
+    try:
+        text = failure_text(main_log, out_dir)
+    except Exception as e:  # the handler must never add a traceback of its own to a failed run
+        text = f"shardsmith: could not summarize the failure ({e}); see the job logs named above."
+    if text:
+        print(text, file=sys.stderr, flush=True)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`shardsmith summary FOLDER`: a published version's folder (or the run's output folder)."""
+    p.add_argument("folder", help="a built dataset's folder, e.g. demo/fast-storage/demo/v1")
+    p.set_defaults(run=lambda args: print(summary_text(args.folder)) or 0)

@@ -1,0 +1,113 @@
+"""Records already published: keep the old ones, leave out new ones that repeat a published image.
+
+A scheduled refresh rebuilds from the grown source. Records of the previous versions (same `source_id`)
+stay in the new version. A NEW record whose URL or image sha256 equals a sample published in any complete
+version still on the destination is written to an exclusion table (key, stage, reason, detail);
+plan_shards leaves it out and it lands in the ledger as `dedupe/already_published`. So the new version
+holds old plus new records, with no image published twice across versions.
+"""
+
+import hashlib
+import io
+import os
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from shardsmith.core.atomic import atomic_open
+from shardsmith.core.ledger import DEDUPE, EXCLUSION_COLUMNS
+from shardsmith.storage.s3 import S3Settings
+from shardsmith.storage.stores import complete_versions, open_store
+
+STAGE = DEDUPE
+REASON = "already_published"
+PUBLISHED_COLUMNS = ["version", "key", "source_id", "url", "sha256"]
+# read too where a version has them (the near-duplicate step compares them; older versions lack the hashes)
+NEAR_COLUMNS = ["width_before", "height_before", "phash", "phash_mirror"]
+
+
+class PublishedManifestError(RuntimeError):
+    pass
+
+
+def published_records(dest: str, dataset: str, s3: S3Settings | None = None) -> pd.DataFrame:
+    """key, source_id, url, sha256 (and NEAR_COLUMNS, empty where a version lacks them) of every sample in
+    every complete version, oldest version first.
+
+    Each manifest is checked against the sha256 its completion marker records: a damaged or replaced
+    manifest stops the refresh instead of letting duplicates through.
+    """
+    store = open_store(dest, dataset, s3)
+    frames = []
+    for version, marker in complete_versions(dest, dataset, s3).items():
+        entry = marker["files"].get("manifest.parquet")
+        if entry is None:
+            continue
+        data = store.read(f"{version}/manifest.parquet")
+        if data is None or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise PublishedManifestError(
+                f"{store.where(version)}/manifest.parquet is missing or differs from its {version} marker"
+            )
+        present = set(pq.read_schema(io.BytesIO(data)).names)
+        df = pd.read_parquet(
+            io.BytesIO(data), columns=[c for c in PUBLISHED_COLUMNS[1:] + NEAR_COLUMNS if c in present]
+        )
+        for c in NEAR_COLUMNS:
+            if c not in df.columns:
+                df[c] = 0 if c.endswith("before") else ""
+        frames.append(df.assign(version=version)[PUBLISHED_COLUMNS + NEAR_COLUMNS])
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype=str) for c in PUBLISHED_COLUMNS + NEAR_COLUMNS})
+    return pd.concat(frames, ignore_index=True)
+
+
+def image_urls(df: pd.DataFrame) -> pd.Series:
+    """The URL that names each sample's image: for a member of a source shard (source_id `{shard url}#{member}`)
+    that is the source_id, since every member shares the shard's URL."""
+    url = df["url"].fillna("").astype(str)
+    sid = df["source_id"].astype(str)
+    in_shard = [s.startswith(u + "#") for u, s in zip(url, sid, strict=True)]
+    return url.where(~pd.Series(in_shard, index=df.index, dtype=bool), sid)
+
+
+def already_published(samples: pd.DataFrame, published: pd.DataFrame) -> pd.DataFrame:
+    """Exclusion rows for new samples (source_id never published) whose url or sha256 was published.
+
+    `samples` needs key, source_id, url, sha256; `published` also version. The detail names the published
+    sample and the earliest version that holds it. Rows come in the order of `samples`.
+    """
+    fresh = samples[~samples["source_id"].isin(set(published["source_id"]))]
+    published = published.assign(image_url=image_urls(published))
+    first_url = published[published["image_url"] != ""].drop_duplicates("image_url").set_index("image_url")
+    first_sha = published.drop_duplicates("sha256").set_index("sha256")
+    rows = []
+    for rec in fresh.assign(image_url=image_urls(fresh))[["key", "image_url", "sha256"]].to_dict("records"):
+        if rec["image_url"] and rec["image_url"] in first_url.index:
+            hit, what = first_url.loc[rec["image_url"]], "url"
+        elif rec["sha256"] in first_sha.index:
+            hit, what = first_sha.loc[rec["sha256"]], "image sha256"
+        else:
+            continue
+        rows.append(
+            [rec["key"], STAGE, REASON, f"{what} already published as {hit['key']} in version {hit['version']}"]
+        )
+    return pd.DataFrame(rows, columns=EXCLUSION_COLUMNS)
+
+
+def write_exclusions(sample_paths: list[str], published: pd.DataFrame, out: str | os.PathLike) -> dict:
+    """Write the exclusion table for the processed parts' samples against `published_records`; returns counts
+    for the log."""
+    cols = ["key", "source_id", "url", "sha256"]
+    frames = [pd.read_parquet(p, columns=cols) for p in sample_paths]
+    samples = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
+    excluded = already_published(samples, published)
+    with atomic_open(out) as f:
+        excluded.to_parquet(f, index=False)
+    kept = int(samples["source_id"].isin(set(published["source_id"])).sum())
+    return {
+        "versions": int(published["version"].nunique()),
+        "published_samples": len(published),
+        "samples": len(samples),
+        "kept_from_earlier_versions": kept,
+        "excluded": len(excluded),
+    }

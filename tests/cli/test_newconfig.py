@@ -1,0 +1,512 @@
+"""`python -m shardsmith new-config`: each detector on generated inputs, the exits where it cannot tell, and
+configs that run as written (the real workflow, on the demo's inputs and on tiny generated ones).
+HTTP and S3 inputs are served on 127.0.0.1 (tests/httpserver.py, moto_server through the aws CLI)."""
+
+import gzip
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from generated import jpeg_bytes
+from httpserver import Reply
+from servers import ALLOW_LOOPBACK
+from snakemake.utils import validate
+from workflow_helpers import REPO, SNAKEMAKE
+
+from shardsmith.cli.demo import make_demo
+from shardsmith.cli.newconfig.command import new_config, source_name, unique_names
+from shardsmith.cli.newconfig.options import CannotTell, InputError, Options, load_schema, schema_default
+from shardsmith.core.config import check_config
+from shardsmith.storage.s3 import upload
+
+SCHEMA = REPO / "config" / "config.schema.yaml"
+SENTENCES = [
+    "A red barn under a cloudy sky",
+    "Two dogs running on a sandy beach",
+    "Close-up of a sunflower in bloom",
+    "An old bicycle leaning on a brick wall",
+    "Snow on the roofs of a mountain village",
+    "A bowl of ramen with a soft egg",
+    "Sailboats in a harbour at sunset",
+    "A cat asleep on a pile of books",
+    "Morning fog over a quiet lake",
+    "A street market full of fruit",
+]
+
+
+def guess(paths, opts=Options(), **kw) -> tuple[dict, list[str]]:
+    """(parsed config, stderr lines) of new_config on `paths`."""
+    lines: list[str] = []
+    text = new_config([str(p) for p in paths], Options(**{**opts.__dict__, **kw}), log=lines.append)
+    return yaml.safe_load(text), lines
+
+
+def cli(*args) -> subprocess.CompletedProcess:
+    """The command as a user runs it, from the repository root (where `python -m shardsmith` is found)."""
+    cmd = [sys.executable, "-m", "shardsmith", "new-config", *map(str, args)]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def write_tsv(path: Path, rows: list[tuple[str, ...]]) -> Path:
+    path.write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def urls(n: int, base: str = "https://img.example.org/photos") -> list[str]:
+    return [f"{base}/{i:04d}.jpg" for i in range(n)]
+
+
+def shard_tar(path: Path, samples: dict[str, dict[str, bytes]]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for key, members in samples.items():
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def make_folder(root: Path, n_txt: int = 3, n_json: int = 2) -> Path:
+    """Images with .txt sidecars, .json sidecars (caption or description) and one with none."""
+    root.mkdir(parents=True)
+    for i in range(n_txt):
+        (root / f"a{i}.jpg").write_bytes(jpeg_bytes(color=(20 * i, 90, 40)))
+        (root / f"a{i}.txt").write_text(SENTENCES[i] + "\n")
+    for i in range(n_json):
+        (root / f"b{i}.jpg").write_bytes(jpeg_bytes(color=(90, 20 * i, 40)))
+        key = "caption" if i % 2 == 0 else "description"
+        (root / f"b{i}.json").write_text(json.dumps({key: SENTENCES[5 + i], "source": "camera"}))
+    (root / "nocap.jpg").write_bytes(jpeg_bytes(color=(1, 2, 3)))
+    return root
+
+
+def check_against_schema(config: dict) -> dict:
+    """As the workflow does: the schema (filling in defaults, as snakemake.utils.validate does), then check_config."""
+    filled = json.loads(json.dumps(config))
+    validate(filled, schema=str(SCHEMA))
+    check_config(filled)
+    return filled
+
+
+# --- manifests ----------------------------------------------------------------------------------------------
+
+
+def test_cc3m_style_headerless_tsv_gets_columns_caption_url(tmp_path):
+    tsv = write_tsv(tmp_path / "Train_GCC-training.tsv", list(zip(SENTENCES, urls(10))))
+    config, lines = guess([tsv], out=tmp_path / "build")
+    (src,) = config["sources"]
+    assert src == {
+        "name": "train_gcc_training", "type": "manifest", "path": str(tsv),
+        "columns": ["caption", "url"], "url_column": "url",
+    }  # fmt: skip
+    assert config["captions"]["fields"][0] == "caption"
+    assert any(ln.startswith("train_gcc_training: header: none (row 1 holds a URL") for ln in lines)
+    assert "train_gcc_training: url column: column 2, named url (100% of 10 sampled values are URLs or paths)" in lines
+    check_against_schema(config)
+
+
+def test_cc12m_style_headerless_tsv_gets_columns_url_caption(tmp_path):
+    tsv = write_tsv(tmp_path / "cc12m.tsv", list(zip(urls(10), SENTENCES)))
+    config, lines = guess([tsv], out=tmp_path / "build")
+    assert config["sources"][0]["columns"] == ["url", "caption"]
+    assert config["dataset"] == "cc12m" and config["captions"]["fields"][0] == "caption"
+    assert any("caption column: column 2, named caption (100% of 10" in ln for ln in lines)
+
+
+def test_parquet_with_url_caption_and_extra_columns_finds_key_and_md5(tmp_path):
+    df = pd.DataFrame(
+        {
+            "uid": [hashlib.sha1(str(i).encode()).hexdigest()[:16] for i in range(10)],
+            "url": urls(10),
+            "caption": SENTENCES,
+            "width": range(100, 110),
+            "md5": [hashlib.md5(str(i).encode()).hexdigest() for i in range(10)],
+            "status": ["success"] * 10,
+        }
+    )
+    df.to_parquet(tmp_path / "part-00000.parquet", index=False)
+    config, lines = guess([tmp_path / "part-00000.parquet"], out=tmp_path / "build")
+    src = config["sources"][0]
+    assert (src["url_column"], src["key_column"], src["hash_column"], src["hash_type"]) == ("url", "uid", "md5", "md5")
+    assert "columns" not in src and "format" not in src
+    assert config["captions"]["fields"][0] == "caption"
+    assert any(
+        ln.startswith("part_00000: hash column: md5, md5 (header name; all 10 sampled values are 32-digit hex")
+        for ln in lines
+    )
+    check_against_schema(config)
+
+
+def test_laion_style_parquet_url_text_and_extras(tmp_path):
+    n = 20
+    df = pd.DataFrame(
+        {
+            "SAMPLE_ID": [float(10**12 + 7919 * i) for i in range(n)],
+            "URL": urls(n, "http://cdn.example.com/i"),
+            "TEXT": [SENTENCES[i % 10] + f" no. {i}" for i in range(n)],
+            "HEIGHT": [480] * n,
+            "WIDTH": [640] * n,
+            "LICENSE": ["?"] * n,
+            "NSFW": ["UNLIKELY"] * n,
+            "similarity": [0.3 + i / 100 for i in range(n)],
+            "hash": [(-1) ** i * 10**17 + i for i in range(n)],  # LAION's int64 hash of URL+text: not an image hash
+        }
+    )
+    df.to_parquet(tmp_path / "part-00000-5b54c5d5.snappy.parquet", index=False)
+    config, lines = guess([tmp_path / "part-00000-5b54c5d5.snappy.parquet"], out=tmp_path / "build")
+    src = config["sources"][0]
+    assert src["url_column"] == "URL" and src["key_column"] == "SAMPLE_ID" and "hash_column" not in src
+    assert config["captions"]["fields"][0] == "TEXT"
+    assert (
+        "part_00000_5b54c5d5_snappy: url column: URL (header name and 100% of 20 sampled values are URLs or paths)"
+        in lines
+    )
+    check_against_schema(config)
+
+
+def test_jsonl_and_gzipped_csv_manifests(tmp_path):
+    rows = [{"image_url": u, "alt": s, "n": i} for i, (u, s) in enumerate(zip(urls(10), SENTENCES))]
+    rows[0]["image_url"] = "images/0000.jpg"  # a relative path: said to be opened from snakemake's folder
+    (tmp_path / "web.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with gzip.open(tmp_path / "crawl.csv.gz", "wt") as f:
+        pd.DataFrame(rows).rename(columns={"alt": "description"}).to_csv(f, index=False)
+    config, lines = guess([tmp_path / "web.jsonl", tmp_path / "crawl.csv.gz"], out=tmp_path / "build")
+    web, crawl = config["sources"]
+    assert (web["name"], web["url_column"]) == ("web", "image_url")
+    assert (crawl["name"], crawl["url_column"]) == ("crawl", "image_url")
+    assert config["captions"]["fields"][:2] == ["alt", "description"]
+    assert "web: url column: image_url (header name and 100% of 10 sampled values are URLs or paths)" in lines
+    assert any(
+        ln.startswith("web: NOTE: 1 of 10 sampled URLs are relative paths (e.g. 'images/0000.jpg')") for ln in lines
+    )
+    check_against_schema(config)
+
+
+def test_a_brace_pattern_of_parquet_files_is_one_manifest_source(tmp_path):
+    (tmp_path / "laion").mkdir()
+    for i in range(2):
+        rows = {"URL": urls(5), "TEXT": SENTENCES[5 * i : 5 * i + 5]}
+        pd.DataFrame(rows).to_parquet(tmp_path / "laion" / f"{i:05d}.parquet")
+    pattern = str(tmp_path / "laion" / "{00000..00001}.parquet")
+    config, lines = guess([pattern], out=tmp_path / "build")
+    assert config["sources"][0] == {"name": "laion", "type": "manifest", "path": pattern, "url_column": "URL"}
+    assert f"laion: files: 2 match; looked at the first, {tmp_path}/laion/00000.parquet" in lines
+    check_against_schema(config)
+
+
+def test_extensionless_manifest_gets_its_format_from_its_first_bytes(tmp_path):
+    write_tsv(tmp_path / "manifest", list(zip(urls(5), SENTENCES)))
+    config, lines = guess([tmp_path / "manifest"], out=tmp_path / "build")
+    assert config["sources"][0]["format"] == "tsv" and "manifest: format: tsv (from its first bytes)" in lines
+    check_against_schema(config)
+
+
+def test_two_caption_like_columns_exit_2_naming_both_and_the_flag_picks_one(tmp_path):
+    pd.DataFrame({"url": urls(10), "caption": SENTENCES, "alt_text": SENTENCES[::-1]}).to_parquet(
+        tmp_path / "m.parquet"
+    )
+    proc = cli(tmp_path / "m.parquet", "--out", tmp_path / "build")
+    assert proc.returncode == 2 and proc.stdout == ""
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "2 columns could be the caption" in last and "caption (" in last and "alt_text (" in last
+    assert "--caption-column NAME" in last
+
+    proc = cli(tmp_path / "m.parquet", "--out", tmp_path / "build", "--caption-column", "alt_text")
+    assert proc.returncode == 0, proc.stderr
+    config = yaml.safe_load(proc.stdout)
+    fields = config["captions"]["fields"]
+    assert fields[0] == "alt_text" and "caption" not in fields  # the other column is no fallback
+    assert "caption column: alt_text (chosen with --caption-column" in proc.stderr
+
+
+def test_headerless_two_sentence_columns_exit_2_and_a_column_number_picks_one(tmp_path):
+    tsv = write_tsv(tmp_path / "pairs.tsv", list(zip(urls(10), SENTENCES, SENTENCES[::-1])))
+    proc = cli(tsv, "--out", tmp_path / "build")
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "column 2 (" in last and "column 3 (" in last and "--caption-column N" in last
+    proc = cli(tsv, "--out", tmp_path / "build", "--caption-column", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout)["sources"][0]["columns"] == ["url", "col2", "caption"]
+
+
+def test_two_url_columns_or_none_cannot_be_told(tmp_path):
+    two = pd.DataFrame({"url": urls(5), "page_url": urls(5, "https://example.org/page"), "caption": SENTENCES[:5]})
+    two.to_parquet(tmp_path / "two.parquet")
+    with pytest.raises(CannotTell, match=r"2 columns could be the URL: url .*page_url .*--url-column NAME"):
+        guess([tmp_path / "two.parquet"], out=tmp_path / "build")
+    config, _ = guess([tmp_path / "two.parquet"], out=tmp_path / "build", url_column="url")
+    assert config["sources"][0]["url_column"] == "url"
+    pd.DataFrame({"name": ["a", "b"], "caption": SENTENCES[:2]}).to_parquet(tmp_path / "none.parquet")
+    with pytest.raises(CannotTell, match="no column holds URLs"):
+        guess([tmp_path / "none.parquet"], out=tmp_path / "build")
+
+
+def test_a_flag_naming_no_column_is_refused(tmp_path):
+    tsv = write_tsv(tmp_path / "cc3m.tsv", list(zip(SENTENCES, urls(10))))
+    with pytest.raises(InputError, match="no such column; give a number from 1 to 2"):
+        guess([tsv], out=tmp_path / "build", caption_column="caption")
+
+
+# --- folders and shards -------------------------------------------------------------------------------------
+
+
+def test_folder_with_txt_and_json_sidecars(tmp_path):
+    folder = make_folder(tmp_path / "My Photos")
+    config, lines = guess([folder], out=tmp_path / "build")
+    assert config["sources"] == [{"name": "my_photos", "type": "folder", "path": str(folder)}]
+    assert config["captions"]["fields"][:3] == ["txt", "json.caption", "json.description"]
+    assert "my_photos: sidecars: .json beside 2, .txt beside 3 of 6 images sampled" in lines
+    assert any("without a caption: 1 of 6 images" in ln for ln in lines)
+    check_against_schema(config)
+
+
+def test_folder_without_any_caption_is_refused(tmp_path):
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "x.jpg").write_bytes(jpeg_bytes())
+    with pytest.raises(InputError, match="none of 1 images has a caption sidecar"):
+        guess([tmp_path / "bare"], out=tmp_path / "build")
+
+
+def test_shards_with_captions_only_in_json_description(tmp_path):
+    img = jpeg_bytes()
+    (tmp_path / "shards").mkdir()
+    for s in range(2):
+        samples = {
+            f"{s}{i:03d}": {"jpg": img, "json": json.dumps({"description": SENTENCES[i], "status": "ok"}).encode()}
+            for i in range(4)
+        }
+        shard_tar(tmp_path / "shards" / f"old-{s:05d}.tar", samples)
+    pattern = str(tmp_path / "shards" / "old-{00000..00001}.tar")
+    config, lines = guess([pattern], out=tmp_path / "build")
+    assert config["sources"] == [{"name": "old", "type": "shards", "path": pattern}]
+    assert config["captions"]["fields"][0] == "json.description"
+    assert any(
+        ln.startswith("old: members of the first 4 samples (first of 2 tars") and "jpg 4, json 4" in ln for ln in lines
+    )
+    check_against_schema(config)
+
+
+def test_a_single_tar_with_an_unusual_image_extension(tmp_path):
+    (tmp_path / "in").mkdir()
+    shard_tar(tmp_path / "in" / "one.tar", {"k1": {"image": jpeg_bytes(), "caption": b"A lone tree on a hill"}})
+    config, _ = guess([tmp_path / "in" / "one.tar"], out=tmp_path / "build")
+    src = config["sources"][0]
+    assert src["type"] == "shards" and src["image_extensions"][-1] == "image"
+    assert config["captions"]["fields"][0] == "caption"
+
+
+# --- remote inputs ------------------------------------------------------------------------------------------
+
+
+def test_http_manifests_are_read_on_loopback_with_bounded_requests(tmp_path, http_server):
+    body = "".join(f"{u}\t{s}\n" for u, s in zip(urls(10), SENTENCES)).encode()
+    tsv_url = http_server.route("/data/cc12m.tsv", Reply(body=body, headers=[("Content-Type", "text/plain")]))
+    buf = io.BytesIO()
+    pd.DataFrame({"url": urls(10), "caption": SENTENCES, "width": range(10)}).to_parquet(buf)
+    pq_url = http_server.route("/data/laion.parquet", Reply(body=buf.getvalue(), headers=[]))
+    config, lines = guess([tsv_url, pq_url], out=tmp_path / "build")
+    tsv, parquet = config["sources"]
+    assert (tsv["path"], tsv["columns"]) == (tsv_url, ["url", "caption"])
+    assert (parquet["path"], parquet["url_column"]) == (pq_url, "url")
+    assert http_server.count("/data/cc12m.tsv") == 1  # one request for the first bytes
+    assert http_server.count("/data/laion.parquet") <= 3  # this server ignores Range: size, then the file, once
+    assert not any("NOTE" in ln for ln in lines)  # the workflow reads remote manifests as new-config does
+    check_against_schema(config)
+
+
+def test_http_input_errors_say_what_failed(tmp_path, http_server):
+    with pytest.raises(InputError, match="HTTP 404"):
+        guess([http_server.url("/missing.parquet")], out=tmp_path / "build")
+    big = http_server.route("/big.parquet", Reply(body=b"PAR1" + b"\0" * (3 << 20), headers=[]))
+    with pytest.raises(InputError, match=r"big.parquet: the server ignores Range requests and the file is over 2 MB"):
+        guess([big], out=tmp_path / "build", max_read_bytes=2 << 20)
+
+
+def test_s3_manifest_and_shards_through_the_aws_cli_with_aws_endpoint_url(tmp_path, s3_server, monkeypatch):
+    bucket = "newconfig"
+    subprocess.run(
+        [s3_server.aws_cli, "s3", "mb", f"s3://{bucket}", "--endpoint-url", s3_server.endpoint_url],
+        check=True,
+        capture_output=True,
+    )
+    pd.DataFrame({"URL": urls(10), "TEXT": SENTENCES}).to_parquet(tmp_path / "laion.parquet")
+    upload(str(tmp_path / "laion.parquet"), f"s3://{bucket}/laion/part-0.parquet", s3_server)
+    shard_tar(tmp_path / "s.tar", {"k": {"jpg": jpeg_bytes(), "txt": b"A photo of a lighthouse"}})
+    upload(str(tmp_path / "s.tar"), f"s3://{bucket}/shards/s-000.tar", s3_server)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)  # honoured, not written
+    paths = [f"s3://{bucket}/laion/part-0.parquet", f"s3://{bucket}/shards/s-{{000..000}}.tar"]
+    config, lines = guess(paths, out=tmp_path / "build")
+    assert "s3" not in config and config["sources"][0]["url_column"] == "URL"
+    assert config["sources"][1]["type"] == "shards" and config["captions"]["fields"][:2] == ["TEXT", "txt"]
+    assert not any("NOTE" in ln for ln in lines)
+    config, _ = guess(paths, out=tmp_path / "build", s3_endpoint_url=s3_server.endpoint_url)
+    assert config["s3"] == {"endpoint_url": s3_server.endpoint_url}
+
+
+# --- names, paths, defaults ---------------------------------------------------------------------------------
+
+
+def test_source_names_are_sanitised_and_unique():
+    assert source_name("/data/CC3M Train.tsv") == "cc3m_train"
+    assert source_name("/x/legacy-{000000..000009}.tar") == "legacy"
+    assert source_name("/data/laion/*.parquet") == "laion"
+    assert source_name("s3://bucket/laion400m/{00000..00099}.tar") == "laion400m"
+    assert source_name("https://host/a/cc12m.tsv.gz") == "cc12m"
+    assert source_name("/data/" + "x" * 40 + ".jsonl") == "x" * 32
+    assert source_name("/data/___.csv") == "data"
+    assert unique_names(["a", "a", "b", "a"]) == ["a", "a_2", "b", "a_3"]
+
+
+def test_an_output_folder_inside_an_input_folder_is_refused(tmp_path):
+    folder = make_folder(tmp_path / "photos")
+    proc = cli(folder, "--out", folder / "build")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "overlaps input folder" in proc.stderr and "another --out" in proc.stderr
+
+
+def test_a_bad_dataset_name_is_refused(tmp_path):
+    tsv = write_tsv(tmp_path / "cc3m.tsv", list(zip(SENTENCES, urls(10))))
+    with pytest.raises(InputError, match="--dataset My Set: a dataset name is"):
+        guess([tsv], out=tmp_path / "build", dataset="My Set")
+
+
+def test_defaults_come_from_the_schema_at_run_time(tmp_path, monkeypatch):
+    schema = yaml.safe_load(SCHEMA.read_text())
+    props = schema["properties"]
+    props["part_size"]["default"] = 123
+    props["samples_per_shard"]["default"] = 45
+    props["resize"]["properties"]["max_side"]["default"] = 640
+    props["captions"]["properties"]["max_chars"]["default"] = 77
+    props["validate"]["properties"]["min_shards"]["default"] = 3
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump(schema))
+    monkeypatch.setattr("shardsmith.cli.newconfig.options.SCHEMA_PATH", tmp_path / "schema.yaml")
+    tsv = write_tsv(tmp_path / "cc3m.tsv", list(zip(SENTENCES, urls(10))))
+    config, _ = guess([tsv], out=tmp_path / "build")
+    assert (config["part_size"], config["samples_per_shard"], config["resize"], config["validate"]) == (
+        123, 45, {"max_side": 640}, {"min_shards": 3}
+    )  # fmt: skip
+    assert config["captions"]["max_chars"] == 77
+
+
+def test_written_config_is_complete_commented_and_explicit_about_embed_and_publish(tmp_path):
+    tsv = write_tsv(tmp_path / "cc3m.tsv", list(zip(SENTENCES, urls(10))))
+    proc = cli(tsv, "--out", tmp_path / "out", "--dataset", "my-set")
+    assert proc.returncode == 0, proc.stderr
+    config = yaml.safe_load(proc.stdout)
+    assert config["dataset"] == "my-set" and config["version"] == "v1"
+    assert config["paths"] == {k: str(tmp_path / "out" / k) for k in ("raw", "work", "output", "logs")}
+    assert config["embed"] == {"enabled": False} and config["publish"] == {"dest": None}
+    assert "  # model: ViT-B-32" in proc.stdout and "  # dest: /mnt/fast/datasets" in proc.stdout
+    for key in ("part_size:", "samples_per_shard:", "  max_side:", "  fields:", "  max_chars:", "  min_shards:"):
+        (text,) = [ln for ln in proc.stdout.splitlines() if ln.startswith(key)]
+        assert "  # " in text, text  # every often-changed key has its comment
+    filled = check_against_schema(config)  # the rest comes from the schema's defaults
+    assert filled["download"]["concurrency"] == schema_default(load_schema(), "download.concurrency")
+
+
+# --- runs as written ----------------------------------------------------------------------------------------
+
+
+def run_as_written(root: Path, *paths, allow_loopback: bool = False) -> tuple[dict, Path]:
+    """new-config's stdout, unchanged, as the config of a real snakemake run in `root`; (config, output folder).
+
+    `allow_loopback` appends the one thing a user adds for a manifest of URLs on this machine: the network
+    guard's allow list for the test server."""
+    proc = cli(*paths, "--out", root / "build")
+    assert proc.returncode == 0, proc.stderr
+    allow = f"\ndownload:\n  allow_networks: {ALLOW_LOOPBACK['allow_networks']}\n" if allow_loopback else ""
+    (root / "my.yaml").write_text(proc.stdout + allow)
+    cmd = [
+        str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile", str(root / "my.yaml"),
+        "--workflow-profile", "none", "--cores", "2",
+    ]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, f"{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
+    config = yaml.safe_load(proc.stdout)
+    out = Path(config["paths"]["output"]) / config["dataset"]
+    assert json.loads((out / "validation.json").read_text())["ok"] is True
+    return config, out
+
+
+def published_and_rejected(out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    return pd.read_parquet(out / "manifest.parquet"), pd.read_parquet(out / "rejected.parquet")
+
+
+def captions_in_shards(out: Path) -> set[str]:
+    found = set()
+    for shard in sorted(out.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            found |= {tar.extractfile(m).read().decode() for m in tar if m.name.endswith(".txt")}
+    return found
+
+
+@pytest.mark.workflow
+def test_demo_inputs_config_runs_as_written(tmp_path):
+    counts = make_demo(tmp_path / "data")
+    data = tmp_path / "data"
+    config, out = run_as_written(
+        tmp_path, data / "manifest.tsv", data / "photos", data / "shards" / "legacy-{000000..000001}.tar"
+    )
+    assert [s["type"] for s in config["sources"]] == ["manifest", "folder", "shards"]
+    published, rejected = published_and_rejected(out)
+    assert len(published) + len(rejected) == sum(counts.values())  # every input record, once
+    assert len(set(published["source_id"]) | set(rejected["source_id"])) == sum(counts.values())
+    assert set(published["source"]) == {"manifest", "photos", "legacy"}
+    assert "Archive photo 0-0: hills at dusk" in captions_in_shards(out)  # json.description reached
+
+
+@pytest.mark.workflow
+def test_cc3m_cc12m_parquet_folder_and_shards_config_runs_as_written(tmp_path, http_server):
+    """(b) CC3M-style and (c) CC12M-style headerless TSVs of loopback URLs, (d) a parquet with extra columns,
+    (e) a folder, (f) shards: one config, one run; every record of each source published or in the ledger."""
+    img = [jpeg_bytes(color=(25 * i, 100, 200 - 10 * i)) for i in range(8)]
+    web = [http_server.route(f"/img/{i}.jpg", Reply(body=img[i])) for i in range(8)]
+    data = tmp_path / "in"  # inputs beside the build folder, not around it
+    data.mkdir()
+    cc3m = write_tsv(
+        data / "cc3m.tsv", [*zip(SENTENCES[:4], web[:4]), ("A photo that is gone", http_server.url("/gone.jpg"))]
+    )
+    cc12m = write_tsv(data / "cc12m.tsv", list(zip(web[4:], SENTENCES[4:8])))
+    (data / "local").mkdir()
+    for i in range(3):
+        (data / "local" / f"{i}.jpg").write_bytes(img[i])
+    rows = {
+        "url": [str(data / "local" / f"{i}.jpg") for i in range(3)],
+        "caption": SENTENCES[7:10],
+        "width": [64] * 3,
+        "nsfw": ["UNLIKELY"] * 3,
+    }
+    pd.DataFrame(rows).to_parquet(data / "parquet_rows.parquet")
+    folder = make_folder(data / "photos")
+    samples = {
+        f"s{i}": {"jpg": img[i], "json": json.dumps({"description": f"Shard photo {i} of a hill"}).encode()}
+        for i in range(3)
+    }
+    (data / "shards").mkdir()
+    shard_tar(data / "shards" / "old-0.tar", samples)
+
+    cc12m_url = http_server.route("/manifests/cc12m.tsv", Reply(body=Path(cc12m).read_bytes(), headers=[]))
+    config, out = run_as_written(  # the CC12M manifest itself over http: read by the workflow as by new-config
+        tmp_path,
+        cc3m,
+        cc12m_url,
+        data / "parquet_rows.parquet",
+        folder,
+        data / "shards" / "old-0.tar",
+        allow_loopback=True,
+    )
+    assert [s["name"] for s in config["sources"]] == ["cc3m", "cc12m", "parquet_rows", "photos", "old_0"]
+    published, rejected = published_and_rejected(out)
+    inputs = {"cc3m": 5, "cc12m": 4, "parquet_rows": 3, "photos": 6, "old_0": 3}
+    assert pd.concat([published["source"], rejected["source"]]).value_counts().to_dict() == inputs
+    assert sorted(rejected["reason"]) == ["no_caption", "not_found"]  # the folder's uncaptioned image, the 404
+    captions = captions_in_shards(out)
+    assert set(SENTENCES[:10]) <= captions and "Shard photo 2 of a hill" in captions  # each caption from its column

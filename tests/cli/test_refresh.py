@@ -1,0 +1,137 @@
+"""Scheduled refreshes without running the workflow (shardsmith.cli.refresh): the refresh command, reading which
+jobs ran, the lock of tools/schedule/refresh.sh and the schedule examples."""
+
+import fcntl
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+from workflow_helpers import REPO
+
+from shardsmith.__main__ import main as shardsmith_main
+from shardsmith.cli.refresh import RERUN_TRIGGERS, jobs_run, refresh_commands, summarize
+
+SCHEDULE = REPO / "tools" / "schedule"
+
+
+def test_refresh_replans_the_sources_then_builds_without_the_code_trigger():
+    plan, build = refresh_commands("cfg.yaml", 4, snakemake="snakemake", extra=["--config", "version=2026-11-22"])
+    for cmd in (plan, build):
+        triggers = cmd[cmd.index("--rerun-triggers") + 1 : cmd.index("--max-checksum-file-size")]
+        assert triggers == list(RERUN_TRIGGERS) and "code" not in triggers and "mtime" in triggers
+        assert cmd[cmd.index("--max-checksum-file-size") + 1] == "64MB"
+        assert cmd[-2:] == ["--config", "version=2026-11-22"]
+        assert cmd[cmd.index("--snakefile") + 1] == str(REPO / "Snakefile")
+    assert plan[plan.index("--forcerun") + 1] == "plan_parts" and plan[plan.index("--until") + 1] == "plan_parts"
+    assert "--forcerun" not in build and "--until" not in build and "--rerun-incomplete" in build
+
+
+SNAKEMAKE_LOG = """\
+Building DAG of jobs...
+[Sun Nov 22 09:36:56 2026]
+localcheckpoint plan_parts:
+    output: /r/work/demo/plan/parts
+    jobid: 0
+    reason: Forced execution
+    resources: tmpdir=/tmp
+DAG of jobs will be updated after completion.
+[Sun Nov 22 09:36:57 2026]
+localrule download_part:
+    input: /r/work/demo/plan/parts/cc3m_style-000001.parquet
+    jobid: 12
+    reason: Updated input files: /r/work/demo/plan/parts/cc3m_style-000001.parquet
+    wildcards: part=cc3m_style-000001
+    resources: tmpdir=/tmp
+rule write_shard:
+    wildcards: shard=000003
+Finished jobid: 12 (Rule: download_part)
+localrule all:
+    jobid: 1
+"""
+
+
+def test_jobs_run_are_read_from_the_snakemake_log():
+    jobs = jobs_run(SNAKEMAKE_LOG)
+    assert jobs == [
+        ("plan_parts", {}),
+        ("download_part", {"part": "cc3m_style-000001"}),
+        ("write_shard", {"shard": "000003"}),
+        ("all", {}),
+    ]
+    text = summarize(jobs)
+    assert "4 jobs ran" in text and "download_part x1: cc3m_style-000001" in text
+    assert summarize([]) == "refresh: nothing changed, no job ran"
+
+
+def test_refresh_sh_skips_while_another_refresh_holds_the_lock(tmp_path):
+    lock = tmp_path / ".shardsmith-refresh.lock"
+    (tmp_path / "config.yaml").write_text("dataset: x\n")
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        started = time.monotonic()
+        proc = subprocess.run(
+            [str(SCHEDULE / "refresh.sh"), "config.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+        assert time.monotonic() - started < 10
+    assert proc.returncode == 0 and "another refresh holds" in proc.stdout and "skipping" in proc.stdout
+    assert not (tmp_path / ".snakemake").exists()  # snakemake never started
+
+
+def test_a_failed_refresh_says_it_failed(tmp_path, capsys):
+    (tmp_path / "bad.yaml").write_text("dataset: Not A Name\n")
+    code = shardsmith_main(
+        [
+            "refresh",
+            "--configfile",
+            str(tmp_path / "bad.yaml"),
+            "--directory",
+            str(tmp_path),
+            "--workflow-profile",
+            "none",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code != 0 and "refresh: FAILED: snakemake exited with" in err and "nothing changed" not in err
+
+
+def test_snakemake_options_are_not_taken_as_abbreviations_of_the_wrappers_own():
+    with pytest.raises(SystemExit):  # --configfile is required: `--config` must not count as it
+        shardsmith_main(["refresh", "--config", "version=v2"])
+
+
+def test_refresh_sh_needs_a_config():
+    proc = subprocess.run([str(SCHEDULE / "refresh.sh")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage:" in proc.stderr
+
+
+def test_schedule_examples_call_refresh_sh():
+    cron = [
+        line
+        for line in (SCHEDULE / "crontab").read_text().splitlines()
+        if line and not line.startswith("#") and "=" not in line.split()[0]
+    ]
+    assert len(cron) == 1 and len(cron[0].split()[:5]) == 5 and "tools/schedule/refresh.sh" in cron[0]
+    scron = (SCHEDULE / "scrontab").read_text()
+    assert re.search(r"^#SCRON --time=", scron, re.M) and re.search(
+        r"^[\d*]+ [\d*]+ \* \* \* .*refresh\.sh", scron, re.M
+    )
+    assert "refresh.sh" in (SCHEDULE / "shardsmith-refresh.service").read_text()
+    assert "OnCalendar=" in (SCHEDULE / "shardsmith-refresh.timer").read_text()
+    for text in (cron[0], scron):
+        assert "AWS_SECRET" not in text and "AWS_ACCESS_KEY" not in text
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="needs systemd-analyze")
+def test_systemd_units_are_valid(tmp_path):
+    service = (SCHEDULE / "shardsmith-refresh.service").read_text()
+    service = service.replace("/opt/shardsmith/tools/schedule/refresh.sh", str(SCHEDULE / "refresh.sh"))
+    service = service.replace("User=datasets", "User=root").replace("/data/mydataset", str(tmp_path))
+    (tmp_path / "shardsmith-refresh.service").write_text(service)
+    shutil.copy(SCHEDULE / "shardsmith-refresh.timer", tmp_path)
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", "shardsmith-refresh.service", "shardsmith-refresh.timer"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "shardsmith-refresh" not in proc.stderr, proc.stderr

@@ -1,0 +1,174 @@
+"""Config: the schema fills defaults and refuses typos; check_config refuses overlapping folders."""
+
+import copy
+from pathlib import Path
+
+import pytest
+from snakemake.utils import validate
+from workflow_helpers import REPO
+
+from shardsmith.core.config import check_config, schema_error_message
+from shardsmith.core.errors import ConfigError
+
+SCHEMA = str(REPO / "config" / "config.schema.yaml")
+
+
+def minimal() -> dict:
+    return {
+        "dataset": "ds",
+        "paths": {"raw": "r", "work": "w", "output": "o"},
+        "sources": [{"name": "m", "type": "manifest", "path": "m.tsv"}],
+    }
+
+
+def test_schema_fills_defaults():
+    config = minimal()
+    validate(config, schema=SCHEMA)
+    assert config["version"] == "v1"
+    assert config["part_size"] == 5000 and config["samples_per_shard"] == 10000
+    assert config["paths"]["logs"] == "logs"
+    assert config["resize"] == {
+        "max_side": 1024,
+        "max_pixels": 25_000_000,
+        "min_side": 32,
+        "quality": 90,
+        "max_decode_pixels": 178_956_970,
+    }
+    assert config["captions"]["fields"] == ["txt", "caption", "json.caption", "json.description", "alt"]
+    assert config["validate"] == {"min_shards": 1, "decode_per_shard": 64}
+    assert config["publish"] == {
+        "dest": None, "keep_versions": None, "verify": "readback", "hardlink": True, "multipart_threshold": None,
+        "multipart_chunksize": None, "max_concurrent_requests": None, "dedupe": True,
+    }  # fmt: skip
+    assert config["sources"][0]["url_column"] == "url" and config["sources"][0]["format"] == "auto"
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda c: c.update(part_sise=10), "part_sise"),
+        (lambda c: c["sources"][0].update(url_col="link"), "url_col"),
+        (lambda c: c.update(resize={"max_sid": 512}), "max_sid"),
+        (lambda c: c.update(part_size="ten"), "part_size"),
+        (lambda c: c.update(samples_per_shard=0), "samples_per_shard"),
+        (lambda c: c["sources"][0].update(type="website"), "type"),
+        (lambda c: c.update(dataset="Has Spaces"), "dataset"),
+    ],
+)
+def test_schema_refuses_unknown_keys_and_wrong_types_naming_the_key(edit, named):
+    config = minimal()
+    edit(config)
+    with pytest.raises(Exception) as e:
+        validate(config, schema=SCHEMA)
+    assert named in str(e.value)
+
+
+@pytest.fixture
+def sane(tmp_path) -> dict:
+    """A layout that must be accepted: inputs under data/, each output in its own folder under run/."""
+    data, run = tmp_path / "data", tmp_path / "run"
+    (data / "photos").mkdir(parents=True)
+    (data / "shards").mkdir()
+    (data / "manifest.tsv").write_text("cap\turl\n")
+    config = {
+        "dataset": "ds",
+        "paths": {k: str(run / k) for k in ("raw", "work", "output", "logs")},
+        "publish": {"dest": str(tmp_path / "fast")},
+        "sources": [
+            {"name": "tsv", "type": "manifest", "path": str(data / "manifest.tsv"), "columns": ["caption", "url"]},
+            {"name": "photos", "type": "folder", "path": str(data / "photos")},
+            {"name": "old", "type": "shards", "path": str(data / "shards" / "old-{000000..000001}.tar")},
+        ],
+    }
+    validate(config, schema=SCHEMA)
+    return config
+
+
+def test_a_sane_layout_is_accepted(sane):
+    check_config(sane)
+
+
+def test_remote_publish_dest_and_remote_shards_are_not_checked_as_folders(sane):
+    sane["publish"]["dest"] = "s3://bucket/datasets"
+    sane["sources"][2]["path"] = "https://host/old-{000000..000001}.tar"
+    check_config(sane)
+
+
+def _set(config: dict, dotted: str, value) -> None:
+    *parents, last = dotted.split(".")
+    node = config
+    for p in parents:
+        node = node[int(p)] if p.isdigit() else node[p]
+    node[last] = value
+
+
+def refusals():
+    """(what, edit of the sane config (may create files), config keys the message must name)."""
+
+    def manifest_in_work(c):
+        work = Path(c["paths"]["work"])
+        work.mkdir(parents=True)
+        (work / "m.tsv").write_text("x\ty\n")
+        c["sources"][0]["path"] = str(work / "m.tsv")
+
+    return [
+        ("raw == work", lambda c: _set(c, "paths.raw", c["paths"]["work"]), ["paths.raw", "paths.work"]),
+        (
+            "output inside work",
+            lambda c: _set(c, "paths.output", c["paths"]["work"] + "/out"),
+            ["paths.work", "paths.output"],
+        ),
+        (
+            "dest inside output",
+            lambda c: _set(c, "publish.dest", c["paths"]["output"] + "/pub"),
+            ["paths.output", "publish.dest"],
+        ),
+        ("logs == raw", lambda c: _set(c, "paths.logs", c["paths"]["raw"]), ["paths.raw", "paths.logs"]),
+        (
+            "image dir used as raw cache",
+            lambda c: _set(c, "paths.raw", c["sources"][1]["path"]),
+            ["paths.raw", "sources[1]", "photos"],
+        ),
+        (
+            "output inside image dir",
+            lambda c: _set(c, "paths.output", c["sources"][1]["path"] + "/out"),
+            ["paths.output", "sources[1]"],
+        ),
+        ("manifest inside work", manifest_in_work, ["sources[0]", "paths.work"]),
+        (
+            "work inside the shards folder",
+            lambda c: _set(c, "paths.work", str(Path(c["sources"][2]["path"]).parent / "w")),
+            ["paths.work", "sources[2]"],
+        ),
+        (
+            "missing folder source",
+            lambda c: _set(c, "sources.1.path", c["sources"][1]["path"] + "-nope"),
+            ["sources[1]", "does not exist"],
+        ),
+        (
+            "missing manifest",
+            lambda c: _set(c, "sources.0.path", c["sources"][0]["path"] + ".nope"),
+            ["sources[0]", "does not exist"],
+        ),
+        ("duplicate source names", lambda c: _set(c, "sources.2.name", "tsv"), ["sources", "tsv", "unique"]),
+        ("columns on a folder source", lambda c: _set(c, "sources.1.columns", ["url"]), ["sources[1]", "columns"]),
+        (
+            "a network that is not one",
+            lambda c: _set(c, "download", {"allow_networks": ["10.0.0.0/8", "intranet"]}),
+            ["download.allow_networks", "'intranet'", "CIDR"],
+        ),
+    ]
+
+
+@pytest.mark.parametrize(("what", "edit", "named"), refusals(), ids=[r[0] for r in refusals()])
+def test_check_config_refuses_overlaps_naming_the_offending_keys(sane, what, edit, named):
+    config = copy.deepcopy(sane)
+    edit(config)
+    with pytest.raises(ConfigError) as e:
+        check_config(config)
+    for key in named:
+        assert key in str(e.value), f"{what}: {e.value}"
+
+
+def test_schema_error_message_without_a_schema_error_keeps_the_first_line():
+    assert schema_error_message(RuntimeError("WorkflowError:\nsomething broke\nmore")) == "something broke"

@@ -1,0 +1,58 @@
+"""The scheduling loop (shardsmith.download.fetch.dispatch) on 127.0.0.1: concurrency, per-host rate, Retry-After, the
+deadline."""
+
+import time
+from email.utils import formatdate
+
+from generated import jpeg_bytes
+from httpserver import Reply
+
+from tests.download.fetch.test_client import fetch, summary
+
+
+def test_per_host_concurrency_is_never_exceeded_but_is_used(http_server):
+    img = jpeg_bytes()
+    urls = {f"i{i}": http_server.route(f"/slow{i}.jpg", Reply(body=img, delay=0.2)) for i in range(10)}
+    out = fetch(urls, concurrency=8, per_host_concurrency=3)
+    assert all(o.ok for o in out.values())
+    assert http_server.max_in_flight == 3
+
+
+def test_per_host_rate_spaces_request_starts(http_server):
+    img = jpeg_bytes()
+    urls = {f"i{i}": http_server.route(f"/r{i}.jpg", Reply(body=img)) for i in range(5)}
+    out = fetch(urls, per_host_rate=10)
+    assert all(o.ok for o in out.values())
+    starts = sorted(t for i in range(5) for t in http_server.times(f"/r{i}.jpg"))
+    assert min(b - a for a, b in zip(starts, starts[1:])) >= 0.09  # 10 per second: 0.1 s apart
+
+
+def test_retry_after_is_capped_and_pauses_the_whole_host(http_server):
+    img = jpeg_bytes()
+    s = http_server
+    urls = {
+        "limited": s.route("/limited.jpg", Reply(429, b"", [("Retry-After", "3600")]), Reply(body=img)),
+        "dated": s.route(
+            "/dated.jpg",
+            Reply(503, b"", [("Retry-After", formatdate(time.time() + 3600, usegmt=True))]),
+            Reply(body=img),
+        ),
+    }
+    t0 = time.monotonic()
+    out = fetch(urls, concurrency=1, retry_after_max_s=0.4)
+    assert [summary(o) for o in out.values()] == [("ok", 200, 2), ("ok", 200, 2)]
+    assert time.monotonic() - t0 < 10  # capped at 0.4 s, not an hour
+    first, second = s.times("/limited.jpg"), s.times("/dated.jpg")
+    # the second URL's first request waited for the pause that the first URL's 429 put on the host
+    assert second[0] - first[0] >= 0.35
+
+
+def test_part_deadline_ends_the_job_even_when_every_server_stalls(http_server):
+    urls = {f"i{i}": http_server.route(f"/stall{i}.jpg", Reply(body=b"x", stall=60)) for i in range(12)}
+    t0 = time.monotonic()
+    out = fetch(urls, concurrency=4, read_timeout_s=60, request_timeout_s=120, part_deadline_s=1.0)
+    took = time.monotonic() - t0
+    assert took < 10  # read timeouts of 60 s did not hold the job: the deadline did
+    assert {o.reason for o in out.values()} == {"deadline"}
+    assert sum(o.attempts for o in out.values()) == 4  # four were in flight; the rest never started
+    assert all("deadline" in o.detail for o in out.values())

@@ -1,0 +1,313 @@
+"""Processing while downloading: images are resized as they arrive, in a child process, with the same result
+as processing the raw tar afterwards; a failure fails the part and leaves no file behind."""
+
+import json
+import tarfile
+import threading
+import time
+
+import pandas as pd
+import pytest
+from generated import jpeg_bytes
+from httpserver import Reply
+
+from shardsmith.core.atomic import atomic_open
+from shardsmith.core.leftovers import find_leftovers
+from shardsmith.download.part import download_part
+from shardsmith.download.process.captions import CaptionSettings
+from shardsmith.download.process.child import ChildProcessor, PartProcessor, process_part
+from shardsmith.download.process.resize import ResizeSettings
+from shardsmith.download.rawcache import encode_fields, write_raw
+from shardsmith.download.sources import plan_parts
+from shardsmith.formats.tario import ShardWriter
+from tests.download.test_part import FAST
+
+RESIZE = ResizeSettings(max_side=64, min_side=8)
+
+
+def ok_status(n: int) -> list[dict]:
+    """Status rows of `n` records of source `web`, all downloaded."""
+    return [
+        {"key": f"web-{i}", "source": "web", "source_id": f"u{i}", "url": f"u{i}", "rid": i, "status": "ok",
+         "reason": "", "detail": ""}
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def manifest_part(tmp_path, rows: list[dict]) -> tuple[str, dict]:
+    path = tmp_path / "manifest.parquet"
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    source = {"name": "web", "type": "manifest", "path": str(path), "url_column": "url"}
+    [pid] = plan_parts([source], 100, tmp_path / "parts")
+    return str(tmp_path / "parts" / f"{pid}.parquet"), source
+
+
+def members(path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar}
+
+
+def serve_mix(s) -> tuple[list[dict], bytes, bytes]:
+    """A passthrough JPEG, one to shrink, a truncated one and a 404, with captions; (rows, small, truncated)."""
+    small, big = jpeg_bytes((40, 30)), jpeg_bytes((200, 100), (10, 200, 30))
+    truncated = big[: len(big) * 2 // 3]
+    s.route("/small.jpg", Reply(body=small))
+    s.route("/big.jpg", Reply(body=big))
+    s.route("/cut.jpg", Reply(body=truncated))
+    s.route("/gone.jpg", Reply(status=404, body=b"no"))
+    rows = [{"url": s.url(f"/{n}.jpg"), "caption": f"photo {n}"} for n in ("small", "big", "cut", "gone")]
+    return rows, small, truncated
+
+
+def test_images_are_resized_while_the_part_still_downloads(tmp_path, http_server):
+    """The fast records are processed before the slow one has even arrived."""
+    s = http_server
+    for i in range(3):
+        s.route(f"/f{i}.jpg", Reply(body=jpeg_bytes((100 + i, 80))))
+    s.route("/slow.jpg", Reply(body=jpeg_bytes(), delay=3.0))
+    rows = [{"url": s.url(p), "caption": "c"} for p in ("/f0.jpg", "/f1.jpg", "/slow.jpg", "/f2.jpg")]
+    records, source = manifest_part(tmp_path, rows)
+    done_at: dict[int, float] = {}
+
+    class Timed(PartProcessor):
+        def _run(self, rid, *args):
+            super()._run(rid, *args)
+            done_at[rid] = time.monotonic()
+
+    proc = Timed(str(tmp_path / "p.tar"), RESIZE, CaptionSettings())
+    status = download_part(
+        records,
+        str(tmp_path / "raw.tar"),
+        str(tmp_path / "st.parquet"),
+        source,
+        {**FAST, "read_timeout_s": 5, "request_timeout_s": 10},
+        log=lambda m: None,
+        processor=proc,
+    )
+    downloaded = time.monotonic()
+    assert proc.finish(status, str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet")) == (4, 0)
+    slow = int(status.loc[status["url"].str.endswith("/slow.jpg"), "rid"].iloc[0])
+    assert max(t for rid, t in done_at.items() if rid != slow) < downloaded - 1.0
+
+
+def test_the_child_process_gives_the_part_that_processing_the_raw_tar_gives(tmp_path, http_server):
+    """Same samples table and member bytes; a passthrough JPEG is the fetched body, a truncated one is
+    rejected, a failed download is in the ledger: every record ends in exactly one table."""
+    rows, small, _ = serve_mix(http_server)
+    records, source = manifest_part(tmp_path, rows)
+    child = ChildProcessor(str(tmp_path / "child.tar"), RESIZE, CaptionSettings())
+    status = download_part(
+        records,
+        str(tmp_path / "raw.tar"),
+        str(tmp_path / "st.parquet"),
+        source,
+        FAST,
+        log=lambda m: None,
+        processor=child,
+    )
+    assert child.finish(status, str(tmp_path / "child.samples.parquet"), str(tmp_path / "child.rejected.parquet")) == (
+        2,
+        2,
+    )
+    again = process_part(
+        str(tmp_path / "raw.tar"), str(tmp_path / "st.parquet"), str(tmp_path / "again.tar"),
+        str(tmp_path / "again.samples.parquet"), str(tmp_path / "again.rejected.parquet"), RESIZE, CaptionSettings(),
+    )  # fmt: skip
+    assert again == (2, 2)
+
+    def content(name: str) -> tuple[list[dict], list[dict], list]:
+        samples = pd.read_parquet(tmp_path / f"{name}.samples.parquet")
+        offsets = [c for c in samples if c.endswith(("_offset", "_size"))]
+        tar = members(tmp_path / f"{name}.tar")
+        return (
+            samples.drop(columns=offsets).to_dict("records"),
+            pd.read_parquet(tmp_path / f"{name}.rejected.parquet").to_dict("records"),
+            [tar[f"{k}.{e}"] for k in samples["key"] for e in ("jpg", "txt", "json")],
+        )
+
+    assert content("child") == content("again")
+    samples, rejected, _ = content("child")
+    assert [r["passthrough"] for r in samples] == [True, False]
+    key = samples[0]["key"]
+    assert members(tmp_path / "child.tar")[f"{key}.jpg"] == small  # byte for byte what the server sent
+    assert json.loads(members(tmp_path / "child.tar")[f"{key}.json"])["fields"]["caption"] == "photo small"
+    assert sorted((r["stage"], r["reason"]) for r in rejected) == [("download", "not_found"), ("resize", "truncated")]
+
+
+def test_a_failure_in_the_child_fails_the_part_and_leaves_no_file(tmp_path):
+    """An image that cannot be read back (the raw tar cut short) is an error of the job, not a lost record."""
+    raw = tmp_path / "raw.tar"
+    raw.write_bytes(b"\0" * 1024)
+    child = ChildProcessor(str(tmp_path / "p.tar"), RESIZE, CaptionSettings())
+    child.read_from(raw)
+    record = {"key": "web-0", "source": "web", "source_id": "u0", "url": "u0"}
+    child.submit(0, record, b"{}", where=(512, 4096))
+    status = pd.DataFrame([{**record, "rid": 0, "status": "ok", "reason": "", "detail": ""}])
+    with pytest.raises(RuntimeError, match="in the resize process: OSError: raw tar: short read"):
+        child.finish(status, str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.tar"] and find_leftovers([tmp_path]) == []
+
+
+def test_an_aborted_part_leaves_no_file(tmp_path):
+    for proc in (
+        ChildProcessor(str(tmp_path / "c.tar"), RESIZE, CaptionSettings()),
+        PartProcessor(str(tmp_path / "p.tar"), RESIZE, CaptionSettings()),
+    ):
+        proc.abort()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_held_images_stay_within_the_memory_bound(tmp_path):
+    """Beyond `hold_bytes`, a submission carries only where its image lies and is read back when its turn comes."""
+    images = [jpeg_bytes((60 + i, 40)) for i in range(6)]
+    raw = tmp_path / "raw.tar"
+    from shardsmith.core.atomic import atomic_open
+    from shardsmith.formats.tario import ShardWriter
+
+    where = []
+    with atomic_open(raw) as f, ShardWriter(f) as w:
+        for i, data in enumerate(images):
+            where.append(w.write(f"r{i:07d}", {"img": data, "meta": b"{}"})["img"])
+    gate = threading.Event()
+    held = []
+
+    class Gated(PartProcessor):
+        def _run(self, rid, record, fields, data, loc):
+            held.append(data is not None)
+            gate.wait(10)
+            super()._run(rid, record, fields, data, loc)
+
+    proc = Gated(str(tmp_path / "p.tar"), RESIZE, CaptionSettings(), hold_bytes=len(images[0]) * 2)
+    proc.read_from(raw)
+    rows = ok_status(6)
+    for i, data in enumerate(images):
+        proc.submit(i, rows[i], {"caption": f"c{i}"}, data, where[i])
+    assert proc._held <= len(images[0]) * 2
+    gate.set()
+    for f in proc._futures:
+        f.result()
+    kept = [v for row, _ in proc.results.values() for v in row.values()]
+    assert not any(isinstance(v, bytes) for v in kept)  # done images are not held until finish
+    assert proc.finish(pd.DataFrame(rows), str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet")) == (6, 0)
+    assert held.count(True) == 2 and held.count(False) == 4
+
+
+def _faults_per_image(conn) -> None:
+    """In a fresh process with the resize process's allocator settings: minor page faults per image over a
+    second pass through web-size images of alternating sizes (a large one's freed buffer is what the next
+    large one needs)."""
+    import io
+    import resource
+
+    import numpy as np
+    from PIL import Image
+
+    from shardsmith.download.process.child import tune_allocator
+    from shardsmith.download.process.resize import process_image
+
+    tune_allocator()
+    rng = np.random.default_rng(0)
+    images = []
+    for i in range(12):
+        w, h = (1400 + 10 * i, 1000) if i % 2 else (300, 200 + 10 * i)
+        pixels = np.linspace(0, 255, w, dtype=np.float32)[None, :, None] + rng.normal(0, 20, (h, w, 3))
+        im = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+        buf = io.BytesIO()
+        im.save(buf, "JPEG", quality=80) if i % 4 < 2 else im.convert("RGBA").save(buf, "PNG", compress_level=1)
+        images.append(buf.getvalue())
+    del pixels, im
+    settings = ResizeSettings(max_side=512)
+    for data in images:  # warm: imports, the heap's first growth
+        process_image(data, settings)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for data in images:
+        process_image(data, settings)
+    conn.send((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / len(images))
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's malloc settings")
+def test_the_resize_process_reuses_freed_decode_buffers():
+    """Decode buffers of web-size images (a few MB) are reused by the next image, not returned to the OS
+    and faulted in again page by page: that cost a fifth of the codec's time in system CPU."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # a fresh heap, as the resize process has
+    parent, child = ctx.Pipe()
+    p = ctx.Process(target=_faults_per_image, args=(child,))
+    p.start()
+    faults = parent.recv()
+    p.join()
+    # a 1400x1000 PNG decodes to 5.6 MB, about 1,400 pages of 4 KiB; with large buffers returned and
+    # nothing else, this set usually costs about 700 faults an image (glibc trims the freed heap at once)
+    assert faults < 50
+
+
+def test_rejected_images_are_not_held_until_the_part_is_done(tmp_path):
+    """A rejection's traceback holds the decoder's frames and the image's bytes: kept as raised, every
+    rejected image of a part stayed in memory until the part finished."""
+    import io
+    import tracemalloc
+
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (900, 1200, 3), dtype=np.uint8)).save(
+        buf, "JPEG", quality=95
+    )
+    jpeg = buf.getvalue()  # about 1.3 MB
+    rows = ok_status(12)
+    proc = PartProcessor(str(tmp_path / "p.tar"), ResizeSettings(max_side=512), CaptionSettings(), hold_bytes=64 << 20)
+    tracemalloc.start()
+    try:
+        for i in range(12):
+            proc.submit(i, rows[i], {"caption": f"c{i}"}, jpeg[: (1 << 20) - i])  # a new 1 MB object each, cut short
+        for f in proc._futures:
+            f.result()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert all(isinstance(r, Exception) and r.reason == "truncated" for r, _ in proc.results.values())
+    assert held < 4 << 20, f"{held >> 20} MiB still held after 12 rejected images of 1 MB"
+    proc.finish(pd.DataFrame(rows), str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet"))
+
+
+def test_process_follows_record_order_whatever_order_the_raw_tar_holds(tmp_path):
+    """Downloads write bodies as they arrive and images are processed as they come; the samples table (and so
+    every shard) is in record order, its offsets point at each sample's own members, and a record whose
+    bytes are missing from the raw tar ends in the ledger, not nowhere."""
+    raw, rows = tmp_path / "raw.tar", []
+    with atomic_open(raw) as f, ShardWriter(f) as w:
+        for rid in (3, 0, 2):  # arrival order; rid 1 is "ok" in the status but its bytes are missing
+            write_raw(w, rid, jpeg_bytes((40 + rid, 40)), encode_fields({"txt": f"c{rid}"}))
+    for rid in range(4):
+        rows.append(
+            {
+                "rid": rid,
+                "source": "web",
+                "source_id": f"id{rid}",
+                "url": f"u{rid}",
+                "key": f"web-{rid}",
+                "status": "ok",
+                "reason": "",
+                "detail": "",
+            }
+        )
+    pd.DataFrame(rows).to_parquet(tmp_path / "status.parquet")
+    out = {k: str(tmp_path / f"p.{k}") for k in ("tar", "samples.parquet", "rejected.parquet")}
+    kept, rejected = process_part(
+        str(raw), str(tmp_path / "status.parquet"), out["tar"], out["samples.parquet"], out["rejected.parquet"],
+        ResizeSettings(min_side=8), CaptionSettings(),
+    )  # fmt: skip
+    assert (kept, rejected) == (3, 1)
+    samples = pd.read_parquet(out["samples.parquet"])
+    assert list(samples["key"]) == ["web-0", "web-2", "web-3"]
+    with tarfile.open(out["tar"]) as tar:
+        at = {(i.offset_data, i.size): i.name for i in tar}
+    for row in samples.to_dict("records"):
+        assert [at[(row[f"{e}_offset"], row[f"{e}_size"])] for e in ("jpg", "txt", "json")] == [
+            f"{row['key']}.{e}" for e in ("jpg", "txt", "json")
+        ]
+    assert list(samples["width_before"]) == [40, 42, 43]
+    [miss] = pd.read_parquet(out["rejected.parquet"]).to_dict("records")
+    assert (miss["key"], miss["stage"], miss["reason"]) == ("web-1", "process", "missing_raw")

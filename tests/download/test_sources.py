@@ -1,0 +1,218 @@
+"""Planning: every source split deterministically into part parquets of records."""
+
+import gzip
+import json
+
+import pandas as pd
+import pytest
+from httpserver import Reply
+from servers import ALLOW_LOOPBACK
+
+from shardsmith.core.errors import ConfigError
+from shardsmith.core.keys import make_key
+from shardsmith.download.sources import RECORD_COLUMNS, plan_parts
+
+
+def manifest(name: str, path, **extra) -> dict:
+    return {"name": name, "type": "manifest", "path": str(path), "url_column": "url", **extra}
+
+
+def plan(tmp_path, *sources, part_size: int = 100) -> tuple[list[str], dict[str, pd.DataFrame]]:
+    out = tmp_path / "parts"
+    ids = plan_parts(list(sources), part_size, out)
+    return ids, {i: pd.read_parquet(out / f"{i}.parquet") for i in ids}
+
+
+def fields(df: pd.DataFrame) -> list[dict]:
+    return [json.loads(f) for f in df["fields"]]
+
+
+def test_headerless_tsv_uses_declared_column_order_cc3m(tmp_path):
+    (tmp_path / "cc3m.tsv").write_text('a "quoted" dog\thttp://x/1.jpg\nA cat, sitting\thttp://x/2.jpg\n')
+    ids, parts = plan(tmp_path, manifest("cc3m", tmp_path / "cc3m.tsv", columns=["caption", "url"]))
+    df = parts["cc3m-000000"]
+    assert ids == ["cc3m-000000"] and list(df.columns) == RECORD_COLUMNS
+    assert list(df["url"]) == ["http://x/1.jpg", "http://x/2.jpg"]
+    assert fields(df)[0] == {"caption": 'a "quoted" dog', "url": "http://x/1.jpg"}
+    assert list(df["key"]) == ["cc3m-cc3m-000000000", "cc3m-cc3m-000000001"]
+    assert list(df["source_id"]) == [f"{tmp_path / 'cc3m.tsv'}:1", f"{tmp_path / 'cc3m.tsv'}:2"]
+
+
+def test_headerless_tsv_uses_declared_column_order_cc12m(tmp_path):
+    (tmp_path / "cc12m.tsv").write_text("http://x/1.jpg\tfirst caption\nhttp://x/2.jpg\tsecond\n")
+    _, parts = plan(tmp_path, manifest("cc12m", tmp_path / "cc12m.tsv", columns=["url", "caption"]))
+    df = parts["cc12m-000000"]
+    assert list(df["url"]) == ["http://x/1.jpg", "http://x/2.jpg"]
+    assert [f["caption"] for f in fields(df)] == ["first caption", "second"]
+
+
+def test_gzipped_csv_with_header_is_read_with_quoting(tmp_path):
+    path = tmp_path / "m.csv.gz"
+    pd.DataFrame({"url": ["a.jpg", "b.jpg"], "caption": ['say "hi", twice', ""]}).to_csv(path, index=False)
+    _, parts = plan(tmp_path, manifest("gz", path))
+    df = parts["gz-000000"]
+    assert list(df["url"]) == ["a.jpg", "b.jpg"]
+    assert fields(df) == [{"caption": 'say "hi", twice', "url": "a.jpg"}, {"caption": "", "url": "b.jpg"}]
+    assert list(df["key"]) == ["gz-m-000000000", "gz-m-000000001"]
+
+
+def test_jsonl_records_keep_nested_fields_and_missing_url_becomes_empty(tmp_path):
+    rows = [{"url": "a.jpg", "caption": "one", "meta": {"w": 3}}, {"url": None, "caption": "two"}]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, parts = plan(tmp_path, manifest("js", tmp_path / "m.jsonl"))
+    df = parts["js-000000"]
+    assert list(df["url"]) == ["a.jpg", ""]
+    assert fields(df)[0] == {"caption": "one", "meta": {"w": 3}, "url": "a.jpg"}
+
+
+def test_parquet_key_column_gives_keys_and_is_carried_into_fields(tmp_path):
+    path = tmp_path / "m.parquet"
+    pd.DataFrame({"uid": ["u.1", "u/2"], "url": ["a.jpg", "b.jpg"], "caption": ["x", "y"]}).to_parquet(path)
+    _, parts = plan(tmp_path, manifest("pq", path, key_column="uid"))
+    df = parts["pq-000000"]
+    assert list(df["key"]) == [make_key("pq", "u.1"), make_key("pq", "u/2")] == ["pq-u_1", "pq-u_2"]
+    assert fields(df)[1] == {"caption": "y", "uid": "u/2", "url": "b.jpg"}
+
+
+def test_carry_columns_limit_the_fields(tmp_path):
+    path = tmp_path / "m.parquet"
+    pd.DataFrame({"url": ["a.jpg"], "caption": ["x"], "secret": ["s"]}).to_parquet(path)
+    _, parts = plan(tmp_path, manifest("pq", path, carry_columns=["caption"]))
+    assert fields(parts["pq-000000"]) == [{"caption": "x"}]
+
+
+def test_parts_have_part_size_records_with_rids_from_zero(tmp_path):
+    (tmp_path / "m.tsv").write_text("".join(f"cap {i}\t{i}.jpg\n" for i in range(25)))
+    ids, parts = plan(tmp_path, manifest("big", tmp_path / "m.tsv", columns=["caption", "url"]), part_size=10)
+    assert ids == ["big-000000", "big-000001", "big-000002"]
+    assert [len(parts[i]) for i in ids] == [10, 10, 5]
+    for i in ids:
+        assert list(parts[i]["rid"]) == list(range(len(parts[i])))
+        assert set(parts[i]["source"]) == {"big"}
+    all_urls = [u for i in ids for u in parts[i]["url"]]
+    assert all_urls == [f"{i}.jpg" for i in range(25)]
+
+
+def test_parts_never_span_two_manifest_files_of_a_glob(tmp_path):
+    (tmp_path / "a.tsv").write_text("".join(f"c\ta{i}.jpg\n" for i in range(3)))
+    (tmp_path / "b.tsv").write_text("".join(f"c\tb{i}.jpg\n" for i in range(4)))
+    ids, parts = plan(tmp_path, manifest("two", tmp_path / "*.tsv", columns=["caption", "url"]), part_size=5)
+    assert ids == ["two-000000", "two-000001"]
+    assert list(parts["two-000000"]["url"]) == ["a0.jpg", "a1.jpg", "a2.jpg"]
+    assert list(parts["two-000001"]["url"]) == ["b0.jpg", "b1.jpg", "b2.jpg", "b3.jpg"]
+    assert list(parts["two-000001"]["rid"]) == [0, 1, 2, 3]
+
+
+def test_manifest_files_with_dotted_names_get_distinct_keys(tmp_path):
+    for year in ("2023", "2024"):
+        (tmp_path / f"cap.{year}.tsv").write_text("c\tx.jpg\n")
+    ids, parts = plan(tmp_path, manifest("m", tmp_path / "cap.*.tsv", columns=["caption", "url"]))
+    keys = [k for i in ids for k in parts[i]["key"]]
+    assert len(set(keys)) == len(keys) == 2
+
+
+def test_missing_url_column_is_a_config_error_listing_the_columns(tmp_path):
+    path = tmp_path / "m.csv"
+    pd.DataFrame({"link": ["a.jpg"], "caption": ["x"]}).to_csv(path, index=False)
+    with pytest.raises(ConfigError) as e:
+        plan(tmp_path, manifest("m", path))
+    assert "'url'" in str(e.value) and "url_column" in str(e.value)
+    assert "['link', 'caption']" in str(e.value)
+
+
+def test_missing_default_url_column_is_a_config_error(tmp_path):
+    (tmp_path / "m.tsv").write_text("x\thttp://a\n")
+    src = {"name": "m", "type": "manifest", "path": str(tmp_path / "m.tsv"), "columns": ["caption", "link"]}
+    with pytest.raises(ConfigError, match="url"):
+        plan(tmp_path, src)
+
+
+def test_missing_key_column_is_a_config_error(tmp_path):
+    path = tmp_path / "m.parquet"
+    pd.DataFrame({"url": ["a.jpg"]}).to_parquet(path)
+    with pytest.raises(ConfigError, match="'uid'"):
+        plan(tmp_path, manifest("m", path, key_column="uid"))
+
+
+def make_folder(root):
+    for rel in ["b.jpg", "a.PNG", "sub/c.webp", "sub/deeper/d.jpeg", "photo.v2.jpg"]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"img")
+    for rel in ["b.txt", "b.json", ".hidden.jpg", "notes.md", "sub/c.txt", "noext", "jpg"]:
+        (root / rel).write_bytes(b"x")
+    return root
+
+
+def test_folder_source_lists_images_sorted_recursively_and_skips_other_files(tmp_path):
+    root = make_folder(tmp_path / "imgs")
+    _, parts = plan(tmp_path, {"name": "f", "type": "folder", "path": str(root)})
+    df = parts["f-000000"]
+    assert list(df["source_id"]) == ["a.PNG", "b.jpg", "photo.v2.jpg", "sub/c.webp", "sub/deeper/d.jpeg"]
+    assert list(df["url"]) == [str(root / s) for s in df["source_id"]]
+    assert list(df["key"]) == ["f-a", "f-b", "f-photo_v2", "f-sub_c", "f-sub_deeper_d"]
+    assert all("." not in k for k in df["key"])
+
+
+def test_folder_source_honours_image_extensions(tmp_path):
+    root = make_folder(tmp_path / "imgs")
+    _, parts = plan(tmp_path, {"name": "f", "type": "folder", "path": str(root), "image_extensions": [".WEBP"]})
+    assert list(parts["f-000000"]["source_id"]) == ["sub/c.webp"]
+
+
+def test_folder_source_skips_hidden_folders(tmp_path):
+    root = tmp_path / "imgs"
+    (root / ".thumbnails").mkdir(parents=True)
+    (root / ".thumbnails" / "a.jpg").write_bytes(b"thumb")
+    (root / "a.jpg").write_bytes(b"img")
+    _, parts = plan(tmp_path, {"name": "f", "type": "folder", "path": str(root)})
+    assert list(parts["f-000000"]["source_id"]) == ["a.jpg"]
+
+
+def test_shards_source_gives_one_part_per_expanded_path(tmp_path):
+    pattern = str(tmp_path / "old-{000000..000002}.tar")
+    ids, parts = plan(tmp_path, {"name": "old", "type": "shards", "path": pattern})
+    assert ids == ["old-000000", "old-000001", "old-000002"]
+    assert [list(parts[i]["url"]) for i in ids] == [[str(tmp_path / f"old-00000{n}.tar")] for n in range(3)]
+
+
+@pytest.mark.parametrize("kind", ["folder", "manifest"])
+def test_a_source_without_records_is_a_config_error(tmp_path, kind):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "m.csv").write_text("url,caption\n")
+    src = {"name": "nothing", "type": kind, "path": str(tmp_path / ("empty" if kind == "folder" else "m.csv"))}
+    with pytest.raises(ConfigError, match="nothing .* has no records"):
+        plan(tmp_path, {"url_column": "url", **src} if kind == "manifest" else src)
+
+
+def test_remote_manifests_are_read_through_the_projects_own_clients(tmp_path, http_server, s3_server, s3_bucket):
+    from shardsmith.download.fetch.client import Fetcher
+    from shardsmith.download.fetch.settings import FetchSettings
+    from shardsmith.storage.s3 import run
+
+    rows = pd.DataFrame({"url": ["http://x/a.jpg", "http://x/b.jpg"], "caption": ["a cat", "a dog"]})
+    rows.to_parquet(tmp_path / "m.parquet", index=False)
+    parquet_url = http_server.route("/data/m.parquet?sig=abc", Reply(body=(tmp_path / "m.parquet").read_bytes()))
+    (tmp_path / "m.tsv.gz").write_bytes(gzip.compress(b"a bird\thttp://x/c.jpg\nthe sea\thttp://x/d.jpg\n"))
+    run(s3_server, "s3", "cp", str(tmp_path / "m.tsv.gz"), f"s3://{s3_bucket}/cc3m/m.tsv.gz")
+    fetcher = Fetcher(FetchSettings(**ALLOW_LOOPBACK), s3_server, log=lambda _: None)
+    sources = [
+        manifest("web", parquet_url),  # parquet over http, format told from the URL's path, query aside
+        manifest("bucket", f"s3://{s3_bucket}/cc3m/m.tsv.gz", columns=["caption", "url"]),  # gzipped TSV on S3
+    ]
+    ids = plan_parts(sources, 100, tmp_path / "parts", fetcher)
+    web, bucket = (pd.read_parquet(tmp_path / "parts" / f"{i}.parquet") for i in ids)
+    assert (
+        list(web["url"]) == ["http://x/a.jpg", "http://x/b.jpg"] and http_server.count("/data/m.parquet?sig=abc") == 1
+    )
+    assert [f["caption"] for f in fields(bucket)] == ["a bird", "the sea"]
+    assert list(bucket["source_id"]) == [f"s3://{s3_bucket}/cc3m/m.tsv.gz:1", f"s3://{s3_bucket}/cc3m/m.tsv.gz:2"]
+    assert not list(tmp_path.glob("**/shardsmith-manifest-*"))  # the copies are gone
+
+
+def test_a_remote_manifest_that_cannot_be_read_is_a_one_line_config_error(tmp_path, http_server):
+    from shardsmith.download.fetch.client import Fetcher
+    from shardsmith.download.fetch.settings import FetchSettings
+
+    fetcher = Fetcher(FetchSettings(retries=0, **ALLOW_LOOPBACK), log=lambda _: None)
+    with pytest.raises(ConfigError, match=r"manifest http://127\.0\.0\.1:\d+/gone\.tsv cannot be read: not_found"):
+        plan_parts([manifest("web", http_server.url("/gone.tsv"))], 100, tmp_path / "parts", fetcher)

@@ -1,0 +1,63 @@
+"""The index files (shardsmith.formats.index): sizes.json, wids-index.json, manifest.parquet, rejected.parquet and
+stats.json from built shards, and a ledger that must add up."""
+
+import hashlib
+import json
+
+import pandas as pd
+import pytest
+
+from shardsmith.core.ledger import REJECT_COLUMNS
+from shardsmith.formats.index import MANIFEST_COLUMNS, LedgerMismatch, build_index, rejected_by_source
+from tests.shards.test_plan import EXPECTED_KEYS, index_args, make_built
+
+
+@pytest.fixture
+def built(tmp_path):
+    return make_built(tmp_path)
+
+
+def test_build_index_writes_index_files_that_add_up(built):
+    out = built["out"]
+    stats = build_index(**index_args(built))
+    assert json.loads((out / "sizes.json").read_text()) == {f"{n}.tar": 4 for n in built["names"]}
+    wids = json.loads((out / "wids-index.json").read_text())
+    assert wids["__kind__"] == "wids-shard-index-v1" and wids["name"] == "ds"
+    for entry, n in zip(wids["shardlist"], built["names"], strict=True):
+        data = (out / f"{n}.tar").read_bytes()
+        assert entry == {
+            "url": f"{n}.tar",
+            "nsamples": 4,
+            "md5sum": hashlib.md5(data).hexdigest(),
+            "filesize": len(data),
+        }
+    manifest = pd.read_parquet(out / "manifest.parquet")
+    assert list(manifest.columns) == MANIFEST_COLUMNS
+    assert list(manifest["key"]) == EXPECTED_KEYS
+    assert list(manifest["shard"]) == [f"ds-00000{i // 4}.tar" for i in range(12)]
+    rejected = pd.read_parquet(out / "rejected.parquet")
+    assert list(rejected.columns) == REJECT_COLUMNS and len(rejected) == 4
+    assert stats == json.loads((out / "stats.json").read_text())
+    assert stats["input_records"] == 16 == stats["published"] + stats["rejected"]
+    assert (stats["published"], stats["rejected"], stats["shards"]) == (12, 4, 3)
+    assert stats["rejected_by_stage"] == {"download": 3, "shard": 1}
+    assert stats["rejected_by_reason"] == {"download/no_url": 3, "shard/duplicate_key": 1}
+    assert stats["published_by_source"] == {"src": 12}
+    assert stats["rejected_by_source"] == {"src": 4}  # the card's per-source table, without reading the ledger
+    assert rejected_by_source(out / "rejected.parquet") == stats["rejected_by_source"]  # for an older stats.json
+    assert stats["bytes"] == sum(i["filesize"] for i in built["infos"])
+
+
+def test_build_index_refuses_a_status_row_without_outcome(built, tmp_path):
+    extra = tmp_path / "extra.status.parquet"
+    pd.DataFrame({"rid": [0]}).to_parquet(extra)
+    args = index_args(built)
+    with pytest.raises(LedgerMismatch, match="17 input records != 12 published \\+ 4 rejected"):
+        build_index(**{**args, "status_paths": [*args["status_paths"], str(extra)]})
+    assert not (built["out"] / "stats.json").exists()
+
+
+def test_build_index_refuses_shards_that_disagree_with_their_plans(built):
+    args = index_args(built)
+    with pytest.raises(LedgerMismatch, match="shards hold 8 samples"):
+        build_index(**{**args, "shard_infos": args["shard_infos"][:2]})

@@ -1,0 +1,246 @@
+"""Deterministic USTAR writing, atomic files and safe reading of foreign tars."""
+
+import hashlib
+import io
+import os
+import tarfile
+import time
+
+import pytest
+from generated import tar_entry, write_tar
+
+from shardsmith.core.atomic import atomic_open
+from shardsmith.formats.tario import (
+    HashingWriter,
+    ShardWriter,
+    iter_tar_groups,
+    read_member,
+    split_member_name,
+    ustar_header,
+    write_samples,
+)
+
+SAMPLES = [
+    ("k1", {"json": b'{"a": 1}', "txt": b"a caption", "jpg": b"\xff\xd8jpeg-1"}),
+    ("k2", {"zz": b"z", "cls": b"3", "json": b"{}", "jpg": b"\xff\xd8jpeg-2" * 100, "txt": b"another"}),
+]
+N_MEMBERS = sum(len(m) for _, m in SAMPLES)
+
+
+def write_bytes(samples=SAMPLES) -> tuple[bytes, list[dict]]:
+    buf = io.BytesIO()
+    with ShardWriter(buf) as w:
+        offsets = [w.write(key, members) for key, members in samples]
+    return buf.getvalue(), offsets
+
+
+def test_same_samples_give_byte_identical_tars_whatever_the_clock(monkeypatch):
+    first, _ = write_bytes()
+    monkeypatch.setattr(time, "time", lambda: 2_000_000_000.0)
+    second, _ = write_bytes()
+    assert first == second
+
+
+def test_members_are_plain_ustar_regular_files_with_zeroed_owner_and_time():
+    data, _ = write_bytes()
+    assert b"PaxHeader" not in data
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = tar.getmembers()
+    assert len(members) == N_MEMBERS
+    for m in members:
+        assert data[m.offset + 257 : m.offset + 265] == b"ustar\x0000"  # POSIX ustar magic + version
+        assert (m.type, m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) == (tarfile.REGTYPE, 0, 0, 0, "", "", 0o644)
+        assert "PaxHeader" not in m.name
+
+
+def tarfile_header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o644, 0, 0, "", ""
+    return info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
+
+
+@pytest.mark.parametrize(
+    "name", ["k.jpg", "a" * 96 + ".jpg", "a" * 95 + ".json", "é" * 48 + ".txt", "d/" * 60 + "k.txt", "k\udcff.txt"]
+)
+@pytest.mark.parametrize("size", [0, 1, 511, 512, 10**9, 8**11 - 1])
+def test_member_headers_are_the_bytes_tarfile_writes(name, size):
+    assert ustar_header(name, size) == tarfile_header(name, size)
+
+
+def test_member_headers_tarfile_refuses_are_refused():
+    for name, size in (("a" * 101, 1), ("k.jpg", 8**11)):  # no prefix split possible; too large for ustar
+        with pytest.raises(ValueError):
+            tarfile_header(name, size)
+        with pytest.raises(ValueError):
+            ustar_header(name, size)
+
+
+def test_hashing_writer_gives_the_digests_of_what_it_wrote(tmp_path):
+    with open(tmp_path / "s.tar", "wb") as f:
+        out = HashingWriter(f, ("md5", "sha256"))
+        with ShardWriter(out) as w:
+            for key, members in SAMPLES:
+                w.write(key, members)
+    data = (tmp_path / "s.tar").read_bytes()
+    assert data == write_bytes()[0]
+    assert out.hexdigests() == {"md5": hashlib.md5(data).hexdigest(), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_members_of_a_sample_are_ordered_jpg_txt_json_then_others_sorted():
+    data, _ = write_bytes()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        names = tar.getnames()
+    assert names == ["k1.jpg", "k1.txt", "k1.json", "k2.jpg", "k2.txt", "k2.json", "k2.cls", "k2.zz"]
+
+
+def test_returned_offsets_read_back_exactly_the_member_bytes(tmp_path):
+    data, offsets = write_bytes()
+    path = tmp_path / "s.tar"
+    path.write_bytes(data)
+    for (_, members), where in zip(SAMPLES, offsets, strict=True):
+        assert set(where) == set(members)
+        for ext, (offset, size) in where.items():
+            assert read_member(path, offset, size) == members[ext]
+
+
+def test_read_member_past_the_end_raises(tmp_path):
+    path = tmp_path / "s.tar"
+    path.write_bytes(b"x" * 10)
+    with pytest.raises(OSError, match="short read"):
+        read_member(path, 5, 10)
+
+
+@pytest.mark.parametrize("key", ["img.0", "dir/img"])
+def test_writing_a_dotted_or_slashed_key_raises(key):
+    with ShardWriter(io.BytesIO()) as w, pytest.raises(ValueError, match="must not contain"):
+        w.write(key, {"jpg": b"x"})
+
+
+def test_writing_a_key_twice_raises():
+    with ShardWriter(io.BytesIO()) as w:
+        w.write("k", {"jpg": b"x"})
+        with pytest.raises(ValueError, match="duplicate"):
+            w.write("k", {"txt": b"y"})
+
+
+def test_atomic_open_replaces_the_file_only_when_the_block_succeeds(tmp_path):
+    path = tmp_path / "sub" / "out.bin"
+    with atomic_open(path) as f:
+        f.write(b"new")
+        assert not path.exists()  # nothing at the final path while writing
+    assert path.read_bytes() == b"new"
+    assert os.listdir(path.parent) == ["out.bin"]
+
+
+def test_atomic_open_failure_leaves_no_file_and_no_temp(tmp_path):
+    path = tmp_path / "out.tar"
+    with pytest.raises(RuntimeError), atomic_open(path) as f:
+        f.write(b"partial")
+        raise RuntimeError("killed")
+    assert os.listdir(tmp_path) == []
+
+
+def test_atomic_open_failure_leaves_the_old_file_untouched(tmp_path):
+    path = tmp_path / "out.tar"
+    path.write_bytes(b"old")
+    with pytest.raises(RuntimeError), atomic_open(path) as f:
+        f.write(b"new")
+        raise RuntimeError("killed")
+    assert path.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["out.tar"]
+
+
+def test_write_samples_failure_leaves_no_shard(tmp_path):
+    path = tmp_path / "s.tar"
+    with pytest.raises(ValueError):
+        write_samples(path, [("a", {"jpg": b"x"}), ("a", {"jpg": b"y"})])
+    assert os.listdir(tmp_path) == []
+
+
+def test_atomic_open_creates_files_with_the_usual_umask_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        with atomic_open(tmp_path / "f") as f:
+            f.write(b"x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("img.0.jpg", ("img.0", "jpg")),
+        ("dir.v2/a.b.JPG", ("dir.v2/a.b", "jpg")),
+        ("k.txt", ("k", "txt")),
+        ("README", None),
+        ("dir.d/README", None),
+        ("dir/.hidden", None),
+    ],
+)
+def test_split_member_name_splits_at_the_last_dot_of_the_basename(name, expected):
+    assert split_member_name(name) == expected
+
+
+def groups(path) -> list[tuple[str, dict, list]]:
+    with open(path, "rb") as f:
+        return list(iter_tar_groups(f))
+
+
+def test_iter_tar_groups_groups_adjacent_members_by_key(tmp_path):
+    path = write_tar(
+        tmp_path / "s.tar",
+        [
+            tar_entry("a.jpg", b"A"), tar_entry("a.TXT", b"cap a"),
+            tar_entry("img.0.jpg", b"I0"), tar_entry("img.0.json", b"{}"), tar_entry("img.1.jpg", b"I1"),
+            tar_entry("dir", type=tarfile.DIRTYPE),
+            tar_entry("a.json", b"late"),  # not adjacent to the first a: a group of its own
+        ],
+    )  # fmt: skip
+    assert groups(path) == [
+        ("a", {"jpg": b"A", "txt": b"cap a"}, []),
+        ("img.0", {"jpg": b"I0", "json": b"{}"}, []),
+        ("img.1", {"jpg": b"I1"}, []),
+        ("a", {"json": b"late"}, []),
+    ]
+
+
+def test_iter_tar_groups_reports_repeated_members(tmp_path):
+    path = write_tar(tmp_path / "s.tar", [tar_entry("a.jpg", b"1"), tar_entry("a.jpg", b"2")])
+    [(key, members, problems)] = groups(path)
+    assert members == {"jpg": b"1"} and problems == ["repeated member: a.jpg"]
+
+
+def test_iter_tar_groups_reports_links_and_unsafe_paths_without_reading_them(tmp_path):
+    path = write_tar(
+        tmp_path / "s.tar",
+        [
+            tar_entry("s.jpg", type=tarfile.SYMTYPE, linkname="/etc/passwd"), tar_entry("s.txt", b"sym"),
+            tar_entry("h.jpg", type=tarfile.LNKTYPE, linkname="s.txt"),
+            tar_entry("/abs/x.jpg", b"ABS"),
+            tar_entry("../up.jpg", b"UP"),
+            tar_entry("ok.jpg", b"OK"),
+        ],
+    )  # fmt: skip
+    got = {key: (members, problems) for key, members, problems in groups(path)}
+    assert got["s"] == ({"txt": b"sym"}, ["link: s.jpg"])
+    assert got["h"] == ({}, ["link: h.jpg"])
+    assert got["/abs/x"] == ({}, ["absolute path: /abs/x.jpg"])
+    assert got["../up"] == ({}, ["path with '..': ../up.jpg"])
+    assert got["ok"] == ({"jpg": b"OK"}, [])
+    assert sorted(os.listdir(tmp_path)) == ["s.tar"]  # nothing extracted
+
+
+def test_iter_tar_groups_raises_on_a_tar_cut_inside_member_data(tmp_path):
+    data, offsets = write_bytes()
+    jpg_offset, jpg_size = offsets[1]["jpg"]
+    with pytest.raises(tarfile.ReadError):
+        list(iter_tar_groups(io.BytesIO(data[: jpg_offset + jpg_size // 2])))
+
+
+@pytest.mark.parametrize("into_header", [0, 100])
+def test_iter_tar_groups_raises_on_a_tar_cut_at_or_inside_a_header(into_header):
+    data, offsets = write_bytes()
+    header_of_k1_txt = offsets[0]["txt"][0] - tarfile.BLOCKSIZE
+    with pytest.raises(tarfile.ReadError):
+        list(iter_tar_groups(io.BytesIO(data[: header_of_k1_txt + into_header])))

@@ -1,0 +1,169 @@
+"""The dataset card and the config fingerprint (shardsmith.report.card), on hand-made stats, without Snakemake."""
+
+import copy
+import re
+import shlex
+from pathlib import Path
+
+from braceexpand import braceexpand
+from snakemake.utils import validate
+from workflow_helpers import REPO
+
+from shardsmith.formats.build import config_fingerprint, fingerprinted_config, package_versions
+from shardsmith.report.card import card_text
+
+SCHEMA = str(REPO / "config" / "config.schema.yaml")
+SIZES = {"ds-000000.tar": 4, "ds-000001.tar": 4, "ds-000002.tar": 3}
+STATS = {
+    "dataset": "ds",
+    "input_records": 14,
+    "published": 11,
+    "rejected": 3,
+    "shards": 3,
+    "bytes": 4_000_000,
+    "rejected_by_stage": {"download": 2, "caption": 1},
+    "rejected_by_reason": {"download/not_found": 2, "caption/no_caption": 1},
+    "published_by_source": {"web": 11},
+    "rejected_by_source": {"web": 3},
+}
+LOADER = "open_clip_train.data"
+
+
+def config(**overrides) -> dict:
+    c = {
+        "dataset": "ds",
+        "paths": {"raw": "/data/raw", "work": "/data/work", "output": "/data/out"},
+        "sources": [{"name": "web", "type": "manifest", "path": "in/web.parquet"}],
+        "publish": {"dest": "/fast/ds"},
+        **overrides,
+    }
+    validate(c, schema=SCHEMA)  # defaults filled in, as the workflow does
+    return c
+
+
+def train_command(card: str) -> list[str]:
+    block = re.search(r"```sh\n(.*?)\n```", card, re.S)
+    assert block, "no shell block in the card"
+    return shlex.split(block.group(1))
+
+
+def arg(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_fingerprint_ignores_where_files_go_but_not_what_they_hold():
+    base = config_fingerprint(config())
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", base)
+    moved = config(
+        paths={"raw": "/x/raw", "work": "/x/work", "output": "/x/out", "logs": "/x/logs"},
+        publish={"dest": "s3://b/p"},
+        version="v9",
+    )
+    assert config_fingerprint(moved) == base
+    assert config_fingerprint(config(resize={"max_side": 512})) != base
+    assert config_fingerprint(config(samples_per_shard=5)) != base
+    assert config_fingerprint(config(sources=[{"name": "web", "type": "manifest", "path": "in/other.parquet"}])) != base
+
+
+def test_fingerprint_is_canonical_key_order_and_explicit_defaults_do_not_matter():
+    a = config()
+    b = dict(reversed(list(copy.deepcopy(a).items())))
+    assert config_fingerprint(a) == config_fingerprint(b)
+    assert config_fingerprint(config(part_size=5000)) == config_fingerprint(config())  # 5000 is the default
+    assert "paths" not in fingerprinted_config(a) and "version" not in fingerprinted_config(a)
+
+
+def test_package_versions_name_the_byte_shaping_packages():
+    v = package_versions()
+    assert {"python", "shardsmith", "snakemake", "pandas", "webdataset", "ftfy", "libjpeg-turbo"} <= set(v)
+    assert v["snakemake"].startswith("9.")
+
+
+def test_card_command_trains_on_exactly_the_shards_in_sizes_json(tmp_path):
+    card = card_text(config(version="v3"), STATS, SIZES, LOADER, versions={"shardsmith": "0.1.0"})
+    argv = train_command(card)
+    assert argv[:3] == ["python", "-m", "open_clip_train.main"]
+    assert arg(argv, "--dataset-type") == "webdataset"
+    assert sorted(Path(p).name for p in braceexpand(arg(argv, "--train-data"))) == sorted(SIZES)
+    assert int(arg(argv, "--train-num-samples")) == sum(SIZES.values()) == 11
+    assert int(arg(argv, "--workers")) <= len(SIZES)  # OpenCLIP asserts shards >= workers x GPUs
+    assert card.startswith("# ds v3\n")
+
+
+def test_card_shows_dali_and_energon_code_for_exactly_these_shards_and_splits():
+    import ast
+
+    for val, split in ((0, "every shard is in the `train` split"), (1, "the last 1 shards are the `val` split")):
+        card = card_text(
+            config(loaders={"energon_val_shards": val}), STATS, SIZES, LOADER, versions={"shardsmith": "0.1.0"}
+        )
+        dali_code, energon_code = re.findall(r"```python\n(.*?)\n```", card, re.S)
+        namespace: dict = {}
+        shards_line = next(line for line in dali_code.splitlines() if line.startswith("shards = "))
+        exec(shards_line, namespace)
+        assert [f"{s}.tar" for s in namespace["shards"]] == sorted(SIZES)
+        assert "index_paths=" in dali_code and "fn.readers.webdataset(" in dali_code
+        assert "get_train_dataset(" in energon_code and ('split_part="val"' in energon_code) == bool(val)
+        ast.parse(dali_code), ast.parse(energon_code)
+        assert split in card and "`energon lint . --split-parts train`" in card
+
+
+def test_card_states_counts_rejections_sources_fingerprint_and_no_build_paths():
+    c = config()
+    card = card_text(c, STATS, SIZES, LOADER, versions={"shardsmith": "0.1.0", "pandas": "3.1.1"})
+    assert "**11 samples in 3 shards**" in card and "14 input records" in card
+    assert "| download/not_found | 2 |" in card and "| caption/no_caption | 1 |" in card
+    assert "| web | manifest | `in/web.parquet` | 14 | 11 | 3 |" in card
+    assert config_fingerprint(c) in card and "| pandas | `3.1.1` |" in card
+    assert "open_clip_train.data" in card
+    for where in ("/data/raw", "/data/work", "/data/out", "/fast/ds"):  # the card is the same wherever it was built
+        assert where not in card
+    assert "RANDOM" not in card and "CLIP scores" not in card
+
+
+def test_card_says_plainly_when_clip_scores_come_from_random_weights():
+    emb = {
+        "model": "tiny-clip",
+        "random_weights": True,
+        "counts": {"embedded": 11, "published": 11},
+        "similarity": {"mean": 0.01, "std": 0.1, "quantiles": {"0.05": -0.1, "0.5": 0.0, "0.999": 0.2}},
+        "provenance": {"model": "tiny-clip", "pretrained": "/m/tiny-clip.pt", "random_weights": True, "device": "cpu"},
+    }
+    card = card_text(config(), STATS, SIZES, LOADER, emb_stats=emb, versions={})
+    assert "**These CLIP scores were computed with RANDOM (untrained) weights.**" in card
+    assert "| similarity mean | 0.0100 |" in card and "| similarity quantile 0.5 | 0.0000 |" in card
+    assert "0.999" not in card  # a few quantiles only; all are in embedding_stats.json
+    real = {
+        **emb,
+        "random_weights": False,
+        "provenance": {**emb["provenance"], "random_weights": False, "pretrained": "laion2b_s34b_b79k"},
+    }
+    card = card_text(config(), STATS, SIZES, LOADER, emb_stats=real, versions={})
+    assert "## CLIP scores" in card and "RANDOM" not in card and "laion2b_s34b_b79k" in card
+
+
+def test_card_of_an_auto_version_and_of_a_single_shard():
+    card = card_text(
+        config(version="auto"), {**STATS, "input_records": 7, "published": 4}, {"ds-000000.tar": 4}, LOADER, versions={}
+    )
+    assert card.startswith("# ds\n") and "named when published" in card
+    argv = train_command(card)
+    assert list(braceexpand(arg(argv, "--train-data"))) == ["./ds-000000.tar"] and arg(argv, "--workers") == "1"
+
+
+def test_card_of_a_build_that_published_nothing_does_not_fail():
+    """Every record rejected: no shard, no shard report. validate_dataset fails the run with the reason; the
+    card, written beside it, must not fail first with an error of its own."""
+    stats = {
+        **STATS,
+        "published": 0,
+        "rejected": 14,
+        "shards": 0,
+        "rejected_by_stage": {"download": 14},
+        "rejected_by_reason": {"download/not_found": 14},
+        "published_by_source": {},
+        "rejected_by_source": {"web": 14},
+    }
+    card = card_text(config(), stats, {}, None, versions={})
+    assert "**0 samples in 0 shards**" in card and "OpenCLIP's loader" in card
+    assert "| web | manifest | `in/web.parquet` | 14 | 0 | 14 |" in card

@@ -1,0 +1,98 @@
+"""The pair search: exact up to bin_size (the same pairs as comparing every pair), binned above it (pairs
+found are all true, most planted pairs are found, the scratch files are removed)."""
+
+import numpy as np
+import pytest
+
+from shardsmith.shards.nearsearch import near_pairs
+
+
+def random_codes(rng: np.random.Generator, n: int) -> np.ndarray:
+    return rng.integers(0, np.iinfo(np.int64).max, n, dtype=np.int64).astype(np.uint64) ^ (
+        rng.integers(0, 2, n).astype(np.uint64) << np.uint64(63)
+    )
+
+
+def plant(rng: np.random.Generator, codes: np.ndarray, every: int, max_bits: int) -> set[tuple[int, int]]:
+    """Make every `every`-th code a copy of the one before with up to `max_bits` bits flipped."""
+    pairs = set()
+    for i in range(1, len(codes), every):
+        flip = rng.choice(64, int(rng.integers(1, max_bits + 1)), replace=False)
+        codes[i] = codes[i - 1] ^ np.bitwise_or.reduce(np.uint64(1) << flip.astype(np.uint64))
+        pairs.add((i - 1, i))
+    return pairs
+
+
+def chunked(ids: np.ndarray, x: np.ndarray, size: int = 700):
+    return lambda: ((ids[s : s + size], x[s : s + size]) for s in range(0, len(ids), size))
+
+
+def brute_force(codes: np.ndarray, threshold: int) -> set[tuple[int, int]]:
+    d = np.bitwise_count(codes[:, None] ^ codes[None, :])
+    a, b = np.nonzero(np.triu(d <= threshold, 1))
+    return set(zip(a.tolist(), b.tolist(), strict=True))
+
+
+def test_exact_up_to_bin_size_finds_the_pairs_brute_force_finds():
+    rng = np.random.default_rng(1)
+    codes = random_codes(rng, 1500)
+    planted = plant(rng, codes, 10, 10)
+    ids = np.arange(len(codes))
+    a, b, d = near_pairs(chunked(ids, codes), len(codes), 6, True, bin_size=10_000)
+    found = set(zip(a.tolist(), b.tolist(), strict=True))
+    assert found == brute_force(codes, 6)
+    assert {p for p in planted if np.bitwise_count(codes[p[0]] ^ codes[p[1]]) <= 6} <= found
+    assert (d == np.bitwise_count(codes[a] ^ codes[b])).all()
+
+
+def test_rows_of_one_id_are_one_sample_and_the_nearer_row_names_the_pair():
+    """A sample's hash and its mirror's hash are two rows with one id: never paired with each other, and a
+    pair's distance is the nearest of their rows'."""
+    codes = np.array([0b1111, 0b0000, 0b0111, 0xFFFF << 40], dtype=np.uint64)
+    ids = np.array([0, 0, 1, 2])
+    a, b, d = near_pairs(chunked(ids, codes, 2), 4, 4, True, bin_size=100)
+    assert list(zip(a.tolist(), b.tolist(), d.tolist(), strict=True)) == [(0, 1, 1.0)]
+
+
+@pytest.mark.parametrize("n", [6000])
+def test_binned_pairs_are_true_and_most_planted_pairs_are_found(tmp_path, n):
+    rng = np.random.default_rng(2)
+    codes = random_codes(rng, n)
+    planted = plant(rng, codes, 20, 8)
+    ids = np.arange(n)
+    a, b, d = near_pairs(chunked(ids, codes), n, 8, True, bin_size=1000, scratch=tmp_path)
+    found = set(zip(a.tolist(), b.tolist(), strict=True))
+    assert found <= brute_force(codes, 8)  # binning can miss a pair, never invent one
+    assert len(found & planted) >= 0.9 * len(planted)
+    assert list(tmp_path.iterdir()) == []  # the bins' files are gone
+    again = near_pairs(chunked(ids, codes), n, 8, True, bin_size=1000, scratch=tmp_path)
+    assert all((x == y).all() for x, y in zip((a, b, d), again, strict=True))  # same input, same pairs
+
+
+def test_embeddings_pair_by_cosine_similarity_exact_and_binned(tmp_path):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(3000, 32)).astype(np.float32)
+    x[1::15] = x[0::15][: len(x[1::15])] + rng.normal(scale=0.05, size=(len(x[1::15]), 32))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    x = x.astype(np.float16)
+    sims = x.astype(np.float32) @ x.astype(np.float32).T
+    truth = {(i, j) for i, j in zip(*np.nonzero(np.triu(sims >= 0.95, 1)), strict=True)}
+    ids = np.arange(len(x))
+    a, b, s = near_pairs(chunked(ids, x), len(x), 0.95, False, bin_size=10_000)
+    exact = set(zip(a.tolist(), b.tolist(), strict=True))
+    assert exact == truth and len(truth) >= 150
+    assert np.allclose(s, sims[a, b], atol=1e-3)
+    a, b, _ = near_pairs(chunked(ids, x), len(x), 0.95, False, bin_size=500, scratch=tmp_path)
+    binned = set(zip(a.tolist(), b.tolist(), strict=True))
+    assert binned <= truth and len(binned) >= 0.9 * len(truth)
+
+
+def test_binned_hashes_within_3_bits_are_all_found(tmp_path):
+    """Whatever the bins do, two hashes at most 3 bits apart agree on one 16-bit block: all are found."""
+    rng = np.random.default_rng(4)
+    codes = random_codes(rng, 8000)
+    planted = plant(rng, codes, 8, 3)
+    ids = np.arange(len(codes))
+    a, b, d = near_pairs(chunked(ids, codes), len(codes), 8, True, bin_size=300, scratch=tmp_path)
+    found = set(zip(a.tolist(), b.tolist(), strict=True))
+    assert planted <= found and found <= brute_force(codes, 8)

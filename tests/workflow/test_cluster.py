@@ -1,0 +1,162 @@
+"""The demo workflow on a real single-node SLURM through `snakemake --profile cluster`.
+
+tools/slurm/start.sh brings up munged, slurmctld and slurmd on this host (Debian slurm-wlm, no slurmdbd);
+the workflow runs with the repository's profile, unchanged, and must give the same bytes as a local run.
+Every job except `all` must have gone through sbatch: the ids the plugin reports are looked up in
+slurmctld's job completion log (and, for GPU jobs, in `scontrol show job`). The plugin polls job status
+every few seconds at best, so this is one coarse test (a few minutes), not many small ones. The
+embedding stage is on, so the GPU job's request (partition, --gpus, CPUs) is checked too.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
+
+from shardsmith.cli.demo import make_demo
+from shardsmith.cli.tinyclip import NAME, write_tiny_clip
+
+pytestmark = pytest.mark.workflow
+
+SLURM_DIR = REPO / "tools" / "slurm"
+PID_FILES = [Path("/run/munge/munged.pid"), Path("/run/slurm/slurmctld.pid"), Path("/run/slurm/slurmd.pid")]
+JOBCOMP_LOG = Path("/var/log/slurm/jobcomp.log")  # JobCompLoc in tools/slurm/slurm.conf.template
+SBIN_PATH = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
+SUBMITTED = re.compile(r"submitted with SLURM jobid (\d+) \(log: \S*/rule_(\w+)/")
+RULE_HEADER = re.compile(r"^(?:local)?(?:rule|checkpoint) (\w+):$", re.M)
+
+
+def _alive(pid_file: Path) -> bool:
+    try:
+        os.kill(int(pid_file.read_text().strip()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A running single-node SLURM; stopped afterwards unless it was already running."""
+    if os.geteuid() != 0:
+        pytest.skip("starting SLURM needs root (munged, slurmctld, slurmd): run the tests as root")
+    missing = [b for b in ("munged", "slurmctld", "slurmd", "sbatch", "squeue") if not shutil.which(b, path=SBIN_PATH)]
+    if missing:
+        hint = "apt-get install slurm-wlm munge (.ci/run does)"
+        pytest.skip(f"SLURM is not installed ({', '.join(missing)} missing): {hint}")
+    conf = Path("/etc/slurm/slurm.conf")
+    if conf.exists() and "ClusterName=shardsmith-test" not in conf.read_text():
+        pytest.skip("/etc/slurm/slurm.conf belongs to another SLURM set-up; tools/slurm/start.sh leaves it alone")
+    was_running = all(_alive(p) for p in PID_FILES)
+    try:
+        proc = subprocess.run(["bash", str(SLURM_DIR / "start.sh")], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"tools/slurm/start.sh failed:\n{proc.stdout}\n{proc.stderr}"
+        yield
+    finally:
+        if not was_running:
+            subprocess.run(["bash", str(SLURM_DIR / "stop.sh")], capture_output=True, timeout=120)
+
+
+def start_on_cluster(root: Path, config: dict) -> subprocess.Popen:
+    """`snakemake --profile cluster`, typed as in docs/slurm.md, from a folder holding a link to the profile.
+
+    Only the first status poll is made sooner than the profile's (a test-time choice, not a site value).
+    Output goes to root/snakemake.{out,err}: a pipe nobody reads would stall the run.
+    """
+    root.mkdir(parents=True)
+    cfg = root / "config.yaml"
+    cfg.write_text(yaml.safe_dump(config, sort_keys=False))
+    (root / "cluster").symlink_to(REPO / "cluster")
+    cmd = [
+        str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--profile", "cluster",
+        "--directory", str(root), "--configfile", str(cfg), "--slurm-init-seconds-before-status-checks", "1",
+    ]  # fmt: skip
+    with open(root / "snakemake.out", "w") as out, open(root / "snakemake.err", "w") as err:
+        return subprocess.Popen(cmd, cwd=root, stdout=out, stderr=err)
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every file below folder; for publish markers (_COMPLETE.json), of all but the publish time."""
+    hashes = {}
+    for p in sorted(folder.rglob("*")):
+        if p.name == "_COMPLETE.json":
+            marker = json.loads(p.read_text())
+            marker.pop("published_at")
+            hashes[str(p.relative_to(folder))] = json.dumps(marker, sort_keys=True)
+        elif p.is_file():
+            hashes[str(p.relative_to(folder))] = sha256(p)
+    return hashes
+
+
+def completed_jobs() -> dict[str, dict[str, str]]:
+    """slurmctld's job completion records (jobcomp/filetxt), by job id."""
+    records = (dict(re.findall(r"(\w+)=(\S*)", line)) for line in JOBCOMP_LOG.read_text().splitlines())
+    return {r["JobId"]: r for r in records if "JobId" in r}
+
+
+def expected_request(rule: str) -> dict:
+    """Partition, CPUs and GPU request the profile asks for this rule (None where the profile does not say)."""
+    profile = yaml.safe_load((REPO / "cluster" / "config.yaml").read_text())
+    own = profile.get("set-resources", {}).get(rule, {})
+    return {
+        "partition": own.get("slurm_partition", profile["default-resources"]["slurm_partition"]),
+        "cpus": own.get("cpus_per_task", profile.get("set-threads", {}).get(rule)),
+        "gpu": bool(own.get("gpu") or "gpu" in str(own.get("gres", ""))),
+    }
+
+
+def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
+    data = tmp_path / "data"
+    make_demo(data)
+    model_config, checkpoint = write_tiny_clip(tmp_path / "models")
+    embed = {"enabled": True, "model": NAME, "pretrained": str(checkpoint), "model_config": str(model_config)}
+    cluster_root, local_root = tmp_path / "cluster", tmp_path / "local"
+    settings = {"embed": embed, "samples_per_shard": 16}  # 3 shards: fewer jobs, still several per rule
+    cluster = start_on_cluster(cluster_root, demo_config(data, cluster_root, **settings))
+    try:  # the local reference run meanwhile: the cluster run mostly waits for status polls
+        local = run_workflow(local_root, demo_config(data, local_root, **settings))
+        cluster.wait(timeout=1800)
+    finally:
+        if cluster.poll() is None:
+            cluster.terminate()  # snakemake cancels its SLURM jobs
+            cluster.wait(timeout=120)
+    stderr = (cluster_root / "snakemake.err").read_text()
+    assert cluster.returncode == 0, f"snakemake --profile cluster failed ({cluster.returncode}):\n{stderr[-8000:]}"
+
+    # The same bytes: shards, index files, reports and the published version; the publish marker differs
+    # only in its time stamp.
+    for folder in ("output", "fast-storage"):
+        want = file_hashes(local_root / folder)
+        assert want and file_hashes(cluster_root / folder) == want, folder
+
+    # The same jobs ran, and every one but `all` was submitted with sbatch.
+    jobs_run = Counter(RULE_HEADER.findall(stderr))
+    assert jobs_run == Counter(RULE_HEADER.findall(local.stderr))
+    submitted = SUBMITTED.findall(stderr)
+    assert Counter(rule for _, rule in submitted) == jobs_run - Counter(all=1)
+    assert {"plan_parts", "download_part", "embed_part", "write_shard", "validate_dataset"} <= set(jobs_run)
+
+    # SLURM ran them to completion, in the partitions and with the CPUs the profile asks for.
+    done = completed_jobs()
+    for job_id, rule in submitted:
+        record = done.get(job_id)
+        assert record, f"SLURM has no completion record for job {job_id} ({rule})"
+        assert record["JobState"] == "COMPLETED" and record["WorkDir"] == str(cluster_root), record
+        assert record["Name"].startswith("shardsmith_"), record  # slurm-jobname-prefix from the profile
+        want = expected_request(rule)
+        assert record["Partition"] == want["partition"], (rule, record)
+        if want["cpus"]:
+            assert int(record["ProcCnt"]) == want["cpus"], (rule, record)
+        shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+        comment = re.search(r"\bComment=(\S+)", shown)  # kept for MinJobAge=600 s; squeue -o %k shows it
+        assert comment and comment.group(1).startswith(f"rule_{rule}"), shown
+        if rule in ("download_part", "embed_part", "write_shard"):  # one job per part or shard
+            assert re.fullmatch(rf"rule_{rule}_wildcards_[\w-]*\d{{6}}", comment.group(1)), comment.group(1)
+        if want["gpu"]:
+            assert "gpu" in shown.split("TresPerJob=")[-1].split()[0], shown

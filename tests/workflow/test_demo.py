@@ -1,0 +1,273 @@
+"""The whole workflow, run with snakemake on the generated demo data, checked as a user would."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import tarfile
+import time
+
+import pandas as pd
+import pytest
+import yaml
+from loader_helpers import needs_dali, needs_energon, read_with_dali, read_with_energon
+from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
+
+from shardsmith.cli.demo import make_demo
+from shardsmith.core.leftovers import find_leftovers
+from shardsmith.formats import dali, energon
+
+pytestmark = pytest.mark.workflow
+PUBLISHED_FILES = {
+    "sizes.json",
+    "wids-index.json",
+    "manifest.parquet",
+    "rejected.parquet",
+    "stats.json",
+    "validation.json",
+    *energon.META_FILES,
+}
+
+
+@pytest.fixture(scope="module")
+def demo_data(tmp_path_factory):
+    data = tmp_path_factory.mktemp("inputs") / "data"
+    counts = make_demo(data)
+    return data, sum(counts.values())
+
+
+@pytest.fixture(scope="module")
+def build(demo_data, tmp_path_factory):
+    data, _ = demo_data
+    root = tmp_path_factory.mktemp("build1")
+    config = demo_config(data, root)
+    run_workflow(root, config)
+    return root, config
+
+
+def out_dir(root):
+    return root / "output" / "demo"
+
+
+def test_ledger_adds_up_every_record_published_or_rejected(build, demo_data):
+    root, _ = build
+    _, n_inputs = demo_data
+    stats = json.loads((out_dir(root) / "stats.json").read_text())
+    manifest = pd.read_parquet(out_dir(root) / "manifest.parquet")
+    rejected = pd.read_parquet(out_dir(root) / "rejected.parquet")
+    assert stats["input_records"] == n_inputs
+    assert stats["published"] + stats["rejected"] == n_inputs
+    assert len(manifest) == stats["published"] and len(rejected) == stats["rejected"]
+    ids = list(manifest["source_id"]) + list(rejected["source_id"])
+    assert len(ids) == len(set(ids)) == n_inputs  # each record exactly once
+    reasons = set(rejected["reason"])
+    assert {"truncated", "not_an_image", "decompression_bomb", "too_small", "no_caption", "not_found"} <= reasons
+    assert {"unsafe_member", "no_image"} <= reasons
+    assert all(rejected["detail"].str.len() > 0)
+
+
+def test_openclip_loader_reads_every_published_sample(build):
+    import open_clip
+    from open_clip_train.data import get_dataset_size, get_wds_dataset
+
+    root, _ = build
+    version_dir = root / "fast-storage" / "demo" / (root / "fast-storage" / "demo" / "latest").read_text().strip()
+    sizes = json.loads((version_dir / "sizes.json").read_text())
+    pattern = str(version_dir / f"demo-{{000000..{len(sizes) - 1:06d}}}.tar")
+    total, n_shards = get_dataset_size(pattern)
+    assert total == sum(sizes.values()) > 0 and n_shards == len(sizes)
+
+    class Args:
+        val_data = pattern
+        val_num_samples = None
+        batch_size = 4
+        workers = 0
+
+    transform = open_clip.image_transform(64, is_train=False)
+    info = get_wds_dataset(Args, transform, is_train=False, tokenizer=open_clip.get_tokenizer("ViT-B-32"))
+    seen = sum(len(images) for images, texts in info.dataloader)
+    assert seen == total
+
+
+def test_shards_are_uniform_and_keys_dot_free_and_unique(build):
+    root, config = build
+    sizes = json.loads((out_dir(root) / "sizes.json").read_text())
+    counts = [sizes[k] for k in sorted(sizes)]
+    assert all(c == config["samples_per_shard"] for c in counts[:-1]) and 0 < counts[-1] <= config["samples_per_shard"]
+    keys = []
+    for name in sorted(sizes):
+        with tarfile.open(out_dir(root) / name) as tar:
+            members = tar.getmembers()
+            assert all(m.isreg() and m.mtime == 0 and m.uid == 0 and m.uname == "" for m in members)
+            names = [m.name for m in members]
+        sample_keys = list(dict.fromkeys(n.split(".")[0] for n in names))
+        assert names == [f"{k}.{e}" for k in sample_keys for e in ("jpg", "txt", "json")]
+        keys += sample_keys
+    assert len(keys) == len(set(keys)) == sum(counts)
+    assert all("." not in k and len(k) <= 100 for k in keys)
+
+
+def test_captions_from_json_description_and_sizes_within_limits(build):
+    root, config = build
+    manifest = pd.read_parquet(out_dir(root) / "manifest.parquet")
+    assert max(manifest[["width", "height"]].max()) <= config["resize"]["max_side"]
+    assert (manifest["width_before"] >= 4000).any()  # the oversize photos were shrunk, not dropped
+    legacy = manifest[manifest["source"] == "legacy"]
+    name = legacy["shard"].iloc[0]
+    with tarfile.open(out_dir(root) / name) as tar:
+        key = legacy[legacy["shard"] == name]["key"].iloc[0]
+        txt = tar.extractfile(f"{key}.txt").read().decode()
+        meta = json.loads(tar.extractfile(f"{key}.json").read())
+    assert txt.startswith("Archive photo") and meta["caption_field"] == "json.description"
+    assert meta["fields"]["json"]["description"] == txt
+
+
+def test_published_version_is_complete_and_latest_written(build):
+    root, _ = build
+    base = root / "fast-storage" / "demo"
+    assert (base / "latest").read_text().strip() == "v1"
+    marker = json.loads((base / "v1" / "_COMPLETE.json").read_text())
+    for name, entry in marker["files"].items():
+        assert sha256(base / "v1" / name) == entry["sha256"]
+        assert sha256(out_dir(root) / name) == entry["sha256"]
+    assert set(marker["files"]) >= PUBLISHED_FILES
+    shards = [n for n in marker["files"] if n.endswith(".tar")]
+    assert {dali.index_name(n) for n in shards} | {energon.tar_index_name(n) for n in shards} <= set(marker["files"])
+
+
+def published_version(root):
+    base = root / "fast-storage" / "demo"
+    return base / (base / "latest").read_text().strip()
+
+
+def test_published_loader_indexes_follow_dali_and_energon_formats(build):
+    """Runs everywhere, DALI and Energon installed or not: the published files, read as those loaders read them."""
+    from shardsmith.shards.validate import loader_members
+
+    version = published_version(build[0])
+    sizes = json.loads((version / "sizes.json").read_text())
+    for name in sizes:
+        with tarfile.open(version / name) as tar:
+            members = loader_members(tar.getmembers())
+        assert dali.check_index(version / dali.index_name(name), members) == []
+        assert energon.check_tar_index(version / energon.tar_index_name(name), members) == []
+    assert energon.check_meta(version, sizes) == []
+    assert json.loads((version / "validation.json").read_text())["loader_indexes"]["dali"] == "v1.2 per shard"
+
+
+def expected_samples(version) -> dict[str, tuple[bytes, bytes, bytes]]:
+    """{key: (jpg, txt, json)} of every published sample, read with tarfile."""
+    out = {}
+    for name in json.loads((version / "sizes.json").read_text()):
+        with tarfile.open(version / name) as tar:
+            members = tar.getmembers()
+            for i in range(0, len(members), 3):
+                out[members[i].name.split(".")[0]] = tuple(tar.extractfile(m).read() for m in members[i : i + 3])
+    return out
+
+
+@needs_dali
+def test_dali_reads_every_published_sample_with_its_bytes_through_the_index_files(build, monkeypatch):
+    version = published_version(build[0])
+    sizes = json.loads((version / "sizes.json").read_text())
+    shards = sorted(sizes)
+    got = read_with_dali([str(version / n) for n in shards], [str(version / dali.index_name(n)) for n in shards])
+    want = expected_samples(version)
+    assert len(got) == sum(sizes.values()) == len(want) and got == list(want.values())
+    # the card's own DALI code, on the CPU (it decodes on the GPU as written), from the version's folder
+    code = re.findall(r"```python\n(.*?)\n```", (version / "README.md").read_text(), re.S)[0]
+    code = code.replace("device_id=0", "device_id=None").replace('device="mixed"', 'device="cpu"')
+    monkeypatch.chdir(version)
+    namespace: dict = {}
+    exec(code, namespace)
+    p = namespace["pipe"]()
+    p.build()
+    assert p.epoch_size("reader") == sum(sizes.values())
+    images, captions = p.run()
+    assert len(images) == 256 or len(images) == sum(sizes.values()) or len(images) > 0
+
+
+@needs_energon
+def test_energon_reads_every_published_sample_with_image_and_caption_and_lint_passes(build):
+    version = published_version(build[0])
+    want = {k: v[1].decode() for k, v in expected_samples(version).items()}
+    manifest = pd.read_parquet(version / "manifest.parquet").set_index("key")
+    got = read_with_energon(str(version), "train")
+    assert {k: c for k, (_, c) in got.items()} == want
+    assert all(shape == (3, manifest.at[k, "height"], manifest.at[k, "width"]) for k, (shape, _) in got.items())
+    energon_cli = str(SNAKEMAKE.parent / "energon")
+    lint = subprocess.run(
+        [energon_cli, "lint", str(version), "--split-parts", "train"], capture_output=True, text=True, timeout=300
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_rebuild_in_a_fresh_folder_is_byte_identical(build, demo_data, tmp_path):
+    root1, _ = build
+    data, _ = demo_data
+    root2 = tmp_path / "build2"
+    run_workflow(root2, demo_config(data, root2))
+    files1 = sorted(str(p.relative_to(out_dir(root1))) for p in out_dir(root1).rglob("*") if p.is_file())
+    assert files1 == sorted(str(p.relative_to(out_dir(root2))) for p in out_dir(root2).rglob("*") if p.is_file())
+    assert any(f.endswith(".tar") for f in files1) and set(energon.META_FILES) <= set(files1)
+    for name in files1:
+        assert sha256(out_dir(root1) / name) == sha256(out_dir(root2) / name), name
+
+
+def test_overlapping_paths_are_refused_before_any_work(demo_data, tmp_path):
+    data, _ = demo_data
+    config = demo_config(data, tmp_path)
+    config["paths"]["raw"] = str(data / "photos")  # the image folder used as the cache folder
+    proc = run_workflow(tmp_path, config, check=False)
+    assert proc.returncode != 0
+    assert "paths.raw" in proc.stderr and "overlaps input folder" in proc.stderr
+    assert not (tmp_path / "work").exists() and not (data / "photos" / "demo").exists()
+
+
+def test_bad_config_value_names_the_key(demo_data, tmp_path):
+    data, _ = demo_data
+    config = demo_config(data, tmp_path, samples_per_shard="lots")
+    proc = run_workflow(tmp_path, config, check=False)
+    assert proc.returncode != 0 and "samples_per_shard" in proc.stderr
+
+
+def test_validation_failure_stops_the_run_and_nothing_is_published(demo_data, tmp_path):
+    data, _ = demo_data
+    config = demo_config(data, tmp_path, validate={"min_shards": 64})
+    proc = run_workflow(tmp_path, config, check=False)
+    assert proc.returncode != 0
+    assert "fewer than validate.min_shards=64" in proc.stdout + proc.stderr
+    assert not (tmp_path / "fast-storage" / "demo").exists()
+
+
+def _tars_are_whole(folder):
+    for path in folder.rglob("*.tar"):
+        with tarfile.open(path) as tar:  # a truncated tar raises here or while listing
+            tar.getmembers()
+
+
+def test_killed_run_leaves_no_truncated_tar_and_rerun_completes(build, demo_data, tmp_path):
+    root1, _ = build
+    data, _ = demo_data
+    root = tmp_path / "killed"
+    config = demo_config(data, root)
+    root.mkdir()
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile",
+           str(root / "config.yaml"), "--workflow-profile", "none", "--cores", "1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list((root / "work").rglob("processed/*.tar"))) < 2:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # like an OOM kill or a node failure: no clean-up at all
+    proc.wait()
+    assert not (root / "fast-storage" / "demo" / "latest").exists()
+    for kind in ("raw", "work", "output"):
+        if (root / kind).exists():
+            _tars_are_whole(root / kind)
+    run_workflow(root, config, "--unlock")
+    run_workflow(root, config, "--rerun-incomplete")
+    for name in json.loads((out_dir(root1) / "sizes.json").read_text()):
+        assert sha256(out_dir(root) / name) == sha256(out_dir(root1) / name)
+    assert find_leftovers([root]) == []  # the killed jobs' temporary files went with the rerun
