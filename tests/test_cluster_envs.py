@@ -56,8 +56,8 @@ def module_imports(path: Path) -> set[str]:
                 found.update(a.name for a in sub.names)
             elif isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
                 found.add(sub.module)
-                if sub.module == "shardsmith":
-                    found.update(f"shardsmith.{a.name}" for a in sub.names)
+                if sub.module.split(".")[0] == "shardsmith":  # `from shardsmith.formats import dali`: a module
+                    found.update(f"{sub.module}.{a.name}" for a in sub.names)
     return found
 
 
@@ -71,9 +71,11 @@ def third_party_imports(script: Path) -> set[str]:
         seen.add(path)
         for mod in module_imports(path):
             top = mod.split(".")[0]
-            if top == "shardsmith":
-                base = REPO / mod.replace(".", "/")
-                todo += [p for p in (base.with_suffix(".py"), base / "__init__.py") if p.exists()]
+            if top == "shardsmith":  # the module, or the package, and every package above it (imported first)
+                parts = mod.split(".")
+                base = REPO / Path(*parts)
+                inits = [REPO / Path(*parts[:n]) / "__init__.py" for n in range(1, len(parts) + 1)]
+                todo += [p for p in (base.with_suffix(".py"), *inits) if p.exists()]
             elif top not in sys.stdlib_module_names and top != "snakemake":  # snakemake injects the object
                 third.add(top)
     return third

@@ -36,13 +36,50 @@ def test_every_link_resolves(page):
     assert not broken, f"{page.name}: {broken}"
 
 
+def tree_paths(block: str) -> list[str]:
+    """The paths an annotated tree (`├── name   what it is`, folders ending in /) names, from its root down."""
+    lines = block.strip("\n").splitlines()
+    stack, paths = [lines[0].split()[0].rstrip("/")], []
+    for line in lines[1:]:
+        m = re.match(r"^((?:│   |    )*)[├└]── (\S+)", line)
+        assert m, f"not a line of the tree: {line!r}"
+        depth = len(m.group(1)) // 4 + 1
+        del stack[depth:]
+        name = m.group(2)
+        paths.append("/".join([*stack, name.rstrip("/")]))
+        if name.endswith("/"):
+            stack.append(name.rstrip("/"))
+    return paths
+
+
 def test_the_architecture_map_names_every_module():
-    """A newcomer finds every module of the package in docs/architecture.md's map, and nothing that is gone."""
+    """A newcomer finds every module and folder of the package in docs/architecture.md's tree, in its place,
+    and nothing that is gone."""
     text = (REPO / "docs" / "architecture.md").read_text()
-    table = text[text.index("## Where each concern lives") :]
-    named = set(re.findall(r"`([a-z_0-9]+)/?`", table))
+    section = text[text.index("## Where each concern lives") :]
+    named = tree_paths(re.search(r"```\n(shardsmith/\n.*?)```", section, re.S).group(1))
+    assert len(named) == len(set(named)), "the tree names a path twice"
     package = REPO / "shardsmith"
-    modules = {p.stem for p in package.glob("*.py") if not p.stem.startswith("__")}
-    modules |= {p.parent.name for p in package.glob("*/__init__.py")}
-    assert modules - named == set(), "modules missing from the map"
-    assert named - modules == set(), "the map names modules that do not exist"
+    real = {str(p.relative_to(REPO)) for p in package.rglob("*") if "__pycache__" not in p.parts}
+    real = {p for p in real if not (p.endswith("__init__.py") and p != "shardsmith/__init__.py")}
+    assert real - set(named) == set(), "modules or folders missing from the tree"
+    assert set(named) - real == set(), "the tree names modules that do not exist"
+
+
+def test_every_module_of_the_package_has_a_test_file_or_is_named_as_without():
+    """Tests mirror the tree: shardsmith/X/y.py is tested in tests/X/test_y.py, or docs/development.md names it
+    among the modules tested through others."""
+    dev = (REPO / "docs" / "development.md").read_text()
+    without = set(re.findall(r"`shardsmith/([\w/]+\.py)`", dev[dev.index("Tested through others") :]))
+    missing = []
+    for module in sorted((REPO / "shardsmith").rglob("*.py")):
+        rel = module.relative_to(REPO / "shardsmith")
+        if module.name.startswith("__"):
+            continue
+        test = REPO / "tests" / rel.parent / f"test_{module.name}"
+        package_test = REPO / "tests" / rel.parent.parent / f"test_{rel.parent.name}.py"  # cli/newconfig/
+        if not test.exists() and not (rel.parts[0] == "cli" and package_test.exists()) and str(rel) not in without:
+            missing.append(str(rel))
+    assert not missing, f"no tests/<folder>/test_<module>.py and not named in docs/development.md: {missing}"
+    stale = [m for m in without if (REPO / "tests" / Path(m).parent / f"test_{Path(m).name}").exists()]
+    assert not stale, f"docs/development.md says these have no test file, but they do: {stale}"

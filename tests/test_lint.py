@@ -37,3 +37,16 @@ def test_rule_scripts_import_the_installed_package():
     """No script edits sys.path: the package is installed (make setup) or on the jobs' PYTHONPATH (Snakefile)."""
     editing = [p.name for p in sorted((REPO / "scripts").glob("*.py")) if "sys.path" in p.read_text()]
     assert editing == []
+
+
+def test_linters_read_the_code_only_and_a_runs_outputs_stay_out_of_git():
+    """new-config's default --out is build/ in the checkout: git ignores it, and ruff reads only the code
+    folders, so a user's run (a dataset card's code block, a data folder) never fails `make test`."""
+    ruff = SNAKEMAKE.parent / "ruff"
+    proc = subprocess.run([str(ruff), "check", "--show-files", "."], cwd=REPO, capture_output=True, text=True)
+    linted = [line.removeprefix(str(REPO) + "/") for line in proc.stdout.splitlines() if line.strip()]
+    assert linted and all(
+        p.split("/")[0] in ("shardsmith", "scripts", "tests", "bench", "tools") or p == "pyproject.toml" for p in linted
+    ), linted
+    ignored = subprocess.run(["git", "check-ignore", "-q", "build/output/ds/README.md"], cwd=REPO)
+    assert ignored.returncode == 0

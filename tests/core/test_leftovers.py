@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from shardsmith.core import atomic
 from shardsmith.core.leftovers import find_leftovers, remove_leftovers, use_scratch
 from shardsmith.download.rawcache import link_or_copy
-from shardsmith.formats import tario
 
 
 def killed_atomic_write(path: Path) -> Path:
@@ -22,7 +22,7 @@ def killed_atomic_write(path: Path) -> Path:
     unlink = os.unlink
     os.unlink = lambda p: None  # a SIGKILL runs no except clause: keep the file the clean-up would remove
     try:
-        with pytest.raises(Killed), tario.atomic_open(path) as f:
+        with pytest.raises(Killed), atomic.atomic_open(path) as f:
             f.write(b"half a shard")
             raise Killed
     finally:

@@ -1,6 +1,10 @@
 """build.json (shardsmith.formats.build): what is built, fingerprinted apart from where its files live."""
 
-from shardsmith.formats.build import build_info
+import shutil
+
+from workflow_helpers import REPO
+
+from shardsmith.formats.build import build_info, code_fingerprint
 
 
 def test_build_info_fingerprints_the_content_config_only(tmp_path):
@@ -28,3 +32,21 @@ def test_build_info_fingerprints_the_content_config_only(tmp_path):
     assert {"python", "snakemake", "pandas", "pyarrow", "webdataset"} <= set(info["packages"])
     assert info["packages"]["snakemake"] == "9.27.1"
     assert "shardsmith/publish/dataset.py" in info["code"]
+
+
+def test_the_code_fingerprint_covers_every_module_in_every_folder(tmp_path):
+    """A change to any module, however deep its folder, changes build.json's code fingerprint."""
+    for name in ("Snakefile", "rules", "scripts", "shardsmith", "envs"):
+        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy
+        copy(REPO / name, tmp_path / name, **({"symlinks": True} if copy is shutil.copytree else {}))
+    modules = {str(p.relative_to(tmp_path)) for p in (tmp_path / "shardsmith").rglob("*.py")}
+    assert "shardsmith/cli/newconfig/reading.py" in modules
+    assert modules <= set(code_fingerprint(tmp_path))
+    before = build_info({"dataset": "ds"}, "9", tmp_path)["code_fingerprint"]
+    for module in sorted(modules):
+        path = tmp_path / module
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n# changed\n")
+        assert build_info({"dataset": "ds"}, "9", tmp_path)["code_fingerprint"] != before, module
+        path.write_bytes(original)
+    assert build_info({"dataset": "ds"}, "9", tmp_path)["code_fingerprint"] == before

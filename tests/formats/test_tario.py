@@ -9,7 +9,6 @@ import time
 import pytest
 from generated import tar_entry, write_tar
 
-from shardsmith.core.atomic import atomic_open
 from shardsmith.formats.tario import (
     HashingWriter,
     ShardWriter,
@@ -123,48 +122,11 @@ def test_writing_a_key_twice_raises():
             w.write("k", {"txt": b"y"})
 
 
-def test_atomic_open_replaces_the_file_only_when_the_block_succeeds(tmp_path):
-    path = tmp_path / "sub" / "out.bin"
-    with atomic_open(path) as f:
-        f.write(b"new")
-        assert not path.exists()  # nothing at the final path while writing
-    assert path.read_bytes() == b"new"
-    assert os.listdir(path.parent) == ["out.bin"]
-
-
-def test_atomic_open_failure_leaves_no_file_and_no_temp(tmp_path):
-    path = tmp_path / "out.tar"
-    with pytest.raises(RuntimeError), atomic_open(path) as f:
-        f.write(b"partial")
-        raise RuntimeError("killed")
-    assert os.listdir(tmp_path) == []
-
-
-def test_atomic_open_failure_leaves_the_old_file_untouched(tmp_path):
-    path = tmp_path / "out.tar"
-    path.write_bytes(b"old")
-    with pytest.raises(RuntimeError), atomic_open(path) as f:
-        f.write(b"new")
-        raise RuntimeError("killed")
-    assert path.read_bytes() == b"old"
-    assert os.listdir(tmp_path) == ["out.tar"]
-
-
 def test_write_samples_failure_leaves_no_shard(tmp_path):
     path = tmp_path / "s.tar"
     with pytest.raises(ValueError):
         write_samples(path, [("a", {"jpg": b"x"}), ("a", {"jpg": b"y"})])
     assert os.listdir(tmp_path) == []
-
-
-def test_atomic_open_creates_files_with_the_usual_umask_mode(tmp_path):
-    old = os.umask(0o022)
-    try:
-        with atomic_open(tmp_path / "f") as f:
-            f.write(b"x")
-    finally:
-        os.umask(old)
-    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o644
 
 
 @pytest.mark.parametrize(

@@ -12,10 +12,11 @@ import tarfile
 from io import BytesIO
 
 import pytest
+from workflow_helpers import REPO, demo_config, run_workflow, sha256
+
 from shardsmith.cli.demo import make_demo
 from shardsmith.cli.tinyclip import NAME, write_tiny_clip
 from shardsmith.storage.stores import MARKER
-from workflow_helpers import REPO, demo_config, run_workflow, sha256
 
 pytestmark = pytest.mark.workflow
 # The last commit before the package was arranged by stage (subpackages, tests mirroring them).

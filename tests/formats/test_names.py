@@ -1,0 +1,21 @@
+"""Shard names (shardsmith.formats.names): the file names the workflow writes and the brace pattern of a run."""
+
+import braceexpand
+
+from shardsmith.formats.names import brace_pattern, shard_name
+
+
+def test_shard_names_sort_in_shard_order():
+    names = [shard_name("ds", i) for i in (0, 9, 10, 123456)]
+    assert names == ["ds-000000", "ds-000009", "ds-000010", "ds-123456"] and sorted(names) == names
+
+
+def test_the_brace_pattern_expands_to_exactly_the_shards():
+    shards = [f"{shard_name('my-data', i)}.tar" for i in range(12)]
+    pattern = brace_pattern(list(reversed(shards)))
+    assert pattern == "my-data-{000000..000011}.tar"
+    assert list(braceexpand.braceexpand(pattern)) == shards
+
+
+def test_one_shard_is_named_without_braces():
+    assert brace_pattern(["ds-000000.tar"]) == "ds-000000.tar"
