@@ -40,7 +40,7 @@ def resize_like_pillow(image: torch.Tensor, height: int, width: int, interpolati
 
     Pillow resizes horizontally, rounds and clamps to uint8, then vertically; doing the same here (rather
     than torchvision's single float pass) brings the pixels to within 2 levels of Pillow's instead of 20
-    (measured on photos and noise; see tests/test_embed.py). A pass whose size does not change is skipped,
+    (measured on photos and noise; see tests/embed/test_part.py). A pass whose size does not change is skipped,
     as in Pillow. The result holds whole values 0-255, in float32.
     """
     out = image.float()

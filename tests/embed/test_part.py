@@ -260,7 +260,7 @@ def test_schema_keeps_embedding_off_by_default_and_the_demo_config_turns_it_on()
     assert demo["embed"]["model_config"] == f"demo/models/{NAME}.json"
 
 
-# --- decode: gpu inside embed_part (the tensor steps themselves: tests/test_embed_decode.py)
+# --- decode: gpu inside embed_part (the tensor steps themselves: tests/embed/test_decode.py)
 
 NO_GPU = "no CUDA device visible (the CUDA variant runs where a GPU is)"
 
@@ -294,7 +294,7 @@ def test_gpu_decode_inside_embed_part_gives_the_cpu_scores(tiny, tmp_path, monke
     assert prov["preprocess"] == cpu["provenance"]["preprocess"]  # the same steps: parts of both kinds pool
     a, b = pd.read_parquet(tmp_path / "gpu.parquet"), pd.read_parquet(tmp_path / "cpu.parquet")
     assert list(a["key"]) == list(b["key"])
-    np.testing.assert_allclose(a[SIM], b[SIM], atol=5e-4)  # the tolerance of tests/test_embed_decode.py
+    np.testing.assert_allclose(a[SIM], b[SIM], atol=5e-4)  # the tolerance of tests/embed/test_decode.py
     np.testing.assert_allclose(a[COLS["image_norm"]], b[COLS["image_norm"]], rtol=5e-4)
 
 

@@ -161,7 +161,7 @@ def test_write_shard_is_byte_identical_on_rewrite(built, tmp_path):
 
 def test_the_jobs_after_planning_run_without_pandas(built, tmp_path):
     """write_shard and write_card are on every run's critical path, and write_shard runs once per shard:
-    importing pandas would add ~0.3 s to each job's start-up (validation: test_validate.py). index_shards
+    importing pandas would add ~0.3 s to each job's start-up (validation: tests/shards/test_validate.py). index_shards
     gets pandas from pyarrow, whose pa.array() imports it to look for pandas objects."""
     import subprocess
     import sys

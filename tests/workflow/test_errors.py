@@ -1,6 +1,6 @@
 """Errors a user can cause end in a short message that names the key or path and says what to do, with no
 traceback (unless SHARDSMITH_DEBUG=1). Snakemake runs on generated data; the message helpers are tested on
-their own in test_summary.py, test_logs.py and test_config.py."""
+their own in tests/report/test_summary.py, tests/core/test_logs.py and tests/core/test_config.py."""
 
 import re
 import socket

@@ -5,9 +5,9 @@ median) survives resizing and recompression, and a crop of a few percent moves i
 gives another hash altogether, so the mirror's hash is kept too: two images are as near as the nearer of
 (hash, hash) and (hash, mirror hash).
 
-The hash is imagehash.phash's, bit for bit (tests/test_phash.py), computed with two small matrix products
-instead of scipy's full 32x32 DCTs: only the 8x8 lowest frequencies are needed. A mirror image negates the
-odd horizontal frequencies, so its hash needs no second reduction or transform.
+The hash is imagehash.phash's, bit for bit (tests/download/process/test_phash.py), computed with two small
+matrix products instead of scipy's full 32x32 DCTs: only the 8x8 lowest frequencies are needed. A mirror
+image negates the odd horizontal frequencies, so its hash needs no second reduction or transform.
 """
 
 from __future__ import annotations
