@@ -27,8 +27,8 @@ from bench.e2e_bench import VENV_BIN, _job_name, measured, overhead, save_result
 
 
 def run_demo(root: Path, cores: int) -> dict:
-    for module, out in (("shardsmith.cli.demo", "demo/data"), ("shardsmith.cli.tinyclip", "demo/models")):
-        subprocess.run([sys.executable, "-m", module, str(root / out)], check=True, capture_output=True)
+    for command, out in (("demo", "demo/data"), ("tiny-clip", "demo/models")):
+        subprocess.run([sys.executable, "-m", "shardsmith", command, str(root / out)], check=True, capture_output=True)
     cmd = [
         str(VENV_BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(root),
         "--configfile", str(REPO / "config" / "demo.yaml"), "--workflow-profile", "none", "--cores", str(cores),

@@ -3,6 +3,7 @@
 over `core`; and no module imports itself back through another, not even lazily or only for typing."""
 
 import ast
+import re
 import shutil
 from pathlib import Path
 
@@ -139,3 +140,34 @@ def test_a_cycle_hidden_inside_a_function_is_caught(tmp_path):
     assert wrong_way(edges) == []
     (cycle,) = cycles(edges)
     assert {"shardsmith.download.fetch.client", "shardsmith.download.fetch.responses"} <= set(cycle)
+
+
+def test_each_rules_script_imports_its_own_stage_and_the_base():
+    """rules/X.smk, scripts/<rule>.py and shardsmith/X/ line up: a rule's script calls into its stage's folder."""
+    wrong, checked = [], 0
+    for smk in sorted((REPO / "rules").glob("*.smk")):
+        stage = smk.stem
+        for script in re.findall(r'"\.\./(scripts/\w+\.py)"', smk.read_text()):
+            checked += 1
+            for module in imports(REPO / script, REPO):
+                if folder(module) not in (stage, "core", "storage", "formats"):
+                    wrong.append(f"{script} ({smk.name}) imports {module}")
+    assert checked >= 19 and wrong == []
+
+
+def test_subpackage_inits_hold_a_docstring_only():
+    """Importing shardsmith.embed.part must not import more than it names: each rule's env (and the env check,
+    tests/test_cluster_envs.py) sees exactly what a script imports."""
+    heavy = []
+    for init in sorted((REPO / "shardsmith").rglob("__init__.py")):
+        if init.parent == REPO / "shardsmith":
+            continue
+        body = ast.parse(init.read_text()).body
+        if (
+            not body
+            or len(body) > 1
+            or not isinstance(body[0], ast.Expr)
+            or not isinstance(body[0].value, ast.Constant)
+        ):
+            heavy.append(str(init.relative_to(REPO)))
+    assert heavy == []
