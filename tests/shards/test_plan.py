@@ -5,6 +5,7 @@ import json
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -13,7 +14,8 @@ from shardsmith.core.atomic import atomic_open
 from shardsmith.core.ledger import REJECT_COLUMNS
 from shardsmith.formats.parts import SAMPLE_COLUMNS
 from shardsmith.formats.tario import ShardWriter
-from shardsmith.shards.plan import plan_shards
+from shardsmith.shards.neardup import NearSettings
+from shardsmith.shards.plan import plan_dataset, plan_shards
 from shardsmith.shards.write import write_shard
 
 
@@ -288,3 +290,51 @@ def test_bins_a_killed_plan_left_behind_are_removed_by_the_next(tmp_path):
     (stale / "00000.arrow").write_bytes(b"half a file")
     plan_shards([part["samples"]], ["src-000000"], "ds", 10, tmp_path / "plan")
     assert not list(tmp_path.glob(".spill-*"))
+
+
+def near_parts(work) -> dict[str, dict]:
+    """Two parts whose samples all look different but for b1, a copy of a2 (its pHash one bit away)."""
+    parts = {
+        "src-000000": make_part(work, "src-000000", [f"a{i}" for i in range(4)]),
+        "src-000001": make_part(work, "src-000001", [f"b{i}" for i in range(4)]),
+    }
+    rng = np.random.default_rng(7)
+    codes = {k: int(c) for k, c in zip(["a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3"], rng.integers(0, 2**63, 8))}
+    codes["b1"] = codes["a2"] ^ 1
+    for p in parts.values():
+        samples = pd.read_parquet(p["samples"])
+        samples["phash"] = [f"{codes[k]:016x}" for k in samples["key"]]
+        samples["phash_mirror"] = [f"{(codes[k] ^ (2**64 - 1)):016x}" for k in samples["key"]]
+        samples.to_parquet(p["samples"])
+    return parts
+
+
+@pytest.mark.parametrize("mode", ["off", "report", "exclude"])
+def test_plan_dataset_finds_near_duplicates_before_it_plans_the_shards(tmp_path, mode):
+    """plan_dataset's order: near-duplicates are found first, so with `exclude` the copy is left out of the shards
+    (and in the ledger); `report` keeps every sample; `off` plans exactly as plan_shards alone does."""
+    work = tmp_path / "work"
+    work.mkdir()
+    parts = near_parts(work)
+    samples = [p["samples"] for p in parts.values()]
+    said = []
+    names = plan_dataset(
+        samples, work / "plan", dataset="ds", samples_per_shard=3, exclusions=[], dedupe=None,
+        near=NearSettings(near=mode), embeddings=[], scratch=None, log=said.append,
+    )  # fmt: skip
+    planned = [k for n in names for k in pd.read_parquet(work / "plan" / f"{n}.samples.parquet")["key"]]
+    dropped = pd.read_parquet(work / "plan" / "dropped.parquet")
+    if mode == "off":
+        alone = plan_shards(samples, list(parts), "ds", 3, tmp_path / "alone")
+        assert names == alone and not said
+        for n in names:
+            plan = f"{n}.samples.parquet"
+            assert (work / "plan" / plan).read_bytes() == (tmp_path / "alone" / plan).read_bytes()
+        return
+    assert json.loads((work / "plan" / "near_duplicates.json").read_text())["near_duplicates"] == 1
+    assert said and "near-duplicates: 1 samples in 1 groups" in said[-1]
+    if mode == "report":
+        assert sorted(planned) == sorted(f"{p}{i}" for p in "ab" for i in range(4)) and dropped.empty
+    else:
+        assert "b1" not in planned and len(planned) == 7
+        assert dropped["key"].tolist() == ["b1"] and "near" in dropped["reason"].iloc[0]
