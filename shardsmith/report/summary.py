@@ -186,4 +186,9 @@ def print_failure(main_log: str | list[str] | None, out_dir: str) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """`shardsmith summary FOLDER`: a published version's folder (or the run's output folder)."""
     p.add_argument("folder", help="a built dataset's folder, e.g. demo/fast-storage/demo/v1")
-    p.set_defaults(run=lambda args: print(summary_text(args.folder)) or 0)
+    p.set_defaults(run=_summary_command)
+
+
+def _summary_command(args: argparse.Namespace) -> int:
+    print(summary_text(args.folder))
+    return 0
