@@ -55,6 +55,7 @@ wildcard_constraints:
     part=r"[a-z0-9_]+-\d{6}",
     shard=r"\d{6}",
     batch=r"\d{6}",
+    bucket=r"\d{5}",
 
 
 # Input functions run once per job or more, and a LAION-size DAG has ~30k jobs: the checkpoint folders,
@@ -134,12 +135,71 @@ def get_dedupe_settings():
     }
 
 
-def get_plan_shards_mem_mb(wildcards, attempt):
-    """plan_shards holds about 100 bytes a sample while it looks for near-duplicates (bench/near_bench.py:
-    1.0 GB at 10 million), over a base of about 1 GB; the sample count is at most parts x part_size.
-    """
-    samples = len(get_part_ids()) * config["part_size"]
-    return attempt * (1000 + samples // 10_000)
+def get_published_tables(wildcards):
+    """What find_published says of the published versions (none without publish.dest)."""
+    if get_dedupe_settings() is None:
+        return []
+    return [rules.find_published.output.old, rules.find_published.output.gone]
+
+
+def get_plan_exclusions(wildcards):
+    """Every table of samples left out before the shards are planned."""
+    tables = get_exclusions(wildcards)
+    if get_dedupe_settings() is not None:
+        tables.append(rules.find_published.output.exclusions)
+    if config["dedupe"]["near"] == "exclude":
+        tables.append(rules.decide_near_duplicates.output.exclusions)
+    return tables
+
+
+def get_near_exclusions(wildcards):
+    """Samples other stages left out: not compared, so they keep nothing out."""
+    tables = get_exclusions(wildcards)
+    if get_dedupe_settings() is not None:
+        tables.append(rules.find_published.output.exclusions)
+    return tables
+
+
+def get_near_found(wildcards):
+    if config["dedupe"]["near"] == "off":
+        return []
+    return [rules.decide_near_duplicates.output.table, rules.decide_near_duplicates.output.counts]
+
+
+def get_near_samples(wildcards):
+    """The dataset's size as the near-duplicate layout counts it: parts x part_size, known before any part is
+    downloaded, so the cells and buckets never change with what a download happened to fetch."""
+    return len(get_part_ids()) * config["part_size"]
+
+
+def get_near_buckets():
+    from shardsmith.shards.neardup import NearSettings
+
+    return NearSettings(**config["dedupe"]).layout(get_near_samples(None)).buckets
+
+
+def get_near_entries(wildcards):
+    return [
+        *expand(rules.split_near_part.output[0], part=get_part_ids()),
+        rules.train_near_cells.output.entries,
+    ]
+
+
+def get_near_pair_tables(wildcards):
+    return expand(
+        rules.find_near_pairs.output[0], bucket=[f"{b:05d}" for b in range(get_near_buckets())]
+    )
+
+
+def get_part_index(wildcards):
+    """The part's place in the dataset's order: the high half of its samples' ids."""
+    return get_part_ids().index(wildcards.part)
+
+
+def get_part_near_embeddings(wildcards):
+    if not get_near_embeddings(wildcards):
+        return []
+    return expand(rules.embed_part.output.embeddings, part=wildcards.part)
 
 
 def get_near_embeddings(wildcards):

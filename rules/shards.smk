@@ -1,23 +1,114 @@
-checkpoint plan_shards:
+# Records already published (scheduled refreshes): the published versions read once, before planning.
+rule find_published:
     input:
         samples=get_all_part_samples,
         exclusions=get_exclusions,
+    output:
+        exclusions=f"{WORK}/plan/published/already_published.parquet",
+        old=f"{WORK}/plan/published/old.parquet",
+        gone=f"{WORK}/plan/published/gone.parquet",
+    log:
+        f"{LOGS}/find_published.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        dedupe=get_dedupe_settings(),
+        near=config["dedupe"]["near"] != "off",
+    script:
+        "../scripts/find_published.py"
+
+
+# Near-duplicate images (shardsmith.shards.nearparts): cells trained once, a map per part, a job per bucket, and
+# one decision over the pairs; none holds the dataset.
+rule train_near_cells:
+    input:
+        samples=get_all_part_samples,
+        published=get_published_tables,
         embeddings=get_near_embeddings,
+    output:
+        cells=f"{WORK}/plan/near/cells.npz",
+        entries=f"{WORK}/plan/near/entries/published.arrow",
+    log:
+        f"{LOGS}/train_near_cells.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        near=config["dedupe"],
+        samples=get_near_samples,
+    script:
+        "../scripts/train_near_cells.py"
+
+
+rule split_near_part:
+    input:
+        samples=rules.download_part.output.samples,
+        cells=rules.train_near_cells.output.cells,
+        exclusions=get_near_exclusions,
+        published=get_published_tables,
+        embeddings=get_part_near_embeddings,
+    output:
+        f"{WORK}/plan/near/entries/{{part}}.arrow",
+    log:
+        f"{LOGS}/split_near_part/{{part}}.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        part_index=get_part_index,
+    script:
+        "../scripts/split_near_part.py"
+
+
+rule find_near_pairs:
+    input:
+        get_near_entries,
+    output:
+        f"{WORK}/plan/near/pairs/{{bucket}}.parquet",
+    log:
+        f"{LOGS}/find_near_pairs/{{bucket}}.log",
+    conda:
+        "../envs/shards.yaml"
+    resources:
+        mem_mb=lambda wc, attempt: 2000 * attempt,
+    params:
+        near=config["dedupe"],
+        scratch=SCRATCH,
+    script:
+        "../scripts/find_near_pairs.py"
+
+
+rule decide_near_duplicates:
+    input:
+        pairs=get_near_pair_tables,
+        entries=get_near_entries,
+        samples=get_all_part_samples,
+        published=get_published_tables,
+    output:
+        table=f"{WORK}/plan/near/near_duplicates.parquet",
+        counts=f"{WORK}/plan/near/near_duplicates.json",
+        exclusions=f"{WORK}/plan/near/near_exclusions.parquet",
+    log:
+        f"{LOGS}/decide_near_duplicates.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        near=config["dedupe"],
+    script:
+        "../scripts/decide_near_duplicates.py"
+
+
+checkpoint plan_shards:
+    input:
+        samples=get_all_part_samples,
+        exclusions=get_plan_exclusions,
+        near=get_near_found,
     output:
         directory(f"{WORK}/plan/shards"),
     log:
         f"{LOGS}/plan_shards.log",
     conda:
         "../envs/shards.yaml"
-    resources:
-        mem_mb=get_plan_shards_mem_mb,
     params:
         layout=get_shard_layout(),
-        # scheduled refreshes: new records whose image is already published are left out (stage dedupe);
-        # done here rather than in a job of its own, which cost a job start-up on every run's critical path
-        dedupe=get_dedupe_settings(),
-        # near-duplicate images (shardsmith.shards.neardup): found here, after the other exclusions, so a sample
-        # left out for another reason keeps nothing out
         near=config["dedupe"],
         scratch=SCRATCH,
     script:

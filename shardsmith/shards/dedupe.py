@@ -10,6 +10,7 @@ holds old plus new records, with no image published twice across versions.
 import hashlib
 import io
 import os
+from pathlib import Path
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -111,3 +112,29 @@ def write_exclusions(sample_paths: list[str], published: pd.DataFrame, out: str 
         "kept_from_earlier_versions": kept,
         "excluded": len(excluded),
     }
+
+
+def find_published(
+    sample_paths: list[str], exclusions: list[str], dedupe: dict, out_dir: str | os.PathLike, near: bool
+) -> dict:
+    """The job before planning that reads the published versions once: `already_published.parquet` (the new
+    records already published, empty unless dedupe exact), and for the near-duplicate search which samples of
+    this build are published and which published ones are gone (shardsmith.shards.neardup.Published)."""
+    from shardsmith.shards.neardup import excluded_keys, published_candidates, write_published
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    published = published_records(dedupe["dest"], dedupe["dataset"], S3Settings(**dedupe["s3"]))
+    out = out_dir / "already_published.parquet"
+    if dedupe["exact"]:
+        counts = write_exclusions(sample_paths, published, out)
+    else:
+        with atomic_open(out) as f:
+            pd.DataFrame(columns=EXCLUSION_COLUMNS).to_parquet(f, index=False)
+        counts = {"versions": int(published["version"].nunique()), "excluded": 0}
+    if near:
+        excluded = set(excluded_keys([*exclusions, str(out)]))
+        write_published(
+            published_candidates(sample_paths, excluded, published), out_dir / "old.parquet", out_dir / "gone.parquet"
+        )
+    return counts

@@ -3,11 +3,14 @@
 Two signals: the perceptual hash of every published image (shardsmith.download.process.phash, computed where the
 image is decoded: resized, recompressed, slightly cropped and mirrored copies) and, with embed.enabled and a
 threshold set, the cosine similarity of the CLIP image embeddings (the same content reshot or re-edited). Pairs are
-found by shardsmith.shards.nearsearch. Each group keeps one sample by a fixed rule, so a rebuild keeps the same one:
+found by jobs that each see a part of the dataset (shardsmith.shards.nearparts: a map per part, a job per bucket),
+then decided by one job that holds only the pairs (`decide`). Each group keeps one sample by a fixed rule, so a
+rebuild keeps the same one:
 
 1. a sample already published (its source_id is in a published version) is always kept;
 2. then the largest image (pixels before resizing);
-3. then the earliest record (part order, record order within the part).
+3. then, at equal pixels, the largest file as fetched (the copy compressed least);
+4. then the earliest record (part order, record order within the part).
 
 Samples are visited in that order; each one not yet taken keeps its near neighbours that are not taken yet,
 so every sample left out is within the threshold of the sample it names (no chains). With `near: exclude`
@@ -16,7 +19,7 @@ those land in the ledger (stage dedupe, reason near_duplicate); with `report` th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,15 +27,30 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from shardsmith.core.atomic import atomic_open
+from shardsmith.core.atomic import atomic_open, atomic_write_text
 from shardsmith.core.errors import ConfigError
 from shardsmith.core.ledger import DEDUPE, EXCLUSION_COLUMNS
-from shardsmith.shards.nearsearch import near_pairs
+from shardsmith.shards.nearparts import (
+    CELL_TRAIN_PER_CENTROID,
+    SAME_HASH,
+    Layout,
+    bucket_count,
+    bucket_pairs,
+    cell_count,
+    is_published,
+    part_entries,
+    priority,
+    read_cells,
+    sample_id,
+    split_id,
+    train_cells,
+    write_cells,
+    write_entries,
+)
 
 REASON = "near_duplicate"
 NEAR_COLUMNS = ["key", "kept_key", "kept_version", "signal", "distance", "part", "kept_part"]
 MODES = ("report", "exclude", "off")
-_CHUNK = 100_000
 
 
 @dataclass(frozen=True)
@@ -43,6 +61,9 @@ class NearSettings:
     phash_max_distance: int = 8  # Hamming distance (of 64 bits) at or under which two images are near
     embedding_min_similarity: float | None = None  # cosine similarity at or over which two images are near
     bin_size: int = 20_000  # vectors searched together (shardsmith.shards.nearsearch): bounds the step's memory
+    cell_samples: int = 1_000_000  # samples a cell holds (nearparts): more cells, smaller searches
+    bucket_samples: int = 2_000_000  # samples' entries a bucket job reads: sets the jobs' size
+    buckets: int | None = None  # bucket jobs; None: from the dataset's size and bucket_samples
 
     def __post_init__(self) -> None:
         if self.near not in MODES:
@@ -54,28 +75,13 @@ class NearSettings:
             raise ConfigError(f"dedupe.embedding_min_similarity must be in (0, 1] or null, got {s}")
         if self.bin_size < 100:
             raise ConfigError(f"dedupe.bin_size must be >= 100, got {self.bin_size}")
+        if self.buckets is not None and self.buckets < 1:
+            raise ConfigError(f"dedupe.buckets must be >= 1 or null, got {self.buckets}")
 
-
-@dataclass
-class Candidates:
-    """The samples compared, as arrays (about 40 bytes a sample; keys are read back only for the rows written).
-
-    Samples of this build first, in part and record order (`part` indexes the part ids, `row` the part's
-    samples table), then published samples no longer in the build (`part` -1, `row` indexes `gone_keys`).
-    """
-
-    part: np.ndarray  # int32
-    row: np.ndarray  # int32
-    version: np.ndarray  # int16 index into `versions`; -1: not published
-    area: np.ndarray  # int64, pixels before resizing
-    code: np.ndarray  # uint64 pHash
-    mirror: np.ndarray  # uint64 pHash of the mirror image
-    versions: list[str]
-    gone_keys: list[str]
-    rank: np.ndarray = None  # int64, 0 is kept first
-
-    def __len__(self) -> int:
-        return len(self.part)
+    def layout(self, samples: int) -> Layout:
+        """Cells and bucket jobs for a dataset of this many samples."""
+        return Layout(cells=cell_count(samples, self.cell_samples),
+                      buckets=bucket_count(samples, self.bucket_samples, self.buckets))  # fmt: skip
 
 
 def _codes(hexes: pd.Series) -> np.ndarray:
@@ -83,156 +89,186 @@ def _codes(hexes: pd.Series) -> np.ndarray:
     return np.frombuffer(bytes.fromhex("".join(hexes.to_numpy(dtype=str))), dtype=">u8").astype(np.uint64)
 
 
-def candidates(sample_paths: list[str], excluded: set[str], published: pd.DataFrame | None) -> Candidates:
-    """Every sample of this build not already left out by another stage (read one part at a time), then the
-    published samples no longer in the build, each with its place in the keep order."""
-    first = published.drop_duplicates("source_id") if published is not None else None
-    versions = sorted(set(first["version"])) if first is not None else []
-    pub_index = pd.Index(first["source_id"]) if first is not None else pd.Index([])
-    pub_version = (
-        first["version"].map({v: i for i, v in enumerate(versions)}).to_numpy(np.int16)
-        if first is not None
-        else np.empty(0, np.int16)
-    )
-    present = np.zeros(len(pub_index), bool)
-    gone = first.iloc[0:0] if first is not None else None
-    if first is not None:  # samples of earlier versions whose source_id is no longer in the build: below
-        gone = first[first["phash"].notna().to_numpy() & (first["phash"] != "").to_numpy()]  # older versions: no hash
-    # filled in place, part by part: gathering the parts and concatenating them would hold every array twice
-    total = sum(pq.ParquetFile(p).metadata.num_rows for p in sample_paths) + (len(gone) if gone is not None else 0)
-    c = Candidates(
-        part=np.empty(total, np.int32), row=np.empty(total, np.int32), version=np.empty(total, np.int16),
-        area=np.empty(total, np.int64), code=np.empty(total, np.uint64), mirror=np.empty(total, np.uint64),
-        versions=versions, gone_keys=[],
-    )  # fmt: skip
-    cols = ["key", "source_id", "width_before", "height_before", "phash", "phash_mirror"]
-    left_out = pd.Index(sorted(excluded))  # hashed once, not once a part
-    n = 0
+@dataclass
+class Published:
+    """What the search needs of the published versions: which samples of this build are already published
+    (`old`: part, row, version), and the published samples no longer in it (`gone`: key, version and hashes;
+    they take part as the part after the last, as keepers only)."""
+
+    versions: list[str]
+    old: pd.DataFrame
+    gone: pd.DataFrame
+
+
+GONE_COLUMNS = ["key", "version", "width_before", "height_before", "phash", "phash_mirror"]
+
+
+def published_candidates(sample_paths: list[str], excluded: set[str], published: pd.DataFrame | None) -> Published:
+    """Split the published records (dedupe.published_records) into this build's samples already published
+    and those no longer in it; a sample another stage left out counts as no longer in it."""
+    if published is None or published.empty:
+        return Published([], pd.DataFrame({"part": [], "row": [], "version": []}), pd.DataFrame(columns=GONE_COLUMNS))
+    first = published.drop_duplicates("source_id")
+    versions = sorted(set(first["version"]))
+    index = pd.Index(first["source_id"])
+    present = np.zeros(len(index), bool)
+    left_out = pd.Index(sorted(excluded))
+    old = []
     for p, path in enumerate(sample_paths):
-        t = pd.read_parquet(path, columns=cols)
+        t = pd.read_parquet(path, columns=["key", "source_id"])
         keep = left_out.get_indexer(t["key"]) < 0 if len(left_out) else np.ones(len(t), bool)
-        t = t[keep]
-        pos = pub_index.get_indexer(t["source_id"]) if len(pub_index) else np.full(len(t), -1, np.intp)
-        present[pos[pos >= 0]] = True
-        at = slice(n, n + len(t))
-        c.part[at], c.row[at] = p, np.flatnonzero(keep)
-        c.version[at] = -1
-        c.version[at][pos >= 0] = pub_version[pos[pos >= 0]]
-        c.area[at] = t["width_before"].to_numpy(np.int64) * t["height_before"].to_numpy(np.int64)
-        c.code[at], c.mirror[at] = _codes(t["phash"]), _codes(t["phash_mirror"])
-        n += len(t)
-    if gone is not None:
-        gone = gone[~present[pub_index.get_indexer(gone["source_id"])]]
-        at = slice(n, n + len(gone))
-        c.part[at], c.row[at] = -1, np.arange(len(gone))
-        c.version[at] = gone["version"].map({v: i for i, v in enumerate(versions)}).to_numpy(np.int16)
-        c.area[at] = gone["width_before"].to_numpy(np.int64) * gone["height_before"].to_numpy(np.int64)
-        c.code[at], c.mirror[at] = _codes(gone["phash"]), _codes(gone["phash_mirror"])
-        c.gone_keys = gone["key"].tolist()
-        n += len(gone)
-    for name in ("part", "row", "version", "area", "code", "mirror"):  # less than total when some were left out
-        setattr(c, name, getattr(c, name)[:n])
-    order = np.lexsort((-c.area, c.version < 0))  # published, then largest, then earliest (lexsort is stable)
-    c.rank = np.empty(n, np.int64)
-    c.rank[order] = np.arange(n)
-    return c
+        pos = index.get_indexer(t["source_id"])
+        hit = keep & (pos >= 0)
+        present[pos[hit]] = True
+        version = first["version"].to_numpy()[pos[hit]]
+        old.append(pd.DataFrame({"part": p, "row": np.flatnonzero(hit), "version": version}))
+    hashed = first["phash"].notna().to_numpy() & (first["phash"] != "").to_numpy()  # older versions: no hash
+    gone = first[hashed & ~present][GONE_COLUMNS].reset_index(drop=True)
+    return Published(versions, pd.concat(old, ignore_index=True), gone)
 
 
-def _chunks(arrays: list[tuple[np.ndarray, np.ndarray]]):
-    def gen() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for ids, x in arrays:
-            for s in range(0, len(ids), _CHUNK):
-                yield ids[s : s + _CHUNK], x[s : s + _CHUNK]
-
-    return gen
-
-
-def representatives(c: Candidates) -> np.ndarray:
-    """For each candidate, the first in keep order with the very same hash (most often itself). Only these
-    are searched: a thousand copies of one placeholder image are one search row, not half a million pairs."""
-    order = np.lexsort((c.rank, c.code))
-    code = c.code[order]
-    start = np.r_[True, code[1:] != code[:-1]] if len(code) else np.empty(0, bool)
-    rep = np.empty(len(c), np.int64)
-    rep[order] = order[start][np.cumsum(start) - 1]
-    return rep
+def part_candidates(
+    samples_path: str, part: int, excluded: pd.Index, old_rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, priorities, hashes, mirror hashes, rows) of a part's samples that no other stage left out."""
+    present = set(pq.read_schema(samples_path).names)
+    cols = ["key", "width_before", "height_before", "phash", "phash_mirror"]
+    t = pd.read_parquet(samples_path, columns=cols + [c for c in ("bytes_before", "bytes") if c in present])
+    keep = excluded.get_indexer(t["key"]) < 0 if len(excluded) else np.ones(len(t), bool)
+    rows = np.flatnonzero(keep)
+    t = t.iloc[rows]
+    area = t["width_before"].to_numpy(np.int64) * t["height_before"].to_numpy(np.int64)
+    # the file as fetched: parts processed before its column was recorded have the published file's size
+    size = next((c for c in ("bytes_before", "bytes") if c in t), None)
+    nbytes = t[size].to_numpy(np.int64) if size else np.zeros(len(t), np.int64)
+    prio = priority(np.isin(rows, old_rows), area, nbytes)
+    return sample_id(part, rows), prio, _codes(t["phash"]), _codes(t["phash_mirror"]), rows
 
 
-def phash_pairs(c: Candidates, ids: np.ndarray, s: NearSettings, scratch: str | None = None) -> pd.DataFrame:
-    """Pairs (a, b, score) of the candidates `ids` whose hashes, one of them mirrored, are within the distance."""
-    every = len(ids) == len(c)  # the usual case: no copies, so views, not copies, of the hashes
-    chunks = _chunks([(ids, c.code if every else c.code[ids]), (ids, c.mirror if every else c.mirror[ids])])
-    a, b, d = near_pairs(chunks, 2 * len(ids), s.phash_max_distance, True, s.bin_size, scratch)
-    return pd.DataFrame({"a": a, "b": b, "score": d.astype(np.float64), "signal": "phash"})
+def gone_candidates(gone: pd.DataFrame, part: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    area = gone["width_before"].to_numpy(np.int64) * gone["height_before"].to_numpy(np.int64)
+    prio = priority(np.ones(len(gone), bool), area, np.zeros(len(gone), np.int64))
+    return sample_id(part, np.arange(len(gone))), prio, _codes(gone["phash"]), _codes(gone["phash_mirror"])
 
 
-def embedding_pairs(
-    c: Candidates,
-    searched: np.ndarray,
-    sample_paths: list[str],
-    embedding_paths: list[str],
-    s: NearSettings,
-    scratch: str | None = None,
-) -> pd.DataFrame:
-    """Pairs of candidates of this build (those `searched` marks) whose CLIP image embeddings are at least the
-    similarity apart.
+def decide(pairs: pd.DataFrame) -> pd.DataFrame:
+    """(out, kept, signal, score) for every sample left out, in keep order, from every bucket's pairs (which
+    may repeat).
 
-    A part's embeddings file holds its samples table's rows in order (embed_part); the files are read as
-    the search needs them, one part in memory at a time."""
-    here = c.part[: int(np.count_nonzero(c.part >= 0))]  # this build's rows come first, in part order
-    starts = np.searchsorted(here, np.arange(len(embedding_paths) + 1))
+    The rule: samples are visited in keep order (priority, then id); one not yet taken takes its near
+    neighbours not yet taken (a published one is never taken), so a sample is left out exactly when its
+    earliest kept neighbour comes before it, and it names that one. Decided in rounds over the pairs, not
+    sample by sample: a sample is settled once its neighbours before it are, up to the first kept one, so a
+    group of copies takes two rounds and only chains of near pairs take more. A sample with the very hash of
+    an earlier one (same_hash) is not searched: it goes out for that one when it is kept, else for its keeper.
+    """
+    cols = ["out", "kept", "signal", "score"]
+    if pairs.empty:
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in zip(cols, ["int64", "int64", "str", "float64"])})
+    same = pairs[pairs["signal"] == SAME_HASH].drop_duplicates(["a", "b"])
+    near = pairs[pairs["signal"] != SAME_HASH]
+    members = same["b"].to_numpy()
+    near = near[~near["a"].isin(members) & ~near["b"].isin(members)]
+    a, b = near["a"].to_numpy(np.int64), near["b"].to_numpy(np.int64)
+    pa_, pb = near["prio_a"].to_numpy(np.uint64), near["prio_b"].to_numpy(np.uint64)
+    first = (pa_ < pb) | ((pa_ == pb) & (a < b))
+    u, v = np.where(first, a, b), np.where(first, b, a)
+    pu, pv = np.where(first, pa_, pb), np.where(first, pb, pa_)
+    signal, score = near["signal"].to_numpy(), near["score"].to_numpy(np.float64)
+    ok = ~is_published(pv)  # a published sample is never left out
+    u, v, pu, pv, signal, score = u[ok], v[ok], pu[ok], pv[ok], signal[ok], score[ok]
+    # one row per pair: the perceptual signal first (its pair is named), then the nearest
+    by = np.lexsort((np.where(signal == "phash", score, -score), signal != "phash", v, u))
+    u, v, pu, pv, signal, score = u[by], v[by], pu[by], pv[by], signal[by], score[by]
+    one = np.r_[True, (u[1:] != u[:-1]) | (v[1:] != v[:-1])] if len(u) else np.empty(0, bool)
+    u, v, pu, pv, signal, score = u[one], v[one], pu[one], pv[one], signal[one], score[one]
+    # samples in keep order: rank 0 first
+    ids = np.concatenate([u, v])
+    prios = np.concatenate([pu, pv])
+    order = np.lexsort((ids, prios))
+    ids_sorted = ids[order]
+    keep = np.r_[True, ids_sorted[1:] != ids_sorted[:-1]] if len(ids_sorted) else np.empty(0, bool)
+    node_ids = ids_sorted[keep]  # in keep order
+    rank_of = pd.Index(node_ids)
+    ru, rv = rank_of.get_indexer(u), rank_of.get_indexer(v)
+    status = np.zeros(len(node_ids), np.int8)  # 0 unknown, 1 kept, 2 left out
+    keeper = np.full(len(node_ids), -1, np.int64)  # the pair that left it out
+    incoming = np.zeros(len(node_ids), bool)
+    incoming[rv] = True
+    status[~incoming] = 1
+    by_v = np.lexsort((ru, rv))
+    ru, rv = ru[by_v], rv[by_v]
+    pair_of = by_v
+    starts = np.flatnonzero(np.r_[True, rv[1:] != rv[:-1]]) if len(rv) else np.empty(0, np.int64)
+    ends = np.r_[starts[1:], len(rv)]
+    group_v = rv[starts]
+    while (status[group_v] == 0).any():
+        s = status[ru]
+        cand = np.where(s != 2, np.arange(len(ru)), len(ru))
+        firsts = np.minimum.reduceat(cand, starts)
+        todo = status[group_v] == 0
+        none = todo & (firsts >= ends)  # every neighbour before it left out: kept
+        at = np.minimum(firsts, len(ru) - 1)
+        taken = todo & (firsts < ends) & (s[at] == 1)
+        if not (none.any() or taken.any()):
+            raise RuntimeError("near-duplicate decision made no progress")  # cannot happen: the least unknown settles
+        status[group_v[none]] = 1
+        status[group_v[taken]] = 2
+        keeper[group_v[taken]] = pair_of[at[taken]]
+    out_nodes = np.flatnonzero(status == 2)
+    k = keeper[out_nodes]
+    decided = {
+        int(node_ids[n]): (int(u[p]), str(signal[p]), float(score[p])) for n, p in zip(out_nodes, k, strict=True)
+    }
+    same_prio = dict(zip(same["b"].to_numpy().tolist(), same["prio_b"].to_numpy().tolist(), strict=True))
+    rows = [(o, kept, sig, sc) for o, (kept, sig, sc) in decided.items()]
+    for rep, member, pm in zip(same["a"].to_numpy(), same["b"].to_numpy(), same["prio_b"].to_numpy(), strict=True):
+        if is_published(np.uint64(pm)):
+            continue
+        got = decided.get(int(rep))
+        rows.append((int(member), *(got if got else (int(rep), "phash", 0.0))))
+    prio = {**dict(zip(ids.tolist(), prios.tolist(), strict=True)), **same_prio}
+    rows.sort(key=lambda r: (prio[r[0]], r[0]))
+    return pd.DataFrame(rows, columns=cols)
 
-    def gen() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for p, path in enumerate(embedding_paths):
-            lo, hi = starts[p], starts[p + 1]
-            with np.load(path, allow_pickle=False) as z:
-                keys, image = z["key"], z["image"]
-            if not np.array_equal(keys, pd.read_parquet(sample_paths[p], columns=["key"])["key"].to_numpy(dtype=str)):
-                raise ValueError(f"{path} does not hold the rows of {sample_paths[p]}: run embed_part for it again")
-            rows = np.arange(lo, hi, dtype=np.int64)
-            take = searched[lo:hi]
-            yield rows[take], image[c.row[lo:hi][take]].astype(np.float16)
 
-    n = int(np.count_nonzero(searched & (c.part >= 0)))
-    a, b, sim = near_pairs(gen, n, s.embedding_min_similarity, False, s.bin_size, scratch)
-    return pd.DataFrame({"a": a, "b": b, "score": sim.astype(np.float64), "signal": "embedding"})
-
-
-def keep_one(c: Candidates, pairs: pd.DataFrame, rep: np.ndarray) -> list[tuple[int, int, str, float]]:
-    """(left out, kept, signal, score) for the samples of this build left out for a kept one, in keep order
-    (see the module's rule). `pairs` are between representatives; a sample with a representative's very hash
-    goes where its representative goes: out for it (distance 0) when it is kept, out for its keeper when not."""
-    taken: dict[int, tuple[int, str, float]] = {}
-    if not pairs.empty:
-        a, b = pairs["a"].to_numpy(), pairs["b"].to_numpy()
-        first = c.rank[a] < c.rank[b]
-        u, v = np.where(first, a, b), np.where(first, b, a)
-        signal, score = pairs["signal"].to_numpy(), pairs["score"].to_numpy()
-        published = c.version >= 0
-        for i in np.lexsort((c.rank[v], c.rank[u])):
-            keeper, other = int(u[i]), int(v[i])
-            if keeper in taken or other in taken or published[other]:
-                continue
-            taken[other] = (keeper, str(signal[i]), float(score[i]))
-    for member in np.flatnonzero((rep != np.arange(len(c))) & (c.version < 0)):
-        r = int(rep[member])
-        taken[int(member)] = taken.get(r, (r, "phash", 0.0))
-    return sorted(((o, *t) for o, t in taken.items()), key=lambda t: c.rank[t[0]])
-
-
-def _keys(c: Candidates, ids: list[int], sample_paths: list[str]) -> dict[int, str]:
-    """The keys of some candidates, read back from their parts' samples tables."""
+def _keys_of(ids: np.ndarray, sample_paths: list[str], gone: pd.DataFrame) -> dict[int, str]:
+    """The keys of some samples, read back from their parts' samples tables (or the published ones)."""
+    part, row = split_id(ids)
     out: dict[int, str] = {}
-    by_part: dict[int, list[int]] = {}
-    for i in ids:
-        if c.part[i] < 0:
-            out[i] = c.gone_keys[c.row[i]]
+    for p in np.unique(part):
+        take = part == p
+        if p == len(sample_paths):
+            keys = gone["key"].to_numpy()
         else:
-            by_part.setdefault(int(c.part[i]), []).append(i)
-    for p, members in by_part.items():
-        keys = pd.read_parquet(sample_paths[p], columns=["key"])["key"].to_numpy()
-        out.update({i: str(keys[c.row[i]]) for i in members})
+            keys = pd.read_parquet(sample_paths[p], columns=["key"])["key"].to_numpy()
+        out.update(zip(ids[take].tolist(), (str(k) for k in keys[row[take]]), strict=True))
     return out
+
+
+def near_rows(
+    decided: pd.DataFrame, sample_paths: list[str], part_ids: list[str], published: Published
+) -> pd.DataFrame:
+    """NEAR_COLUMNS rows for the samples left out: keys, the kept sample's version and both parts."""
+    ids = np.unique(np.r_[decided["out"].to_numpy(np.int64), decided["kept"].to_numpy(np.int64)])
+    keys = _keys_of(ids, sample_paths, published.gone)
+    old = published.old
+    old_ids = (old["part"].to_numpy(np.int64) << 32) | old["row"].to_numpy(np.int64)
+    version = dict(zip(old_ids.tolist(), old["version"], strict=True))
+    n = len(sample_paths)
+    gone_version = published.gone["version"].to_numpy()
+
+    def where(i: int) -> tuple[str, str]:
+        p, r = int(i) >> 32, int(i) & 0xFFFF_FFFF
+        if p == n:
+            return "", str(gone_version[r])
+        return part_ids[p], str(version.get(int(i), ""))
+
+    rows = []
+    for o, k, sig, score in decided.itertuples(index=False):
+        (op, _), (kp, kv) = where(o), where(k)
+        rows.append([keys[o], keys[k], kv, sig, score, op, kp])
+    return pd.DataFrame(rows, columns=NEAR_COLUMNS)
 
 
 def find_near_duplicates(
@@ -243,24 +279,94 @@ def find_near_duplicates(
     published: pd.DataFrame | None = None,
     embedding_paths: list[str] = (),
     scratch: str | None = None,
+    layout: Layout | None = None,
+    work: str | None = None,
 ) -> tuple[pd.DataFrame, int]:
-    """NEAR_COLUMNS rows for the samples of this build that are near-duplicates of a kept sample, and how many
-    samples of this build were compared."""
-    c = candidates(list(sample_paths), set(excluded), published)
-    rep = representatives(c)
-    searched = rep == np.arange(len(c))
-    pairs = [phash_pairs(c, np.flatnonzero(searched), s, scratch)]
-    if s.embedding_min_similarity is not None and embedding_paths:
-        pairs.append(embedding_pairs(c, searched, list(sample_paths), list(embedding_paths), s, scratch))
-    both = pd.concat(pairs, ignore_index=True)
-    both = both[(c.version[both["a"]] < 0) | (c.version[both["b"]] < 0)]  # published pairs: both stay
-    both = both.drop_duplicates(["a", "b"]).reset_index(drop=True)  # the perceptual signal first: its pair is named
-    decided = keep_one(c, both, rep)
-    keys = _keys(c, sorted({i for o, k, *_ in decided for i in (o, k)}), list(sample_paths))
-    part = lambda i: part_ids[c.part[i]] if c.part[i] >= 0 else ""  # noqa: E731
-    version = lambda i: c.versions[c.version[i]] if c.version[i] >= 0 else ""  # noqa: E731
-    rows = [[keys[o], keys[k], version(k), sig, score, part(o), part(k)] for o, k, sig, score in decided]
-    return pd.DataFrame(rows, columns=NEAR_COLUMNS), int(np.count_nonzero(c.part >= 0))
+    """The partitioned search run in one process (map every part, each bucket, then decide): NEAR_COLUMNS rows
+    for the samples of this build that are near-duplicates of a kept sample, and how many were compared.
+    The workflow runs the same steps as jobs (rules/shards.smk); `layout` defaults to one cell, one bucket."""
+    import tempfile
+
+    sample_paths, embedding_paths = list(sample_paths), list(embedding_paths)
+    pub = published_candidates(sample_paths, set(excluded), published)
+    layout = layout or Layout(cells=1, buckets=1)
+    left_out = pd.Index(sorted(excluded))
+    with tempfile.TemporaryDirectory(prefix="shardsmith-near-", dir=work) as tmp:
+        cells = train_part_cells(sample_paths, layout, s, embedding_paths)
+        entries, compared = [], 0
+        for p, path in enumerate(sample_paths):
+            out = f"{tmp}/{p}.arrow"
+            compared += split_part(path, p, left_out, pub.old, layout, cells, out,
+                                   embedding_paths[p] if s.embedding_min_similarity is not None and embedding_paths
+                                   else None)  # fmt: skip
+            entries.append(out)
+        out = f"{tmp}/published.arrow"
+        split_gone(pub.gone, len(sample_paths), layout, cells, out)
+        entries.append(out)
+        pairs = pd.concat(
+            [bucket_pairs(entries, b, s.phash_max_distance, s.embedding_min_similarity if embedding_paths else None,
+                          s.bin_size, scratch) for b in range(layout.buckets)],
+            ignore_index=True,
+        )  # fmt: skip
+    return near_rows(decide(pairs), sample_paths, list(part_ids), pub), compared
+
+
+def train_part_cells(
+    sample_paths: list[str], layout: Layout, s: NearSettings, embedding_paths: list[str] = ()
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Cell centroids from an evenly strided sample of the hashes (and embeddings, when used) of evenly strided
+    parts: enough parts for four times the training points, not every part (LAION-5B has tens of thousands)."""
+    if layout.cells <= 1:
+        return np.zeros((0, 64), np.float32), None
+    want = layout.cells * CELL_TRAIN_PER_CENTROID
+    rows = [pq.ParquetFile(p).metadata.num_rows for p in sample_paths]
+    per_part = max(1, sum(rows) // max(1, len(rows)))
+    chosen = list(range(0, len(sample_paths), max(1, len(sample_paths) * per_part // (4 * want))))
+    total = sum(rows[p] for p in chosen)
+    step = max(1, total // want)
+    codes, vecs, seen = [], [], 0
+    for p in chosen:
+        path = sample_paths[p]
+        t = pd.read_parquet(path, columns=["phash"])
+        take = np.arange((-seen) % step, len(t), step)
+        codes.append(_codes(t["phash"].iloc[take]))
+        if s.embedding_min_similarity is not None and embedding_paths:
+            with np.load(embedding_paths[p], allow_pickle=False) as z:
+                vecs.append(z["image"][take].astype(np.float32))
+        seen += len(t)
+    phash = train_cells(np.concatenate(codes), layout.cells, True)
+    embedding = train_cells(np.concatenate(vecs), layout.cells, False) if vecs else None
+    return phash, embedding
+
+
+def split_part(
+    samples_path: str,
+    part: int,
+    excluded: pd.Index,
+    old: pd.DataFrame,
+    layout: Layout,
+    cells: tuple[np.ndarray, np.ndarray | None],
+    out: str,
+    embeddings_path: str | None = None,
+) -> int:
+    """Write a part's entries (shardsmith.shards.nearparts) to `out`; returns the samples compared."""
+    old_rows = old["row"].to_numpy()[old["part"].to_numpy() == part] if len(old) else np.empty(0, np.int64)
+    ids, prio, code, mirror, rows = part_candidates(samples_path, part, excluded, old_rows)
+    emb = None
+    if embeddings_path is not None:
+        with np.load(embeddings_path, allow_pickle=False) as z:
+            keys, image = z["key"], z["image"]
+        if not np.array_equal(keys, pd.read_parquet(samples_path, columns=["key"])["key"].to_numpy(dtype=str)):
+            raise ValueError(f"{embeddings_path} does not hold the rows of {samples_path}: run embed_part for it again")
+        emb = image[rows]
+    write_entries(out, part_entries(ids, prio, code, mirror, layout, cells[0], emb, cells[1]), layout, len(ids))
+    return len(ids)
+
+
+def split_gone(gone: pd.DataFrame, part: int, layout: Layout, cells: tuple, out: str) -> None:
+    """The published samples no longer in the build, as entries of the part after the last."""
+    ids, prio, code, mirror = gone_candidates(gone, part)
+    write_entries(out, part_entries(ids, prio, code, mirror, layout, cells[0]), layout)
 
 
 def describe(row: dict) -> str:
@@ -302,3 +408,68 @@ def write_tables(near: pd.DataFrame, out_dir: str | Path, exclude: bool) -> list
     with atomic_open(out_dir / "near_exclusions.parquet") as f:
         exclusions(near).to_parquet(f, index=False)
     return [str(out_dir / "near_exclusions.parquet")]
+
+
+# The workflow's jobs (rules/shards.smk), in their order: find_published (shardsmith.shards.dedupe), then
+# train_near_cells, split_near_part per part, find_near_pairs per bucket, decide_near_duplicates.
+
+
+def read_published(old_path: str, gone_path: str) -> Published:
+    old, gone = pd.read_parquet(old_path), pd.read_parquet(gone_path)
+    return Published(sorted(set(old["version"]) | set(gone["version"])), old, gone)
+
+
+def write_published(pub: Published, old_path: str | Path, gone_path: str | Path) -> None:
+    for frame, path in ((pub.old, old_path), (pub.gone, gone_path)):
+        with atomic_open(path) as f:
+            frame.to_parquet(f, index=False)
+
+
+def no_published() -> Published:
+    return published_candidates([], set(), None)
+
+
+def excluded_keys(exclusions: list[str]) -> pd.Index:
+    """Keys other stages left out (their exclusion tables): not compared, so they keep nothing out."""
+    keys = [pd.read_parquet(p, columns=["key"])["key"] for p in exclusions]
+    return pd.Index(sorted(set(pd.concat(keys)))) if keys else pd.Index([])
+
+
+def train_near_cells(
+    sample_paths: list[str], s: NearSettings, samples: int, published: Published, embedding_paths: list[str],
+    out_cells: str, out_published: str,
+) -> Layout:  # fmt: skip
+    """The cells' centroids for a dataset of about `samples` samples, and the published samples' entries."""
+    layout = s.layout(samples)
+    cells = train_part_cells(sample_paths, layout, s, embedding_paths)
+    write_cells(out_cells, layout, cells[0], cells[1])
+    split_gone(published.gone, len(sample_paths), layout, cells, out_published)
+    return layout
+
+
+def split_near_part_job(
+    samples_path: str, part: int, exclusions: list[str], old_path: str | None, cells_path: str, out: str,
+    embeddings_path: str | None,
+) -> int:  # fmt: skip
+    layout, phash, embedding = read_cells(cells_path)
+    old = pd.read_parquet(old_path, filters=[("part", "=", part)]) if old_path else no_published().old
+    return split_part(samples_path, part, excluded_keys(exclusions), old, layout, (phash, embedding), out,
+                      embeddings_path)  # fmt: skip
+
+
+def decide_near_duplicates(
+    pair_paths: list[str], sample_paths: list[str], part_ids: list[str], published: Published, s: NearSettings,
+    compared: int, out_dir: str | Path,
+) -> dict:  # fmt: skip
+    """near_duplicates.parquet and .json (and near_exclusions.parquet with exclude) from every bucket's pairs;
+    returns the counts."""
+    pairs = pd.concat([pd.read_parquet(p) for p in pair_paths], ignore_index=True)
+    found = near_rows(decide(pairs), list(sample_paths), list(part_ids), published)
+    out_dir = Path(out_dir)
+    write_tables(found, out_dir, exclude=s.near == "exclude")
+    if s.near != "exclude":  # the table the plan reads, empty: nothing left out
+        with atomic_open(out_dir / "near_exclusions.parquet") as f:
+            exclusions(found.iloc[0:0]).to_parquet(f, index=False)
+    counts = summary(found, compared)
+    atomic_write_text(out_dir / "near_duplicates.json", json.dumps({**counts, "settings": vars(s)}, indent=1) + "\n")
+    return counts

@@ -210,13 +210,16 @@ def plan_dataset(
     near: NearSettings,
     embeddings: list[str],
     scratch: str | None,
+    found: str | os.PathLike | None = None,
     log: Callable[[str], None] = print,
 ) -> list[str]:
     """The whole plan, in its order: records already published left out (`dedupe`), then near-duplicate images
     found (reported, or left out with `near.near: exclude`), then the rest assigned to shards (plan_shards).
 
     `samples` are the parts' samples tables, named `{part}.samples.parquet`; `exclusions` the tables of
-    samples other steps left out. Returns the shard names.
+    samples other steps left out. `found`: the folder where the workflow's jobs already found the
+    near-duplicates (decide_near_duplicates); without it they are searched here, in one process. Returns the
+    shard names.
     """
     parts = [Path(p).name.split(".")[0] for p in samples]
     out_dir = Path(out_dir)
@@ -234,15 +237,26 @@ def plan_dataset(
             f"{n['excluded']} new ones already published (url or image sha256) left out"
         )
     if near.near != "off":
-        excluded = (
-            set(pd.concat([pd.read_parquet(p, columns=["key"])["key"] for p in exclusions])) if exclusions else set()
-        )
-        found, compared = find_near_duplicates(samples, parts, near, excluded, published, embeddings, scratch)
-        exclusions += write_tables(found, out_dir, exclude=near.near == "exclude")
-        counts = near_summary(found, compared)
-        atomic_write_text(
-            out_dir / "near_duplicates.json", json.dumps({**counts, "settings": vars(near)}, indent=1) + "\n"
-        )
+        if found is None:
+            excluded = (
+                set(pd.concat([pd.read_parquet(p, columns=["key"])["key"] for p in exclusions]))
+                if exclusions
+                else set()
+            )
+            rows, compared = find_near_duplicates(samples, parts, near, excluded, published, embeddings, scratch)
+            exclusions += write_tables(rows, out_dir, exclude=near.near == "exclude")
+            counts = near_summary(rows, compared)
+            atomic_write_text(
+                out_dir / "near_duplicates.json", json.dumps({**counts, "settings": vars(near)}, indent=1) + "\n"
+            )
+        else:  # the report and the card read them beside the plan
+            for name in ("near_duplicates.parquet", "near_duplicates.json"):
+                with atomic_open(out_dir / name) as f:
+                    f.write((Path(found) / name).read_bytes())
+            near_out = str(Path(found) / "near_exclusions.parquet")
+            if near.near == "exclude" and near_out not in exclusions:
+                exclusions.append(near_out)
+            counts = json.loads((out_dir / "near_duplicates.json").read_text())
         left = "left out" if near.near == "exclude" else "reported, all kept (dedupe.near: report)"
         log(f"near-duplicates: {counts['near_duplicates']} samples in {counts['groups']} groups {left}")
     return plan_shards(

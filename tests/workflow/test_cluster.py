@@ -119,7 +119,8 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
     model_config, checkpoint = write_tiny_clip(tmp_path / "models")
     embed = {"enabled": True, "model": NAME, "pretrained": str(checkpoint), "model_config": str(model_config)}
     cluster_root, local_root = tmp_path / "cluster", tmp_path / "local"
-    settings = {"embed": embed, "samples_per_shard": 16}  # 3 shards: fewer jobs, still several per rule
+    # 3 shards: fewer jobs, still several per rule; the near-duplicate search in 3 bucket jobs
+    settings = {"embed": embed, "samples_per_shard": 16, "dedupe": {"near": "report", "buckets": 3}}
     cluster = start_on_cluster(cluster_root, demo_config(data, cluster_root, **settings))
     try:  # the local reference run meanwhile: the cluster run mostly waits for status polls
         local = run_workflow(local_root, demo_config(data, local_root, **settings))
@@ -143,6 +144,7 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
     submitted = SUBMITTED.findall(stderr)
     assert Counter(rule for _, rule in submitted) == jobs_run - Counter(all=1)
     assert {"plan_parts", "download_part", "embed_part", "write_shard", "validate_dataset"} <= set(jobs_run)
+    assert jobs_run["find_near_pairs"] == 3 and jobs_run["split_near_part"] == jobs_run["download_part"]
 
     # SLURM ran them to completion, in the partitions and with the CPUs the profile asks for.
     done = completed_jobs()

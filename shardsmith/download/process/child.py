@@ -124,6 +124,7 @@ class PartProcessor:
                 data = os.pread(self._raw.fileno(), where[1], where[0])
                 if len(data) != where[1]:
                     raise OSError(f"raw tar: short read at {where[0]}")
+            fetched = len(data)
             try:
                 caption, field = pick_caption(fields, self.captions)
                 result = process_image(data, self.resize)
@@ -139,7 +140,7 @@ class PartProcessor:
             # what the samples table needs, without the image: a part's images are not held until finish
             row = {
                 "width_before": result.orig_width, "height_before": result.orig_height,
-                "width": result.width, "height": result.height, "bytes": len(result.data),
+                "width": result.width, "height": result.height, "bytes": len(result.data), "bytes_before": fetched,
                 "sha256": hashlib.sha256(result.data).hexdigest(), "caption_length": len(caption),
                 "caption_field": field, "passthrough": result.passthrough,
                 "phash": result.phash, "phash_mirror": result.phash_mirror,

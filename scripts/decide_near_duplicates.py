@@ -1,0 +1,25 @@
+"""Rule glue for decide_near_duplicates: logic in shardsmith.shards.neardup."""
+
+from pathlib import Path
+
+from shardsmith.core.logs import run_job
+from shardsmith.shards.neardup import NearSettings, decide_near_duplicates, no_published, read_published
+from shardsmith.shards.nearparts import entries_samples
+
+
+def main() -> None:
+    samples = list(snakemake.input.samples)
+    published = read_published(*snakemake.input.published) if snakemake.input.published else no_published()
+    counts = decide_near_duplicates(
+        list(snakemake.input.pairs),
+        samples,
+        [Path(p).name.split(".")[0] for p in samples],
+        published,
+        NearSettings(**snakemake.params.near),
+        sum(entries_samples(p) for p in snakemake.input.entries),
+        Path(snakemake.output.table).parent,
+    )
+    print(f"near-duplicates: {counts['near_duplicates']} samples in {counts['groups']} groups")
+
+
+run_job(snakemake.log[0], main)

@@ -1,0 +1,21 @@
+"""Rule glue for find_near_pairs: logic in shardsmith.shards.nearparts."""
+
+from shardsmith.core.logs import run_job
+from shardsmith.shards.nearparts import bucket_pairs, write_pairs
+
+
+def main() -> None:
+    near = snakemake.params.near
+    pairs = bucket_pairs(
+        list(snakemake.input),
+        int(snakemake.wildcards.bucket),
+        near["phash_max_distance"],
+        near["embedding_min_similarity"],
+        near["bin_size"],
+        snakemake.params.scratch,
+    )
+    write_pairs(snakemake.output[0], pairs)
+    print(f"bucket {snakemake.wildcards.bucket}: {len(pairs)} pairs")
+
+
+run_job(snakemake.log[0], main)

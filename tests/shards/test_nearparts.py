@@ -1,0 +1,153 @@
+"""The near-duplicate search as partitioned jobs (shardsmith.shards.nearparts and the decision in neardup): the keep
+order with its file-size tie-break, the same result with one bucket or many, every pair at most 3 bits apart
+found however the cells split the dataset, and one cell equal to the search of the whole dataset."""
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from shardsmith.shards.neardup import NearSettings, decide, find_near_duplicates
+from shardsmith.shards.nearparts import (
+    ENTRY_SCHEMA,
+    Layout,
+    block_groups,
+    is_published,
+    priority,
+    read_bucket,
+    sample_id,
+    split_id,
+)
+from shardsmith.shards.nearsearch import exact_pairs
+
+
+def test_priority_orders_published_then_pixels_then_file_size():
+    # published small, unpublished: large image, same pixels with a larger file, same pixels smaller file
+    prio = priority(np.array([True, False, False, False]), np.array([10, 900, 400, 400]), np.array([1, 5, 300, 20]))
+    assert list(np.argsort(prio, kind="stable")) == [0, 1, 2, 3]
+    assert is_published(prio).tolist() == [True, False, False, False]
+    ids = sample_id(3, np.array([0, 7]))
+    assert [p.tolist() for p in split_id(ids)] == [[3, 3], [0, 7]]
+
+
+def write_parts(tmp_path, codes: np.ndarray, mirrors: np.ndarray, parts: int, **columns) -> list[str]:
+    paths = []
+    for p, idx in enumerate(np.array_split(np.arange(len(codes)), parts)):
+        df = pd.DataFrame(
+            {
+                "key": [f"k{i:06d}" for i in idx], "source_id": [f"s{i}" for i in idx],
+                "width_before": columns.get("width", np.full(len(codes), 100))[idx],
+                "height_before": 100, "bytes_before": columns.get("nbytes", np.full(len(codes), 1000))[idx],
+                "phash": [f"{int(c):016x}" for c in codes[idx]],
+                "phash_mirror": [f"{int(c):016x}" for c in mirrors[idx]],
+            }
+        )  # fmt: skip
+        path = tmp_path / f"p{p}.samples.parquet"
+        df.to_parquet(path, index=False)
+        paths.append(str(path))
+    return paths
+
+
+def flip(code: int, bits) -> int:
+    for b in bits:
+        code ^= 1 << int(b)
+    return code
+
+
+def planted(rng, n: int, pairs: int, bits: tuple[int, int]) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """n random hashes, with `pairs` of them copies of another, a random number of bits (in `bits`) apart."""
+    codes = rng.integers(0, 2**63, size=n, dtype=np.int64).astype(np.uint64) << np.uint64(1)
+    truth = []
+    for i in range(pairs):
+        j = n - 1 - i
+        d = int(rng.integers(bits[0], bits[1] + 1))
+        codes[j] = np.uint64(flip(int(codes[i]), rng.choice(64, d, replace=False)))
+        truth.append((i, j, d))
+    return codes, truth
+
+
+def test_the_same_pairs_and_decisions_with_one_bucket_or_many(tmp_path):
+    rng = np.random.default_rng(5)
+    codes, _ = planted(rng, 6000, 300, (1, 8))
+    paths = write_parts(tmp_path, codes, ~codes, 4)
+    s = NearSettings(phash_max_distance=8)
+    results = [
+        find_near_duplicates(paths, ["p0", "p1", "p2", "p3"], s, layout=Layout(cells=5, buckets=b))[0]
+        for b in (1, 3, 7)
+    ]
+    assert len(results[0]) > 250
+    for other in results[1:]:
+        pd.testing.assert_frame_equal(results[0], other)
+
+
+def test_every_pair_at_most_3_bits_apart_is_found_whatever_the_cells(tmp_path):
+    rng = np.random.default_rng(11)
+    codes, truth = planted(rng, 8000, 400, (1, 3))
+    paths = write_parts(tmp_path, codes, rng.integers(0, 2**63, size=8000, dtype=np.int64).astype(np.uint64), 2)
+    near, _ = find_near_duplicates(paths, ["p0", "p1"], NearSettings(phash_max_distance=3),
+                                   layout=Layout(cells=40, buckets=4))  # fmt: skip
+    found = set(zip(near["key"], near["kept_key"], strict=True))
+    for i, j, _ in truth:  # equal pixels and files: the earlier record is kept
+        assert (f"k{j:06d}", f"k{i:06d}") in found
+
+
+def test_one_cell_finds_what_the_exact_search_of_the_whole_dataset_finds(tmp_path):
+    rng = np.random.default_rng(2)
+    codes, _ = planted(rng, 3000, 200, (1, 8))
+    paths = write_parts(tmp_path, codes, ~codes, 3)
+    near, _ = find_near_duplicates(paths, ["p0", "p1", "p2"], NearSettings(phash_max_distance=8))
+    ids = np.arange(len(codes), dtype=np.int64)
+    a, b, _ = exact_pairs(np.r_[ids, ids], np.r_[codes, ~codes], 8, True)
+    near_of = {}
+    for x, y in zip(a, b, strict=True):
+        near_of.setdefault(max(x, y), set()).add(min(x, y))
+    # every sample left out names a sample within the distance, and every sample with an earlier kept neighbour
+    # is left out
+    left = {int(k[1:]): int(v[1:]) for k, v in zip(near["key"], near["kept_key"], strict=True)}
+    for out, kept in left.items():
+        assert kept in near_of[out]
+    for v, earlier in near_of.items():
+        if any(u not in left for u in earlier):
+            assert v in left
+
+
+def test_at_equal_pixels_the_larger_file_is_kept_before_the_earlier_record(tmp_path):
+    """A quality-40 recompression listed first and its quality-92 original: the original is kept."""
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 2**63, size=4, dtype=np.int64).astype(np.uint64)
+    codes[1] = np.uint64(flip(int(codes[0]), [4, 9]))  # the original, 2 bits from its recompression
+    paths = write_parts(tmp_path, codes, ~codes, 1, nbytes=np.array([21_000, 88_000, 500, 500]))
+    near, _ = find_near_duplicates(paths, ["p0"], NearSettings())
+    assert near[["key", "kept_key"]].values.tolist() == [["k000000", "k000001"]]
+
+
+def pairs(rows: list[tuple]) -> pd.DataFrame:
+    """(a, b, signal, score) rows, every sample unpublished with the same priority: keep order = id order."""
+    df = pd.DataFrame(rows, columns=["a", "b", "signal", "score"])
+    prio = priority(np.zeros(1, bool), np.ones(1), np.ones(1))[0]
+    return df.assign(prio_a=prio, prio_b=prio)[["a", "b", "prio_a", "prio_b", "signal", "score"]]
+
+
+def test_decide_keeps_the_far_end_of_a_chain_and_names_the_kept_sample():
+    # 1-2 and 2-3 near, 1-3 not: 2 goes out for 1, and 3 stays (its only earlier neighbour is out)
+    got = decide(pairs([(1, 2, "phash", 4.0), (2, 3, "phash", 4.0), (2, 3, "phash", 4.0)]))
+    assert got[["out", "kept"]].values.tolist() == [[2, 1]]
+    # a copy of 2 with its very hash goes where 2 goes: out for 2's keeper
+    got = decide(pairs([(1, 2, "phash", 4.0), (2, 5, "same_hash", 0.0), (2, 3, "phash", 4.0)]))
+    assert got[["out", "kept", "score"]].values.tolist() == [[2, 1, 4.0], [5, 1, 4.0]]
+    # of two signals for one pair, the perceptual one is named
+    got = decide(pairs([(1, 2, "embedding", 0.97), (1, 2, "phash", 6.0)]))
+    assert got[["signal", "score"]].values.tolist() == [["phash", 6.0]]
+
+
+def test_a_bucket_the_entries_file_lacks_is_a_clear_error(tmp_path):
+    path = tmp_path / "p.arrow"
+    with pa.ipc.new_file(str(path), ENTRY_SCHEMA) as w:
+        w.write_table(ENTRY_SCHEMA.empty_table())
+    with pytest.raises(ValueError, match="split it again"):
+        read_bucket([str(path)], 3)
+
+
+def test_block_groups_name_each_16_bit_block():
+    groups = block_groups(np.array([0x0004_0003_0002_0001], np.uint64))
+    assert groups.tolist() == [[1, (1 << 16) | 2, (2 << 16) | 3, (3 << 16) | 4]]
