@@ -1,11 +1,14 @@
-"""The partitioned near-duplicate search at two sizes: every job run as its own process, as the workflow runs it.
+"""Planning at two sizes: every dataset-wide job run as its own process, as the workflow runs it.
 
-Generates processed-part samples tables (keys as the workflow makes them, random 64-bit pHashes with 1% of the
-samples planted copies 1-8 bits from another and a cluster of 10,000 samples with one placeholder hash), then
-runs the jobs of rules/shards.smk through the same functions their scripts call: train_near_cells,
-split_near_part per part, find_near_pairs per bucket, decide_near_duplicates. Records each job's peak RSS and
-CPU time, recall on the planted pairs, and extrapolates each job kind to LAION-400M and LAION-5B with the
-default sizes (part_size 250,000; dedupe.cell_samples, dedupe.bucket_samples).
+Generates processed-part samples tables (keys as the workflow makes them, 1% of them repeated across parts, an
+exclusion table naming 5% of them, random 64-bit pHashes with 1% of the samples planted copies 1-8 bits from
+another and a cluster of 10,000 samples with one placeholder hash), then runs the jobs of rules/shards.smk
+through the same functions their scripts call: split_keys and collect_dropped per group of parts,
+split_exclusions, find_duplicate_keys and find_near_pairs per bucket, train_near_cells, split_near_entries per
+group, decide_near_duplicates, plan_shards. Records each job's peak RSS and CPU time and the recall on the
+planted pairs, and extrapolates each job kind to LAION-400M and LAION-5B with the default sizes (part_size
+250,000; dedupe.cell_samples, dedupe.bucket_samples): a job per group or bucket keeps its size (its input is
+bucket_samples' worth), a job of the whole dataset is fitted linearly in the samples.
 
     python bench/plan_scale.py --sizes 1000000 4000000 --out bench/results/plan-scale.json
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -49,12 +53,15 @@ def generate(folder: Path, n: int, part_size: int, seed: int = 0) -> tuple[list[
     codes[cluster] = codes[cluster[0]]
     mirrors = rng.integers(0, 2**63, size=n, dtype=np.int64).astype(np.uint64)
     width = rng.integers(200, 2000, size=n)
+    keys = np.array([f"{i // part_size:05d}{i % part_size:06d}" for i in range(n)], dtype=object)
+    repeat = rng.choice(n, size=n // 100, replace=False)  # 1% of the keys again, mostly in another part
+    keys[repeat] = keys[rng.choice(n, size=len(repeat))]
     paths = []
     for p, start in enumerate(range(0, n, part_size)):
         sl = slice(start, min(n, start + part_size))
         df = pd.DataFrame(
             {
-                "key": [f"{p:05d}{i:05d}" for i in range(sl.stop - sl.start)],
+                "key": keys[sl], "source": "web", "url": "",
                 "source_id": [f"https://example.invalid/{p}/{i}.jpg" for i in range(sl.stop - sl.start)],
                 "width_before": width[sl], "height_before": 600, "bytes_before": width[sl] * 50,
                 "phash": [f"{int(c):016x}" for c in codes[sl]], "phash_mirror": [f"{int(c):016x}" for c in mirrors[sl]],
@@ -68,9 +75,11 @@ def generate(folder: Path, n: int, part_size: int, seed: int = 0) -> tuple[list[
 
 def run_job(code: str) -> dict:
     """Run python code in a fresh process; its own peak RSS (MiB) and CPU seconds, as it reports them."""
+    # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a child would report the bench's own peak
     report = (
-        "\nimport resource, json, sys; r = resource.getrusage(resource.RUSAGE_SELF)\n"
-        "print('JOB ' + json.dumps([r.ru_maxrss, r.ru_utime + r.ru_stime]), file=sys.stderr)"
+        "\nimport resource, json, re, sys; r = resource.getrusage(resource.RUSAGE_SELF)\n"
+        "hwm = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
+        "print('JOB ' + json.dumps([hwm, r.ru_utime + r.ru_stime]), file=sys.stderr)"
     )
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code + report], check=True, cwd=REPO, capture_output=True, text=True)
@@ -79,68 +88,151 @@ def run_job(code: str) -> dict:
 
 
 def measure(n: int, work: Path) -> dict:
+    """Every planning job of rules/shards.smk, each in its own process, in the workflow's order."""
     from shardsmith.shards.neardup import NearSettings
 
     work.mkdir(parents=True, exist_ok=True)
     paths, planted = generate(work, n, PART_SIZE)
+    names = [Path(p).name.split(".")[0] for p in paths]
     s = NearSettings(near="exclude")
     layout = s.layout(len(paths) * PART_SIZE)
-    near = work / "near"
-    (near / "entries").mkdir(parents=True, exist_ok=True)
-    (near / "pairs").mkdir(parents=True, exist_ok=True)
+    k = max(1, s.bucket_samples // PART_SIZE)  # parts per group, as rules/common.smk
+    groups = [list(range(g, min(len(paths), g + k))) for g in range(0, len(paths), k)]
+    excluded = work / "already_published.parquet"  # 5% of the keys, as a refresh's exclusion table
+    rng = np.random.default_rng(1)
+    keys = pd.concat([pd.read_parquet(p, columns=["key"]) for p in paths])["key"].to_numpy()
+    pd.DataFrame({"key": rng.choice(keys, size=n // 20, replace=False), "stage": "dedupe",
+                  "reason": "already_published", "detail": "url already published"}).to_parquet(excluded)  # fmt: skip
+    w = {d: work / d for d in ("keys", "drops", "dropped", "near", "pairs", "plan")}
+    for d in w.values():
+        d.mkdir(parents=True, exist_ok=True)
     settings = json.dumps(vars(s))
-    pre = f"import json; from shardsmith.shards.neardup import *; s = NearSettings(**json.loads({settings!r}))\n"
-    jobs: dict[str, list[dict]] = {"train_near_cells": [], "split_near_part": [], "find_near_pairs": [], "decide": []}
-    jobs["train_near_cells"].append(run_job(
-        pre + f"train_near_cells({paths!r}, s, {len(paths) * PART_SIZE}, no_published(), [], "
-        f"'{near}/cells.npz', '{near}/entries/published.arrow')"
-    ))  # fmt: skip
-    entries = []
-    for p, path in enumerate(paths):
-        out = f"{near}/entries/{p}.arrow"
-        jobs["split_near_part"].append(
-            run_job(pre + f"split_near_part_job({path!r}, {p}, [], None, '{near}/cells.npz', {out!r}, None)")
-        )
-        entries.append(out)
-    entries.append(f"{near}/entries/published.arrow")
-    for b in range(layout.buckets):
-        code = (
-            "from shardsmith.shards.nearparts import bucket_pairs, write_pairs\n"
-            f"write_pairs('{near}/pairs/{b:05d}.parquet', bucket_pairs({entries!r}, {b}, 8, None, 20000, '{work}'))"
-        )
-        jobs["find_near_pairs"].append(run_job(code))
-    pairs = [f"{near}/pairs/{b:05d}.parquet" for b in range(layout.buckets)]
-    names = [Path(p).name.split(".")[0] for p in paths]
-    jobs["decide"].append(run_job(
-        pre + f"decide_near_duplicates({pairs!r}, {paths!r}, {names!r}, no_published(), s, {n}, '{near}')"
-    ))  # fmt: skip
-    found = pd.read_parquet(near / "near_duplicates.parquet")
-    pair_rows = sum(len(pd.read_parquet(p, columns=["a"])) for p in pairs)
-    got = set(zip(found["key"], found["kept_key"], strict=True)) | set(
-        zip(found["kept_key"], found["key"], strict=True)
+    pre = (
+        "import json; from shardsmith.shards.neardup import *; from shardsmith.shards.nearparts import *\n"
+        "from shardsmith.shards.buckets import *; from shardsmith.shards.plan import *\n"
+        f"s = NearSettings(**json.loads({settings!r}))\n"
     )
+    jobs: dict[str, list[dict]] = {}
 
-    def key(i: int) -> str:
-        return f"{i // PART_SIZE:05d}{i % PART_SIZE:05d}"
+    def job(kind: str, code: str) -> None:
+        jobs.setdefault(kind, []).append(run_job(pre + code))
 
-    # a planted pair counts as found when the copy or the original was left out for the other
-    hit = {d: [0, 0] for d in range(1, 9)}
-    left = set(found["key"])
+    for g, members in enumerate(groups):
+        job(
+            "split_keys",
+            f"split_keys({[paths[i] for i in members]!r}, {members[0]}, {layout.buckets}, '{w['keys']}/{g}.arrow')",
+        )
+    job(
+        "split_exclusions",
+        f"split_exclusions([{str(excluded)!r}], {layout.buckets}, '{w['keys']}/excluded.arrow', '{work}')",
+    )
+    key_files = [f"{w['keys']}/{g}.arrow" for g in range(len(groups))]
+    drops = [f"{w['drops']}/{b}.arrow" for b in range(layout.buckets)]
+    for b, out in enumerate(drops):
+        job("find_duplicate_keys", f"bucket_drops({key_files!r}, '{w['keys']}/excluded.arrow', {b}, {k}, {out!r})")
+    pieces = [f"{w['dropped']}/{g}.parquet" for g in range(len(groups))]
+    for g, members in enumerate(groups):
+        job("collect_dropped", f"group_drops({drops!r}, {g}, {[paths[i] for i in members]!r}, "
+                               f"{[names[i] for i in members]!r}, {members[0]}, {pieces[g]!r})")  # fmt: skip
+    job("train_near_cells", f"train_near_cells({paths!r}, s, {len(paths) * PART_SIZE}, no_published(), [], "
+                            f"'{w['near']}/cells.npz', '{w['near']}/published.arrow')")  # fmt: skip
+    entries = [f"{w['near']}/{g}.arrow" for g in range(len(groups))]
+    for g, members in enumerate(groups):
+        job("split_near_entries", f"split_near_group({[paths[i] for i in members]!r}, {members[0]}, {pieces[g]!r}, "
+                                  f"None, '{w['near']}/cells.npz', {entries[g]!r}, [])")  # fmt: skip
+    entries.append(f"{w['near']}/published.arrow")
+    pairs = [f"{w['pairs']}/{b}.parquet" for b in range(layout.buckets)]
+    for b, out in enumerate(pairs):
+        job("find_near_pairs", f"write_pairs({out!r}, bucket_pairs({entries!r}, {b}, 8, None, 20000, '{work}', "
+                               f"{layout.cells}))")  # fmt: skip
+    job("decide_near_duplicates", f"decide_near_duplicates({pairs!r}, {paths!r}, {names!r}, no_published(), s, "
+                                  f"{n}, '{w['near']}')")  # fmt: skip
+    job("plan_shards", f"plan_from_counts({pieces + [str(w['near'] / 'near_dropped.parquet')]!r}, '{w['plan']}', "
+                       f"dataset='ds', samples_per_shard=10000, near=s, found='{w['near']}')")  # fmt: skip
+
+    pair_table = pd.concat([pd.read_parquet(p, columns=["a", "b"]) for p in pairs], ignore_index=True)
+
+    def ident(i: int) -> int:
+        return ((i // PART_SIZE) << 32) | (i % PART_SIZE)
+
+    got = set(zip(pair_table["a"].to_numpy().tolist(), pair_table["b"].to_numpy().tolist(), strict=True))
+    dropped = set(pd.concat([pd.read_parquet(p, columns=["id"]) for p in pieces])["id"].tolist())
+    hit = {d: [0, 0] for d in range(1, 9)}  # a planted pair counts as found when the search paired it
     for i, j, d in planted:
+        if ident(i) in dropped or ident(j) in dropped:
+            continue  # left out before the search (a repeated or excluded key): not compared, rightly
         hit[d][1] += 1
-        if (key(j), key(i)) in got or (key(i) in left and key(j) in left):
-            hit[d][0] += 1
+        a, b = sorted((ident(i), ident(j)))
+        hit[d][0] += (a, b) in got
     low = [hit[d] for d in (1, 2, 3)]
     high = [hit[d] for d in range(4, 9)]
+    shards = len(list(w["plan"].glob("*.parts")))
+    total_cpu = sum(j["cpu_s"] for v in jobs.values() for j in v)
     return {
-        "samples": n, "parts": len(paths), "cells": layout.cells, "buckets": layout.buckets, "pairs": pair_rows,
-        "near_duplicates": len(found),
+        "samples": n, "parts": len(paths), "groups": len(groups), "cells": layout.cells, "buckets": layout.buckets,
+        "shards": shards, "pairs": len(pair_table),
+        "near_duplicates": len(pd.read_parquet(w["near"] / "near_duplicates.parquet", columns=["key"])),
         "recall_1_3_bits": sum(h for h, _ in low) / max(1, sum(t for _, t in low)),
         "recall_4_8_bits": sum(h for h, _ in high) / max(1, sum(t for _, t in high)),
+        "cpu_us_per_sample": round(total_cpu / n * 1e6, 1),
         "jobs": {k: {"count": len(v), "max_peak_mib": round(max(j["peak_mib"] for j in v), 1),
                      "max_cpu_s": max(j["cpu_s"] for j in v), "total_cpu_s": round(sum(j["cpu_s"] for j in v), 1)}
                  for k, v in jobs.items()},
     }  # fmt: skip
+
+
+TARGETS = {"CC12M": 12_400_000, "LAION-400M": 413_900_000, "LAION-5B": 5_850_000_000}
+PER_PIECE = {"split_keys", "collect_dropped", "split_near_entries", "find_duplicate_keys", "find_near_pairs"}
+
+
+# What each whole-dataset job's CPU and memory grow with (fitted linearly through the two sizes), or "bounded":
+# split_exclusions holds one bucket of exclusion rows, train_near_cells a strided sample; decide_near_duplicates
+# holds the pairs found, plan_shards the list of shards.
+MODEL = {
+    "split_exclusions": ("samples", "bounded"),
+    "train_near_cells": ("samples", "bounded"),
+    "decide_near_duplicates": ("pairs", "pairs"),
+    "plan_shards": ("shards", "shards"),
+}
+SAMPLES_PER_SHARD = 10_000
+
+
+def extrapolate(results: list[dict], n: int) -> dict:
+    """Each job kind at n samples: jobs per group or bucket as measured at the larger size (their input does not
+    grow), whole-dataset jobs fitted linearly in what they grow with (MODEL). Pairs scale with the samples, as
+    the planted ones do; chance pairs of unrelated hashes grow with the square (docs/near-duplicates.md)."""
+    from shardsmith.shards.neardup import NearSettings
+
+    small, large = results[0], results[-1]
+    layout = NearSettings().layout(n)
+    parts = math.ceil(n / PART_SIZE)
+    groups = math.ceil(parts / max(1, NearSettings().bucket_samples // PART_SIZE))
+    drivers = {"samples": n, "pairs": large["pairs"] / large["samples"] * n, "shards": n / SAMPLES_PER_SHARD}
+    out = {
+        "samples": n,
+        "buckets": layout.buckets,
+        "cells": layout.cells,
+        "groups": groups,
+        "pairs": round(drivers["pairs"]),
+    }
+    for kind, got in large["jobs"].items():
+        if kind in PER_PIECE:
+            count = layout.buckets if kind.startswith("find_") else groups
+            peak, cpu = got["max_peak_mib"], got["max_cpu_s"]
+        else:
+            count, was = 1, small["jobs"][kind]
+            cpu_by, mem_by = MODEL[kind]
+
+            def fit(a: float, b: float, by: str) -> float:
+                x0, x1 = (small[by] if by != "samples" else small["samples"]), (large[by] if by != "samples" else n)
+                x1 = large[by] if by != "samples" else large["samples"]
+                slope = (b - a) / (x1 - x0) if x1 != x0 else 0.0
+                return b + max(0.0, slope) * (drivers[by] - x1)
+
+            cpu = fit(was["max_cpu_s"], got["max_cpu_s"], cpu_by)
+            peak = got["max_peak_mib"] if mem_by == "bounded" else fit(was["max_peak_mib"], got["max_peak_mib"], mem_by)
+        out[kind] = {"jobs": count, "peak_mib": round(peak), "cpu_min": round(cpu / 60, 1)}
+    return out
 
 
 def main() -> None:
@@ -154,7 +246,8 @@ def main() -> None:
         results = [measure(n, work / str(n)) for n in args.sizes]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report = {"bench": "plan_scale", "part_size": PART_SIZE, "sizes": results}
+    report = {"bench": "plan_scale", "part_size": PART_SIZE, "sizes": results,
+              "extrapolated": {name: extrapolate(results, n) for name, n in TARGETS.items()}}  # fmt: skip
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:

@@ -56,6 +56,7 @@ wildcard_constraints:
     shard=r"\d{6}",
     batch=r"\d{6}",
     bucket=r"\d{5}",
+    group=r"\d{5}",
 
 
 # Input functions run once per job or more, and a LAION-size DAG has ~30k jobs: the checkpoint folders,
@@ -142,18 +143,8 @@ def get_published_tables(wildcards):
     return [rules.find_published.output.old, rules.find_published.output.gone]
 
 
-def get_plan_exclusions(wildcards):
-    """Every table of samples left out before the shards are planned."""
-    tables = get_exclusions(wildcards)
-    if get_dedupe_settings() is not None:
-        tables.append(rules.find_published.output.exclusions)
-    if config["dedupe"]["near"] == "exclude":
-        tables.append(rules.decide_near_duplicates.output.exclusions)
-    return tables
-
-
-def get_near_exclusions(wildcards):
-    """Samples other stages left out: not compared, so they keep nothing out."""
+def get_exact_exclusions(wildcards):
+    """Tables of samples other steps left out, by key: decided with the repeated keys."""
     tables = get_exclusions(wildcards)
     if get_dedupe_settings() is not None:
         tables.append(rules.find_published.output.exclusions)
@@ -167,39 +158,86 @@ def get_near_found(wildcards):
 
 
 def get_near_samples(wildcards):
-    """The dataset's size as the near-duplicate layout counts it: parts x part_size, known before any part is
-    downloaded, so the cells and buckets never change with what a download happened to fetch."""
+    """The dataset's size as planning counts it: parts x part_size, known before any part is downloaded, so
+    the cells, buckets and groups never change with what a download happened to fetch."""
     return len(get_part_ids()) * config["part_size"]
 
 
-def get_near_buckets():
+def get_near_layout(wildcards):
     from shardsmith.shards.neardup import NearSettings
 
-    return NearSettings(**config["dedupe"]).layout(get_near_samples(None)).buckets
+    return NearSettings(**config["dedupe"]).layout(get_near_samples(wildcards))
+
+
+def get_plan_buckets(wildcards):
+    """The bucket jobs of planning (find_duplicate_keys, find_near_pairs): from parts x part_size and
+    dedupe.bucket_samples, or dedupe.buckets."""
+    return get_near_layout(wildcards).buckets
+
+
+def get_near_cell_count(wildcards):
+    return get_near_layout(wildcards).cells
+
+
+def get_bucket_ids():
+    return [f"{b:05d}" for b in range(get_plan_buckets(None))]
+
+
+def get_parts_per_group():
+    """Consecutive parts a planning job takes: about dedupe.bucket_samples samples."""
+    return max(1, config["dedupe"]["bucket_samples"] // config["part_size"])
+
+
+def get_group_ids():
+    k = get_parts_per_group()
+    return [f"{g:05d}" for g in range(max(1, -(-len(get_part_ids()) // k)))]
+
+
+def get_group_parts(wildcards):
+    k, g = get_parts_per_group(), int(wildcards.group)
+    return get_part_ids()[g * k : (g + 1) * k]
+
+
+def get_group_first_part(wildcards):
+    return int(wildcards.group) * get_parts_per_group()
+
+
+def get_group_samples(wildcards):
+    return expand(rules.download_part.output.samples, part=get_group_parts(wildcards))
+
+
+def get_group_near_embeddings(wildcards):
+    if not get_near_embeddings(wildcards):
+        return []
+    return expand(rules.embed_part.output.embeddings, part=get_group_parts(wildcards))
+
+
+def get_all_group_keys(wildcards):
+    return expand(rules.split_keys.output[0], group=get_group_ids())
+
+
+def get_key_drop_tables(wildcards):
+    return expand(rules.find_duplicate_keys.output[0], bucket=get_bucket_ids())
 
 
 def get_near_entries(wildcards):
     return [
-        *expand(rules.split_near_part.output[0], part=get_part_ids()),
+        *expand(rules.split_near_entries.output[0], group=get_group_ids()),
         rules.train_near_cells.output.entries,
     ]
 
 
 def get_near_pair_tables(wildcards):
-    return expand(
-        rules.find_near_pairs.output[0], bucket=[f"{b:05d}" for b in range(get_near_buckets())]
-    )
+    return expand(rules.find_near_pairs.output[0], bucket=get_bucket_ids())
 
 
-def get_part_index(wildcards):
-    """The part's place in the dataset's order: the high half of its samples' ids."""
-    return get_part_ids().index(wildcards.part)
-
-
-def get_part_near_embeddings(wildcards):
-    if not get_near_embeddings(wildcards):
-        return []
-    return expand(rules.embed_part.output.embeddings, part=wildcards.part)
+def get_ledger_pieces(wildcards):
+    """The samples planning left out, as ledger pieces: each group's (exclusions, repeated keys), then the
+    near-duplicates' (empty unless dedupe.near: exclude)."""
+    pieces = expand(rules.collect_dropped.output[0], group=get_group_ids())
+    if config["dedupe"]["near"] != "off":
+        pieces.append(rules.decide_near_duplicates.output.dropped)
+    return pieces
 
 
 def get_near_embeddings(wildcards):
@@ -282,18 +320,19 @@ def get_ledger_inputs(wildcards):
         "status": expand(rules.download_part.output.status, part=parts),
         "rejected": [
             *expand(rules.download_part.output.rejected, part=parts),
-            f"{checkpoint_dir(checkpoints.plan_shards)}/dropped.parquet",
+            *get_ledger_pieces(wildcards),
         ],
     }
 
 
 def get_shard_ids():
-    names = list_dir(checkpoint_dir(checkpoints.plan_shards), ".samples.parquet")
+    names = list_dir(checkpoint_dir(checkpoints.plan_shards), ".parts")
     return sorted(name.rsplit("-", 1)[1] for name in names)
 
 
 def shard_plan_path(shard):
-    return f"{checkpoint_dir(checkpoints.plan_shards)}/{DATASET}-{shard}.samples.parquet"
+    """The shard's samples, as its write_shard job read them from its parts."""
+    return f"{WORK}/shards/{DATASET}-{shard}.samples.parquet"
 
 
 def get_shard_parts(shard):
@@ -310,10 +349,14 @@ def get_shard_plan(wildcards):
 
 
 def get_shard_inputs(wildcards):
-    """The shard's plan and only the processed parts it draws from (listed in its .parts file)."""
-    plan = get_shard_plan(wildcards)
+    """The shard's ranges and only the parts it draws from (listed in its .parts file): their processed tars
+    and samples tables."""
     parts = get_shard_parts(wildcards.shard)
-    return {"plan": plan, "parts": expand(rules.download_part.output.processed, part=parts)}
+    return {
+        "ranges": f"{checkpoint_dir(checkpoints.plan_shards)}/{DATASET}-{wildcards.shard}.ranges.json",
+        "parts": expand(rules.download_part.output.processed, part=parts),
+        "samples": expand(rules.download_part.output.samples, part=parts),
+    }
 
 
 def get_shard_plans(wildcards):

@@ -1,3 +1,13 @@
+# The part list as an input of the planning rules whose params count the parts: a job that Snakemake runs in
+# a process of its own (SLURM) evaluates them again and must see the checkpoint among its inputs.
+PARTS_PLANNED = ancient(rules.plan_parts.output[0])
+
+
+# Planning (docs/architecture.md, section 3): no job holds the dataset. Parts are taken in groups of
+# consecutive parts; keys and near-duplicate entries go to buckets by hash, each bucket is decided by a job of
+# its own, and plan_shards needs only each part's count of samples kept.
+
+
 # Records already published (scheduled refreshes): the published versions read once, before planning.
 rule find_published:
     input:
@@ -18,13 +28,83 @@ rule find_published:
         "../scripts/find_published.py"
 
 
-# Near-duplicate images (shardsmith.shards.nearparts): cells trained once, a map per part, a job per bucket, and
-# one decision over the pairs; none holds the dataset.
+# Repeated keys and the exclusions (shardsmith.shards.buckets): by key bucket, gathered per group.
+rule split_keys:
+    input:
+        samples=get_group_samples,
+        parts_plan=PARTS_PLANNED,
+    output:
+        f"{WORK}/plan/keys/{{group}}.arrow",
+    log:
+        f"{LOGS}/split_keys/{{group}}.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        first_part=get_group_first_part,
+        buckets=get_plan_buckets,
+    script:
+        "../scripts/split_keys.py"
+
+
+rule split_exclusions:
+    input:
+        tables=get_exact_exclusions,
+        parts_plan=PARTS_PLANNED,
+    output:
+        f"{WORK}/plan/keys/excluded.arrow",
+    log:
+        f"{LOGS}/split_exclusions.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        buckets=get_plan_buckets,
+        scratch=SCRATCH,
+    script:
+        "../scripts/split_exclusions.py"
+
+
+rule find_duplicate_keys:
+    input:
+        key_tables=get_all_group_keys,
+        excluded=rules.split_exclusions.output[0],
+    output:
+        f"{WORK}/plan/keys/drops/{{bucket}}.arrow",
+    log:
+        f"{LOGS}/find_duplicate_keys/{{bucket}}.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        parts_per_group=get_parts_per_group(),
+    script:
+        "../scripts/find_duplicate_keys.py"
+
+
+rule collect_dropped:
+    input:
+        drops=get_key_drop_tables,
+        samples=get_group_samples,
+        parts_plan=PARTS_PLANNED,
+    output:
+        f"{WORK}/plan/dropped/{{group}}.parquet",
+    log:
+        f"{LOGS}/collect_dropped/{{group}}.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        first_part=get_group_first_part,
+        parts=get_group_parts,
+    script:
+        "../scripts/collect_dropped.py"
+
+
+# Near-duplicate images (shardsmith.shards.nearparts) among the samples kept so far: cells trained once, a map
+# per group, a job per bucket, and one decision over the pairs.
 rule train_near_cells:
     input:
         samples=get_all_part_samples,
         published=get_published_tables,
         embeddings=get_near_embeddings,
+        parts_plan=PARTS_PLANNED,
     output:
         cells=f"{WORK}/plan/near/cells.npz",
         entries=f"{WORK}/plan/near/entries/published.arrow",
@@ -39,28 +119,29 @@ rule train_near_cells:
         "../scripts/train_near_cells.py"
 
 
-rule split_near_part:
+rule split_near_entries:
     input:
-        samples=rules.download_part.output.samples,
+        samples=get_group_samples,
+        dropped=rules.collect_dropped.output[0],
         cells=rules.train_near_cells.output.cells,
-        exclusions=get_near_exclusions,
         published=get_published_tables,
-        embeddings=get_part_near_embeddings,
+        embeddings=get_group_near_embeddings,
     output:
-        f"{WORK}/plan/near/entries/{{part}}.arrow",
+        f"{WORK}/plan/near/entries/{{group}}.arrow",
     log:
-        f"{LOGS}/split_near_part/{{part}}.log",
+        f"{LOGS}/split_near_entries/{{group}}.log",
     conda:
         "../envs/shards.yaml"
     params:
-        part_index=get_part_index,
+        first_part=get_group_first_part,
     script:
-        "../scripts/split_near_part.py"
+        "../scripts/split_near_entries.py"
 
 
 rule find_near_pairs:
     input:
-        get_near_entries,
+        entries=get_near_entries,
+        parts_plan=PARTS_PLANNED,
     output:
         f"{WORK}/plan/near/pairs/{{bucket}}.parquet",
     log:
@@ -72,6 +153,7 @@ rule find_near_pairs:
     params:
         near=config["dedupe"],
         scratch=SCRATCH,
+        cells=get_near_cell_count,
     script:
         "../scripts/find_near_pairs.py"
 
@@ -85,7 +167,7 @@ rule decide_near_duplicates:
     output:
         table=f"{WORK}/plan/near/near_duplicates.parquet",
         counts=f"{WORK}/plan/near/near_duplicates.json",
-        exclusions=f"{WORK}/plan/near/near_exclusions.parquet",
+        dropped=f"{WORK}/plan/near/near_dropped.parquet",
     log:
         f"{LOGS}/decide_near_duplicates.log",
     conda:
@@ -96,10 +178,10 @@ rule decide_near_duplicates:
         "../scripts/decide_near_duplicates.py"
 
 
+# The shards from each part's count of samples kept: a few ranges of parts per shard.
 checkpoint plan_shards:
     input:
-        samples=get_all_part_samples,
-        exclusions=get_plan_exclusions,
+        pieces=get_ledger_pieces,
         near=get_near_found,
     output:
         directory(f"{WORK}/plan/shards"),
@@ -110,7 +192,6 @@ checkpoint plan_shards:
     params:
         layout=get_shard_layout(),
         near=config["dedupe"],
-        scratch=SCRATCH,
     script:
         "../scripts/plan_shards.py"
 
@@ -126,6 +207,8 @@ rule write_shard:
         unpack(get_shard_inputs),
         plan_dir=PLANNED,
     output:
+        # the shard's samples, read from its parts by the plan's ranges: the manifest and the scores are made from it
+        plan=f"{WORK}/shards/{DATASET}-{{shard}}.samples.parquet",
         tar=f"{OUT}/{DATASET}-{{shard}}.tar",
         info=f"{WORK}/shards/{DATASET}-{{shard}}.json",
         # the shard re-read from disk with OpenCLIP's reader and filter (shardsmith.shards.validate), in the same

@@ -7,12 +7,13 @@ from shardsmith.shards.nearparts import bucket_pairs, write_pairs
 def main() -> None:
     near = snakemake.params.near
     pairs = bucket_pairs(
-        list(snakemake.input),
+        list(snakemake.input.entries),
         int(snakemake.wildcards.bucket),
         near["phash_max_distance"],
         near["embedding_min_similarity"],
         near["bin_size"],
         snakemake.params.scratch,
+        snakemake.params.cells,
     )
     write_pairs(snakemake.output[0], pairs)
     print(f"bucket {snakemake.wildcards.bucket}: {len(pairs)} pairs")

@@ -1,18 +1,26 @@
 """Rule glue for write_shard: logic in shardsmith.shards.write, shardsmith.formats.dali and shardsmith.formats.energon
 (the loaders' per-shard indexes) and shardsmith.shards.validate (re-reading)."""
 
+import json
 from pathlib import Path
 
+from shardsmith.core.atomic import atomic_open
 from shardsmith.core.logs import run_job
 from shardsmith.formats import dali, energon
+from shardsmith.shards.buckets import shard_rows
 from shardsmith.shards.validate import validate_shard, write_json
 from shardsmith.shards.write import read_members, write_shard
 
 
 def main() -> None:
     out = snakemake.output
-    parts = {Path(p).name.split(".")[0]: p for p in snakemake.input.parts}
-    info = write_shard(snakemake.input.plan, parts, out.tar, out.info, out.members)
+    name = lambda p: Path(p).name.split(".")[0]  # noqa: E731
+    parts = {name(p): p for p in snakemake.input.parts}
+    ranges = json.loads(Path(snakemake.input.ranges).read_text())
+    rows = shard_rows(ranges, {name(p): p for p in snakemake.input.samples})
+    with atomic_open(out.plan) as f:
+        rows.to_parquet(f, index=False)
+    info = write_shard(out.plan, parts, out.tar, out.info, out.members)
     print(f"{info['shard']}: {info['nsamples']} samples, {info['filesize']} bytes")
     members = read_members(out.members)
     dali.write_index(out.dali_index, members)
@@ -20,7 +28,7 @@ def main() -> None:
     resize = snakemake.params.resize
     report = validate_shard(
         out.tar,
-        snakemake.input.plan,
+        out.plan,
         resize["max_side"],
         resize["max_pixels"],
         snakemake.params.decode_per_shard,

@@ -121,7 +121,7 @@ class ParquetAppender:
         self.rows = 0
 
     def append(self, frame: pd.DataFrame | pa.Table) -> None:
-        if len(frame) == 0 and self._writer is None:
+        if len(frame) == 0:  # no empty row groups: the file does not depend on how its rows were cut
             return
         if isinstance(frame, pa.Table):  # what pandas wrote into its source's metadata no longer applies
             table = frame.replace_schema_metadata(None)

@@ -25,13 +25,16 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open, atomic_write_text
 from shardsmith.core.errors import ConfigError
 from shardsmith.core.ledger import DEDUPE, EXCLUSION_COLUMNS
+from shardsmith.shards.buckets import dropped_ids, ledger_piece, write_ledger_piece
 from shardsmith.shards.nearparts import (
     CELL_TRAIN_PER_CENTROID,
+    ENTRY_SCHEMA,
     SAME_HASH,
     Layout,
     bucket_count,
@@ -62,7 +65,7 @@ class NearSettings:
     embedding_min_similarity: float | None = None  # cosine similarity at or over which two images are near
     bin_size: int = 20_000  # vectors searched together (shardsmith.shards.nearsearch): bounds the step's memory
     cell_samples: int = 1_000_000  # samples a cell holds (nearparts): more cells, smaller searches
-    bucket_samples: int = 2_000_000  # samples' entries a bucket job reads: sets the jobs' size
+    bucket_samples: int = 500_000  # samples' entries a bucket job reads: sets the jobs' size
     buckets: int | None = None  # bucket jobs; None: from the dataset's size and bucket_samples
 
     def __post_init__(self) -> None:
@@ -128,19 +131,21 @@ def published_candidates(sample_paths: list[str], excluded: set[str], published:
 
 
 def part_candidates(
-    samples_path: str, part: int, excluded: pd.Index, old_rows: np.ndarray
+    samples_path: str, part: int, dropped_rows: np.ndarray, old_rows: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(ids, priorities, hashes, mirror hashes, rows) of a part's samples that no other stage left out."""
+    """(ids, priorities, hashes, mirror hashes, rows) of a part's samples that no other step left out (its
+    rows `dropped_rows`)."""
     present = set(pq.read_schema(samples_path).names)
-    cols = ["key", "width_before", "height_before", "phash", "phash_mirror"]
+    cols = ["width_before", "height_before", "phash", "phash_mirror"]
     t = pd.read_parquet(samples_path, columns=cols + [c for c in ("bytes_before", "bytes") if c in present])
-    keep = excluded.get_indexer(t["key"]) < 0 if len(excluded) else np.ones(len(t), bool)
+    keep = np.ones(len(t), bool)
+    keep[np.asarray(dropped_rows, np.int64)] = False
     rows = np.flatnonzero(keep)
     t = t.iloc[rows]
     area = t["width_before"].to_numpy(np.int64) * t["height_before"].to_numpy(np.int64)
     # the file as fetched: parts processed before its column was recorded have the published file's size
     size = next((c for c in ("bytes_before", "bytes") if c in t), None)
-    nbytes = t[size].to_numpy(np.int64) if size else np.zeros(len(t), np.int64)
+    nbytes = t[size].fillna(0).to_numpy(np.int64) if size else np.zeros(len(t), np.int64)
     prio = priority(np.isin(rows, old_rows), area, nbytes)
     return sample_id(part, rows), prio, _codes(t["phash"]), _codes(t["phash_mirror"]), rows
 
@@ -291,12 +296,18 @@ def find_near_duplicates(
     pub = published_candidates(sample_paths, set(excluded), published)
     layout = layout or Layout(cells=1, buckets=1)
     left_out = pd.Index(sorted(excluded))
+    dropped = [
+        np.flatnonzero(left_out.get_indexer(pd.read_parquet(p, columns=["key"])["key"]) >= 0)
+        if len(left_out)
+        else np.empty(0, np.int64)
+        for p in sample_paths
+    ]
     with tempfile.TemporaryDirectory(prefix="shardsmith-near-", dir=work) as tmp:
         cells = train_part_cells(sample_paths, layout, s, embedding_paths)
         entries, compared = [], 0
         for p, path in enumerate(sample_paths):
             out = f"{tmp}/{p}.arrow"
-            compared += split_part(path, p, left_out, pub.old, layout, cells, out,
+            compared += split_part(path, p, dropped[p], pub.old, layout, cells, out,
                                    embedding_paths[p] if s.embedding_min_similarity is not None and embedding_paths
                                    else None)  # fmt: skip
             entries.append(out)
@@ -305,7 +316,7 @@ def find_near_duplicates(
         entries.append(out)
         pairs = pd.concat(
             [bucket_pairs(entries, b, s.phash_max_distance, s.embedding_min_similarity if embedding_paths else None,
-                          s.bin_size, scratch) for b in range(layout.buckets)],
+                          s.bin_size, scratch, layout.cells) for b in range(layout.buckets)],
             ignore_index=True,
         )  # fmt: skip
     return near_rows(decide(pairs), sample_paths, list(part_ids), pub), compared
@@ -342,7 +353,7 @@ def train_part_cells(
 def split_part(
     samples_path: str,
     part: int,
-    excluded: pd.Index,
+    dropped_rows: np.ndarray,
     old: pd.DataFrame,
     layout: Layout,
     cells: tuple[np.ndarray, np.ndarray | None],
@@ -351,14 +362,8 @@ def split_part(
 ) -> int:
     """Write a part's entries (shardsmith.shards.nearparts) to `out`; returns the samples compared."""
     old_rows = old["row"].to_numpy()[old["part"].to_numpy() == part] if len(old) else np.empty(0, np.int64)
-    ids, prio, code, mirror, rows = part_candidates(samples_path, part, excluded, old_rows)
-    emb = None
-    if embeddings_path is not None:
-        with np.load(embeddings_path, allow_pickle=False) as z:
-            keys, image = z["key"], z["image"]
-        if not np.array_equal(keys, pd.read_parquet(samples_path, columns=["key"])["key"].to_numpy(dtype=str)):
-            raise ValueError(f"{embeddings_path} does not hold the rows of {samples_path}: run embed_part for it again")
-        emb = image[rows]
+    ids, prio, code, mirror, rows = part_candidates(samples_path, part, dropped_rows, old_rows)
+    emb = _part_embeddings(embeddings_path, samples_path, rows) if embeddings_path is not None else None
     write_entries(out, part_entries(ids, prio, code, mirror, layout, cells[0], emb, cells[1]), layout, len(ids))
     return len(ids)
 
@@ -414,6 +419,19 @@ def write_tables(near: pd.DataFrame, out_dir: str | Path, exclude: bool) -> list
 # train_near_cells, split_near_part per part, find_near_pairs per bucket, decide_near_duplicates.
 
 
+def write_near_piece(
+    decided: pd.DataFrame, found: pd.DataFrame, sample_paths: list[str], part_ids: list[str], exclude: bool, out
+) -> None:
+    """The ledger piece of the samples left out (stage dedupe, reason near_duplicate), with each part's count
+    for the plan; empty with `report`."""
+    n = len(decided) if exclude else 0
+    drops = pd.DataFrame({"id": decided["out"].to_numpy(np.int64)[:n], "stage": DEDUPE, "reason": REASON,
+                          "detail": [describe(r) for r in found.iloc[:n].to_dict("records")]})  # fmt: skip
+    rows = ledger_piece(drops, dict(enumerate(sample_paths)))
+    dropped = pd.Series(rows["id"].to_numpy(np.int64) >> np.int64(32)).value_counts()
+    write_ledger_piece(out, rows, {p: [0, int(dropped.get(i, 0))] for i, p in enumerate(part_ids)})
+
+
 def read_published(old_path: str, gone_path: str) -> Published:
     old, gone = pd.read_parquet(old_path), pd.read_parquet(gone_path)
     return Published(sorted(set(old["version"]) | set(gone["version"])), old, gone)
@@ -447,29 +465,47 @@ def train_near_cells(
     return layout
 
 
-def split_near_part_job(
-    samples_path: str, part: int, exclusions: list[str], old_path: str | None, cells_path: str, out: str,
-    embeddings_path: str | None,
+def split_near_group(
+    samples: list[str], first_part: int, dropped_piece: str, old_path: str | None, cells_path: str, out: str,
+    embeddings: list[str],
 ) -> int:  # fmt: skip
+    """The near-duplicate entries of a group's parts: their samples that the exact steps kept (the group's
+    ledger piece names the others), in one file, one batch per bucket; returns the samples compared."""
     layout, phash, embedding = read_cells(cells_path)
-    old = pd.read_parquet(old_path, filters=[("part", "=", part)]) if old_path else no_published().old
-    return split_part(samples_path, part, excluded_keys(exclusions), old, layout, (phash, embedding), out,
-                      embeddings_path)  # fmt: skip
+    tables, n = [], 0
+    for i, path in enumerate(samples):
+        part = first_part + i
+        dropped = dropped_ids([dropped_piece], part) & np.int64(0xFFFF_FFFF)
+        old = pd.read_parquet(old_path, filters=[("part", "=", part)]) if old_path else no_published().old
+        old_rows = old["row"].to_numpy() if len(old) else np.empty(0, np.int64)
+        ids, prio, code, mirror, rows = part_candidates(path, part, dropped, old_rows)
+        emb = _part_embeddings(embeddings[i], path, rows) if embeddings else None
+        tables.append(part_entries(ids, prio, code, mirror, layout, phash, emb, embedding))
+        n += len(ids)
+    write_entries(out, pa.concat_tables(tables) if tables else ENTRY_SCHEMA.empty_table(), layout, n)
+    return n
+
+
+def _part_embeddings(embeddings_path: str, samples_path: str, rows: np.ndarray) -> np.ndarray:
+    with np.load(embeddings_path, allow_pickle=False) as z:
+        keys, image = z["key"], z["image"]
+    if not np.array_equal(keys, pd.read_parquet(samples_path, columns=["key"])["key"].to_numpy(dtype=str)):
+        raise ValueError(f"{embeddings_path} does not hold the rows of {samples_path}: run embed_part for it again")
+    return image[rows]
 
 
 def decide_near_duplicates(
     pair_paths: list[str], sample_paths: list[str], part_ids: list[str], published: Published, s: NearSettings,
     compared: int, out_dir: str | Path,
 ) -> dict:  # fmt: skip
-    """near_duplicates.parquet and .json (and near_exclusions.parquet with exclude) from every bucket's pairs;
-    returns the counts."""
+    """near_duplicates.parquet and .json, and near_dropped.parquet (the ledger piece of the samples left out:
+    none unless exclude), from every bucket's pairs; returns the counts."""
     pairs = pd.concat([pd.read_parquet(p) for p in pair_paths], ignore_index=True)
-    found = near_rows(decide(pairs), list(sample_paths), list(part_ids), published)
+    decided = decide(pairs)
+    found = near_rows(decided, list(sample_paths), list(part_ids), published)
     out_dir = Path(out_dir)
-    write_tables(found, out_dir, exclude=s.near == "exclude")
-    if s.near != "exclude":  # the table the plan reads, empty: nothing left out
-        with atomic_open(out_dir / "near_exclusions.parquet") as f:
-            exclusions(found.iloc[0:0]).to_parquet(f, index=False)
+    write_tables(found, out_dir, exclude=False)
+    write_near_piece(decided, found, sample_paths, part_ids, s.near == "exclude", out_dir / "near_dropped.parquet")
     counts = summary(found, compared)
     atomic_write_text(out_dir / "near_duplicates.json", json.dumps({**counts, "settings": vars(s)}, indent=1) + "\n")
     return counts

@@ -33,6 +33,7 @@ from shardsmith.core.atomic import atomic_open
 from shardsmith.formats.tables import key_hashes
 from shardsmith.shards.nearsearch import SEED, best_pairs, near_pairs
 
+_CHUNK = 100_000
 CELL_PROBES = 2  # cells a vector goes to: a near pair is searched together when its vectors share one
 CELL_TRAIN_PER_CENTROID = 64
 BLOCK, PHASH_CELL, EMBEDDING_CELL = 0, 1, 2  # entry kinds
@@ -263,7 +264,14 @@ def _block_pairs(t: pd.DataFrame, threshold: int) -> Iterator[tuple[np.ndarray, 
             at = at[key_s[at + step] == key_s[at]]
 
 
-def _cell_pairs(t: pd.DataFrame, binary: bool, threshold: float, bin_size: int, scratch: str | None):
+# Bins a vector goes to inside a cell, when there are several cells: each vector is already in CELL_PROBES
+# cells, so 3 here costs 6 bin searches a vector against the 5 of the single search (bench/plan_scale.py).
+CELL_BIN_PROBES = 3
+
+
+def _cell_pairs(
+    t: pd.DataFrame, binary: bool, threshold: float, bin_size: int, scratch: str | None, probes: int | None = None
+):
     """near_pairs over one cell, its hashes before its mirror hashes, each in dataset order: the order the
     search of the whole dataset reads them in (k-means trains on a strided sample of it)."""
     t = t.iloc[np.lexsort((t["id"].to_numpy(), t["mirror"].to_numpy()))]
@@ -273,10 +281,11 @@ def _cell_pairs(t: pd.DataFrame, binary: bool, threshold: float, bin_size: int, 
     else:
         x = np.stack([np.frombuffer(v, np.float16) for v in t["vec"]]) if len(t) else np.empty((0, 1), np.float16)
 
-    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        yield ids, x
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:  # in slices: the search converts each to floats
+        for at in range(0, len(ids), _CHUNK):
+            yield ids[at : at + _CHUNK], x[at : at + _CHUNK]
 
-    return near_pairs(chunks, len(ids), threshold, binary, bin_size, scratch)
+    return near_pairs(chunks, len(ids), threshold, binary, bin_size, scratch, probes)
 
 
 def bucket_pairs(
@@ -286,6 +295,7 @@ def bucket_pairs(
     embedding_min_similarity: float | None,
     bin_size: int,
     scratch: str | None = None,
+    n_cells: int = 1,
 ) -> pd.DataFrame:
     """PAIR_SCHEMA rows for one bucket: its same-hash pairs and its near pairs per signal (a before b by id),
     pairs of two published samples left out (both stay)."""
@@ -299,8 +309,10 @@ def bucket_pairs(
     hashed = hashed[~hashed["id"].isin(members)]
     frames = [same]
     found = list(_block_pairs(hashed[hashed["kind"] == BLOCK], phash_max_distance))
-    for _, cell in hashed[hashed["kind"] == PHASH_CELL].groupby("group", sort=True):
-        found.append(_cell_pairs(cell, True, phash_max_distance, bin_size, scratch))
+    cells = hashed[hashed["kind"] == PHASH_CELL]
+    probes = CELL_BIN_PROBES if n_cells > 1 else None  # one cell: the search of the whole dataset
+    for _, cell in cells.groupby("group", sort=True):
+        found.append(_cell_pairs(cell, True, phash_max_distance, bin_size, scratch, probes))
     if found:
         a, b, d = (np.concatenate([f[i] for f in found]) for i in range(3))
         a, b, d = best_pairs(a, b, d, True)

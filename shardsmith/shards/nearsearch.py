@@ -80,15 +80,23 @@ def best_pairs(
 
 
 def near_pairs(
-    chunks: Chunks, n: int, threshold: float, binary: bool, bin_size: int, scratch: str | os.PathLike | None = None
+    chunks: Chunks,
+    n: int,
+    threshold: float,
+    binary: bool,
+    bin_size: int,
+    scratch: str | os.PathLike | None = None,
+    probes: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """best_pairs over all `n` vectors that `chunks()` yields (read once when exact; see the module for binned)."""
+    """best_pairs over all `n` vectors that `chunks()` yields (read once when exact; see the module for binned).
+    `probes`: the bins each vector goes to (PROBES by default)."""
+    probes = probes or PROBES[binary]
     if n <= bin_size:
         got = list(chunks())
         ids = np.concatenate([c[0] for c in got]) if got else np.empty(0, np.int64)
         x = np.concatenate([c[1] for c in got]) if got else np.empty((0, 1))
         return best_pairs(*exact_pairs(ids, x, threshold, binary), binary)
-    k = math.ceil(PROBES[binary] * n / bin_size)
+    k = math.ceil(probes * n / bin_size)
     centroids = _train(chunks, n, k, binary)
     quantizer = faiss.IndexFlatL2(centroids.shape[1])
     quantizer.add(centroids)
@@ -96,7 +104,7 @@ def near_pairs(
         Path(scratch).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="shardsmith-near-", dir=scratch))
     try:
-        bins = _spill(chunks, quantizer, work, binary)
+        bins = _spill(chunks, quantizer, work, binary, probes)
         found = [exact_pairs(*_read_bin(work, b, binary), threshold, binary) for b in bins]
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -155,12 +163,12 @@ def _train(chunks: Chunks, n: int, k: int, binary: bool) -> np.ndarray:
     return km.centroids
 
 
-def _spill(chunks: Chunks, quantizer: faiss.Index, work: Path, binary: bool) -> list[int]:
+def _spill(chunks: Chunks, quantizer: faiss.Index, work: Path, binary: bool, probes: int) -> list[int]:
     """Append each vector (and its id) to the files of its nearest centroids' bins; returns the bins used."""
     used: set[int] = set()
     for ids, x in chunks():
-        _, nearest = quantizer.search(_as_float(x, binary), PROBES[binary])
-        for column in range(PROBES[binary]):
+        _, nearest = quantizer.search(_as_float(x, binary), probes)
+        for column in range(probes):
             order = np.argsort(nearest[:, column], kind="stable")
             where = nearest[order, column]
             starts = np.flatnonzero(np.r_[True, where[1:] != where[:-1]])

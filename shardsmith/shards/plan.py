@@ -9,128 +9,127 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from shardsmith.core.atomic import atomic_open, atomic_write_text
-from shardsmith.core.ledger import REJECT_COLUMNS, SHARD
+from shardsmith.core.atomic import atomic_open
+from shardsmith.core.ledger import REJECT_COLUMNS
 from shardsmith.formats.names import shard_name
-from shardsmith.formats.tables import ParquetAppender, Spill, bins_for, key_bins, num_rows, spill_folder
+from shardsmith.formats.tables import ParquetAppender, bins_for, spill_folder
+from shardsmith.shards.buckets import (
+    DroppedRows,
+    bucket_drops,
+    group_drops,
+    iter_shard_ranges,
+    piece_counts,
+    shard_rows,
+    split_exclusions,
+    split_keys,
+    write_shard_files,
+    write_shard_list,
+)
 from shardsmith.shards.dedupe import published_records, write_exclusions
-from shardsmith.shards.neardup import NearSettings, find_near_duplicates, write_tables
-from shardsmith.shards.neardup import summary as near_summary
+from shardsmith.shards.neardup import (
+    NearSettings,
+    decide_near_duplicates,
+    excluded_keys,
+    published_candidates,
+    split_near_group,
+    train_near_cells,
+    write_published,
+)
+from shardsmith.shards.nearparts import Layout, bucket_pairs, write_pairs
 from shardsmith.storage.s3 import S3Settings
 
-STAGE = SHARD
+
+def copy_near_tables(found: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
+    """near_duplicates.parquet and .json beside the plan, where the report and the card read them; the counts."""
+    for name in ("near_duplicates.parquet", "near_duplicates.json"):
+        with atomic_open(Path(out_dir) / name) as f:
+            f.write((Path(found) / name).read_bytes())
+    return json.loads((Path(out_dir) / "near_duplicates.json").read_text())
 
 
-def _ledger_rows(samples: pd.DataFrame, stage: object, reason: object, detail: object) -> pd.DataFrame:
-    """Rejection rows for samples that were processed but are left out of the shards."""
-    rows = samples[["source", "source_id", "url", "key"]].reset_index(drop=True)
-    return rows.assign(stage=stage, reason=reason, detail=detail)[REJECT_COLUMNS]
+def part_counts(pieces: list[str]) -> list[tuple[str, int]]:
+    """Each part's samples, in part order, from the ledger pieces' counts (part -> [samples, dropped])."""
+    total: dict[str, int] = {}
+    for path in pieces:
+        for part, (n, _) in piece_counts(path).items():
+            total[part] = total.get(part, 0) + n
+    return list(total.items())
 
 
-KEYED = pa.schema(
-    [("key", pa.large_string()), ("pos", pa.int64()), ("source_id", pa.large_string()),
-     ("stage", pa.large_string()), ("reason", pa.large_string()), ("detail", pa.large_string())]
-)  # fmt: skip
-DROPS = pa.schema(
-    [("pos", pa.int64()), ("stage", pa.large_string()), ("reason", pa.large_string()), ("detail", pa.large_string())]
-)
+def shards_from_pieces(pieces: list[str], samples_per_shard: int) -> Iterator[list[tuple]]:
+    """Every shard's ranges (shardsmith.shards.buckets.iter_shard_ranges), as they come, from the ledger pieces:
+    their counts, and the rows they name read as a stream (DroppedRows)."""
+    return iter_shard_ranges(part_counts(pieces), samples_per_shard, DroppedRows(pieces))
 
 
-def _spill_by_key(samples_paths: list[str], exclusions: list[str], n_keys: int, n_ex: int, spill_dir: str) -> Spill:
-    """Every exclusion row (numbered below zero, in order) and every sample (by dataset position), in bins by key."""
-    keyed = Spill(Path(spill_dir) / "keys", n_keys, KEYED)
-    at = 0
-    for path in exclusions:  # exclusion rows first, numbered below zero: their order decides which counts
-        for batch in pq.ParquetFile(path).iter_batches(columns=["key", "stage", "reason", "detail"], batch_size=65536):
-            t = pa.Table.from_batches([batch])
-            pos = pa.array(np.arange(at, at + t.num_rows, dtype=np.int64) - n_ex)
-            at += t.num_rows
-            null = pa.nulls(t.num_rows, pa.large_string())
-            columns = [t.column("key"), pos, null, t.column("stage"), t.column("reason"), t.column("detail")]
-            keyed.add(pa.Table.from_arrays(columns, names=KEYED.names), key_bins(t.column("key"), n_keys))
-    at = 0
-    for path in samples_paths:
-        for batch in pq.ParquetFile(path).iter_batches(columns=["key", "source_id"], batch_size=65536):
-            t = pa.Table.from_batches([batch])
-            pos = pa.array(np.arange(at, at + t.num_rows, dtype=np.int64))
-            at += t.num_rows
-            null = pa.nulls(t.num_rows, pa.large_string())
-            columns = [t.column("key"), pos, t.column("source_id"), null, null, null]
-            keyed.add(pa.Table.from_arrays(columns, names=KEYED.names), key_bins(t.column("key"), n_keys))
-    keyed.close()
-    return keyed
+def plan_from_counts(
+    pieces: list[str],
+    out_dir: str | os.PathLike,
+    *,
+    dataset: str,
+    samples_per_shard: int,
+    near: NearSettings,
+    found: str | os.PathLike | None,
+    log: Callable[[str], None] = print,
+) -> list[str]:
+    """The workflow's plan_shards: each shard's ranges from the parts' kept counts, which the ledger pieces
+    (the groups' first, in part order, then the near-duplicates') carry; memory grows with parts and shards."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if found is not None:
+        got = copy_near_tables(found, out_dir)
+        left = "left out" if near.near == "exclude" else "reported, all kept (dedupe.near: report)"
+        log(f"near-duplicates: {got['near_duplicates']} samples in {got['groups']} groups {left}")
+    names = write_shard_list(out_dir, dataset, shards_from_pieces(list(pieces), samples_per_shard))
+    log(f"{len(names)} shards of at most {samples_per_shard} samples")
+    return names
 
 
-def _decide_bin(table: pa.Table) -> list[pd.DataFrame]:
-    """(pos, key, stage, reason, detail) of the samples of one key bin that drop: an excluded key's samples
-    with the exclusion's reason (its first row counts), of the other samples of a key all but the first."""
-    rows = table.to_pandas().sort_values("pos", kind="stable")
-    is_ex = rows["pos"] < 0
-    reasons = rows[is_ex].drop_duplicates("key", keep="first").set_index("key")[["stage", "reason", "detail"]]
-    samples = rows[~is_ex]
-    hit = samples["key"].isin(reasons.index)
-    rest = samples[~hit]
-    dup = rest.duplicated("key", keep="first")
-    pieces = []
-    if hit.any():
-        pieces.append(samples[hit][["pos", "key"]].join(reasons, on="key"))
-    if dup.any():
-        first = rest[~dup].set_index("key")["source_id"]
-        repeat = rest[dup][["pos", "key"]].assign(stage=STAGE, reason="duplicate_key")
-        repeat["detail"] = ["same key as " + sid for sid in first.loc[repeat["key"]]]
-        pieces.append(repeat)
-    return pieces
+def _near_in_process(
+    samples: list[str], parts: list[str], pieces: list[str], near: NearSettings, exclusions: list[str],
+    published: pd.DataFrame | None, embeddings: list[str], scratch: str | None, layout: Layout | None, work: Path,
+) -> str:  # fmt: skip
+    """The near-duplicate jobs in order, in this process: returns the folder with their tables."""
+    pub = published_candidates(samples, set(excluded_keys(exclusions)), published)
+    write_published(pub, work / "old.parquet", work / "gone.parquet")
+    near_dir = work / "near"
+    near_dir.mkdir()
+    n = sum(pq.ParquetFile(p).metadata.num_rows for p in samples)
+    settings = near if layout is None else NearSettings(**{**vars(near), "buckets": layout.buckets})
+    if layout is not None:  # cells as given: they decide what binning compares
+        settings = NearSettings(**{**vars(settings), "cell_samples": max(1000, -(-n * 2 // layout.cells))})
+    used = train_near_cells(samples, settings, n, pub, embeddings, str(work / "cells.npz"), str(work / "gone.arrow"))
+    entries, compared = [], 0
+    for i, (path, piece) in enumerate(zip(samples, pieces, strict=True)):
+        entries.append(str(work / f"{i}.entries.arrow"))
+        compared += split_near_group([path], i, piece, str(work / "old.parquet"), str(work / "cells.npz"), entries[-1],
+                                     embeddings[i : i + 1])  # fmt: skip
+    entries.append(str(work / "gone.arrow"))
+    pairs = []
+    for b in range(used.buckets):
+        pairs.append(str(work / f"{b}.pairs.parquet"))
+        found = bucket_pairs(
+            entries,
+            b,
+            near.phash_max_distance,
+            near.embedding_min_similarity if embeddings else None,
+            near.bin_size,
+            scratch,
+            used.cells,
+        )
+        write_pairs(pairs[-1], found)  # fmt: skip
+    decide_near_duplicates(pairs, samples, parts, pub, near, compared, near_dir)
+    return str(near_dir)
 
 
-def _decide_drops(samples_paths: list[str], exclusions: list[str], spill_dir: str) -> tuple[Spill, list[int]]:
-    """Which samples leave the shards, and why, without holding the dataset.
-
-    Every sample (key, position in the dataset) and every exclusion row (key, stage, reason, detail) is
-    sorted into bins by key hash, so all rows of a key meet in one bin; each bin then decides on its own:
-    an excluded key's samples drop with the exclusion's reason (its first row counts), and of the other
-    samples of a key all but the first drop as duplicate_key. The decisions go to bins by dataset position
-    (a run of parts each), read back part by part. Returns those bins and the first position of each.
-    """
-    counts = [num_rows(p) for p in samples_paths]
-    n_ex = sum(num_rows(p) for p in exclusions)
-    keyed = _spill_by_key(samples_paths, exclusions, bins_for(sum(counts) + n_ex), n_ex, spill_dir)
-
-    # decision bins by position: consecutive parts, about BIN_ROWS samples a bin
-    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    n_drop_bins = bins_for(int(starts[-1]))
-    bounds = [0]
-    for i in range(1, len(counts)):
-        if len(bounds) < n_drop_bins and starts[i] - bounds[-1] >= starts[-1] / n_drop_bins:
-            bounds.append(int(starts[i]))
-    drops = Spill(Path(spill_dir) / "drops", len(bounds), DROPS)
-    for b in range(keyed.n):
-        table = keyed.read(b)
-        if table.num_rows == 0 or (
-            pc.min(table["pos"]).as_py() >= 0 and pc.count_distinct(table["key"]).as_py() == table.num_rows
-        ):
-            continue  # no exclusion and no repeated key: nothing drops, and no key becomes a Python string
-        pieces = _decide_bin(table)
-        if pieces:
-            out = pd.concat(pieces, ignore_index=True)[["pos", "stage", "reason", "detail"]]
-            drops.add(
-                pa.Table.from_pandas(out, preserve_index=False),
-                np.searchsorted(bounds, out["pos"].to_numpy(), side="right") - 1,
-            )
-    drops.close()
-    return drops, bounds
-
-
-# Over 60 lines: one streaming loop and the flush that shares its held rows; splitting them would pass
-# that state back and forth.
+# In one process, the steps the workflow runs as jobs (rules/shards.smk): split_keys, split_exclusions,
+# find_duplicate_keys per bucket, collect_dropped; the near-duplicate jobs; then plan_shards.
 def plan_shards(
     samples_paths: list[str],
     part_ids: list[str],
@@ -138,64 +137,56 @@ def plan_shards(
     samples_per_shard: int,
     out_dir: str | os.PathLike,
     exclusions: list[str] = (),
+    buckets: int | None = None,
+    near: NearSettings | None = None,
+    published: pd.DataFrame | None = None,
+    embeddings: list[str] = (),
+    scratch: str | None = None,
+    layout: Layout | None = None,
+    log: Callable[[str], None] = print,
 ) -> list[str]:
-    """Write `{name}.samples.parquet` + `{name}.parts` per shard and `dropped.parquet`; returns shard names.
+    """Write `{name}.samples.parquet`, `{name}.parts` and `{name}.ranges.json` per shard and `dropped.parquet`
+    (and the near-duplicate tables, with `near`); returns shard names.
 
     `exclusions` are parquet tables (key, stage, reason, detail) from stages that drop samples after
     processing (e.g. a similarity threshold, records already published); their samples go to the ledger
-    with that reason, and the shards stay uniform.
-
-    Streamed: one part's rows, one shard's plan and one bin of keys (about BIN_ROWS, sorted into bins on
-    disk beside the plan) are held at a time, whatever the dataset's size.
+    with that reason, and the shards stay uniform. Keys repeated across parts: all but the first drop.
+    Then near-duplicates among the samples left (`near`, against `published`). Decided per bucket
+    (shardsmith.shards.buckets, shardsmith.shards.nearparts): any `buckets` gives the same files.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    names: list[str] = []
-    pending: list[pd.DataFrame] = []
-    held = 0
-
-    def flush(final: bool) -> None:
-        """Write every full shard held (and, when final, the remainder); keep the rest."""
-        nonlocal pending, held
-        if held < samples_per_shard and not (final and held):
-            return
-        rows, at = pd.concat(pending, ignore_index=True), 0
-        while len(rows) - at >= samples_per_shard or (final and at < len(rows)):
-            chunk = rows.iloc[at : at + samples_per_shard]
-            at += len(chunk)
-            name = shard_name(dataset, len(names))
-            with atomic_open(out_dir / f"{name}.samples.parquet") as f:
-                chunk.to_parquet(f, index=False)
-            atomic_write_text(out_dir / f"{name}.parts", "".join(f"{p}\n" for p in dict.fromkeys(chunk["part"])))
-            names.append(name)
-        pending, held = [rows.iloc[at:]], len(rows) - at
-
-    with (
-        spill_folder(out_dir.parent) as spill_dir,
-        ParquetAppender(out_dir / "dropped.parquet", REJECT_COLUMNS) as dropped,
-    ):
-        drops, bounds = _decide_drops(list(samples_paths), list(exclusions), spill_dir)
-        loaded, decided = -1, pd.DataFrame(columns=["stage", "reason", "detail"])
-        start = 0
-        for part, path in zip(part_ids, samples_paths, strict=True):
-            samples = pd.read_parquet(path).assign(part=part)
-            b = int(np.searchsorted(bounds, start, side="right") - 1)
-            if b != loaded:  # the decisions of the next run of parts
-                decided, loaded = drops.read(b).to_pandas().set_index("pos"), b
-            pos = np.arange(start, start + len(samples))
-            start += len(samples)
-            out = np.isin(pos, decided.index.to_numpy())
-            if out.any():  # in record order
-                why = decided.loc[pos[out]]
-                dropped.append(
-                    _ledger_rows(samples[out], why["stage"].values, why["reason"].values, why["detail"].values)
-                )
-            keep = samples[~out]
-            if len(keep):
-                pending.append(keep)
-                held += len(keep)
-            flush(final=False)
-        flush(final=True)
+    samples, parts = list(samples_paths), list(part_ids)
+    if buckets is None:  # buckets of about BIN_ROWS keys: one held at a time
+        buckets = bins_for(sum(pq.ParquetFile(p).metadata.num_rows for p in samples))
+    with spill_folder(out_dir.parent) as tmp:
+        work = Path(tmp)
+        keys = [str(work / f"{i}.keys.arrow") for i in range(len(parts))]  # a group a part: one held at a time
+        for i, (path, out) in enumerate(zip(samples, keys, strict=True)):
+            split_keys([path], i, buckets, out)
+        split_exclusions(list(exclusions), buckets, work / "excluded.arrow", tmp=str(work))
+        drops = [str(work / f"{b}.drops.arrow") for b in range(buckets)]
+        for b, out in enumerate(drops):
+            bucket_drops(keys, str(work / "excluded.arrow"), b, 1, out)
+        pieces = [str(work / f"{i}.dropped.parquet") for i in range(len(parts))]
+        for i, (path, part, out) in enumerate(zip(samples, parts, pieces, strict=True)):
+            group_drops(drops, i, [path], [part], i, out)
+        if near is not None and near.near != "off":
+            found = _near_in_process(samples, parts, pieces, near, list(exclusions), published, list(embeddings),
+                                     scratch, layout, work)  # fmt: skip
+            pieces.append(str(Path(found) / "near_dropped.parquet"))
+            got = copy_near_tables(found, out_dir)
+            left = "left out" if near.near == "exclude" else "reported, all kept (dedupe.near: report)"
+            log(f"near-duplicates: {got['near_duplicates']} samples in {got['groups']} groups {left}")
+        names, paths = [], dict(zip(parts, samples, strict=True))
+        for i, ranges in enumerate(shards_from_pieces(pieces, samples_per_shard)):
+            names.append(shard_name(dataset, i))
+            write_shard_files(out_dir, names[-1], ranges)
+            with atomic_open(out_dir / f"{names[-1]}.samples.parquet") as f:
+                shard_rows(ranges, paths).to_parquet(f, index=False)
+        with ParquetAppender(out_dir / "dropped.parquet", REJECT_COLUMNS) as ledger:
+            for piece in pieces:
+                ledger.append(pq.read_table(piece, columns=REJECT_COLUMNS))
     return names
 
 
@@ -210,16 +201,13 @@ def plan_dataset(
     near: NearSettings,
     embeddings: list[str],
     scratch: str | None,
-    found: str | os.PathLike | None = None,
     log: Callable[[str], None] = print,
 ) -> list[str]:
-    """The whole plan, in its order: records already published left out (`dedupe`), then near-duplicate images
-    found (reported, or left out with `near.near: exclude`), then the rest assigned to shards (plan_shards).
+    """The whole plan in one process, in its order: records already published left out (`dedupe`), repeated
+    keys, then near-duplicate images (reported, or left out with `near.near: exclude`), then the shards.
 
     `samples` are the parts' samples tables, named `{part}.samples.parquet`; `exclusions` the tables of
-    samples other steps left out. `found`: the folder where the workflow's jobs already found the
-    near-duplicates (decide_near_duplicates); without it they are searched here, in one process. Returns the
-    shard names.
+    samples other steps left out. Returns the shard names.
     """
     parts = [Path(p).name.split(".")[0] for p in samples]
     out_dir = Path(out_dir)
@@ -236,34 +224,7 @@ def plan_dataset(
             f"{n['samples']} samples: {n['kept_from_earlier_versions']} kept from {n['versions']} published versions, "
             f"{n['excluded']} new ones already published (url or image sha256) left out"
         )
-    if near.near != "off":
-        if found is None:
-            excluded = (
-                set(pd.concat([pd.read_parquet(p, columns=["key"])["key"] for p in exclusions]))
-                if exclusions
-                else set()
-            )
-            rows, compared = find_near_duplicates(samples, parts, near, excluded, published, embeddings, scratch)
-            exclusions += write_tables(rows, out_dir, exclude=near.near == "exclude")
-            counts = near_summary(rows, compared)
-            atomic_write_text(
-                out_dir / "near_duplicates.json", json.dumps({**counts, "settings": vars(near)}, indent=1) + "\n"
-            )
-        else:  # the report and the card read them beside the plan
-            for name in ("near_duplicates.parquet", "near_duplicates.json"):
-                with atomic_open(out_dir / name) as f:
-                    f.write((Path(found) / name).read_bytes())
-            near_out = str(Path(found) / "near_exclusions.parquet")
-            if near.near == "exclude" and near_out not in exclusions:
-                exclusions.append(near_out)
-            counts = json.loads((out_dir / "near_duplicates.json").read_text())
-        left = "left out" if near.near == "exclude" else "reported, all kept (dedupe.near: report)"
-        log(f"near-duplicates: {counts['near_duplicates']} samples in {counts['groups']} groups {left}")
     return plan_shards(
-        samples,
-        part_ids=parts,
-        dataset=dataset,
-        samples_per_shard=samples_per_shard,
-        out_dir=out_dir,
-        exclusions=exclusions,
-    )
+        samples, parts, dataset, samples_per_shard, out_dir, exclusions,
+        near=near, published=published, embeddings=embeddings, scratch=scratch, log=log,
+    )  # fmt: skip

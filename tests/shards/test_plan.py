@@ -192,15 +192,14 @@ def reference_plan(
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-@pytest.mark.parametrize("bin_rows", [1_000_000, 9])
-def test_streamed_plan_matches_the_in_memory_plan(tmp_path, seed, bin_rows, monkeypatch):
+@pytest.mark.parametrize("buckets", [1, 5])
+def test_streamed_plan_matches_the_in_memory_plan(tmp_path, seed, buckets, monkeypatch):
     """Random parts with keys repeated across parts (process_part already rejects repeats within one) and
-    exclusions, some of them of first occurrences; with every key in memory, and with keys and decisions
-    sorted into bins of 9 rows on disk. Also with every key hashing alike (all in one bin)."""
-    import shardsmith.formats.tables as tables_mod
-
-    monkeypatch.setattr(tables_mod, "BIN_ROWS", bin_rows)
+    exclusions, some of them of first occurrences; decided in one bucket and in five, each on its own. Also
+    with every key hashing alike (all in one bucket)."""
     import numpy as np
+
+    import shardsmith.formats.tables as tables_mod
 
     rng = np.random.default_rng(seed)
     pool = [f"k{i}" for i in range(60)]
@@ -220,7 +219,13 @@ def test_streamed_plan_matches_the_in_memory_plan(tmp_path, seed, bin_rows, monk
 
     def plan(out):
         names = plan_shards(
-            [str(tmp_path / f"{p}.samples.parquet") for p in parts], list(parts), "ds", 7, out, exclusions=[str(ex)]
+            [str(tmp_path / f"{p}.samples.parquet") for p in parts],
+            list(parts),
+            "ds",
+            7,
+            out,
+            exclusions=[str(ex)],
+            buckets=buckets,
         )
         shards = [list(pd.read_parquet(out / f"{n}.samples.parquet")["key"]) for n in names]
         dropped = pd.read_parquet(out / "dropped.parquet")

@@ -144,7 +144,7 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
     submitted = SUBMITTED.findall(stderr)
     assert Counter(rule for _, rule in submitted) == jobs_run - Counter(all=1)
     assert {"plan_parts", "download_part", "embed_part", "write_shard", "validate_dataset"} <= set(jobs_run)
-    assert jobs_run["find_near_pairs"] == 3 and jobs_run["split_near_part"] == jobs_run["download_part"]
+    assert jobs_run["find_near_pairs"] == jobs_run["find_duplicate_keys"] == 3  # planning in 3 bucket jobs
 
     # SLURM ran them to completion, in the partitions and with the CPUs the profile asks for.
     done = completed_jobs()

@@ -271,3 +271,43 @@ def test_killed_run_leaves_no_truncated_tar_and_rerun_completes(build, demo_data
     for name in json.loads((out_dir(root1) / "sizes.json").read_text()):
         assert sha256(out_dir(root) / name) == sha256(out_dir(root1) / name)
     assert find_leftovers([root]) == []  # the killed jobs' temporary files went with the rerun
+
+
+def _tables_are_whole(folder):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for path in folder.rglob("*.parquet"):
+        pq.read_table(path)  # a torn file raises
+    for path in folder.rglob("*.arrow"):
+        with pa.memory_map(str(path)) as src:
+            pa.ipc.open_file(src).read_all()
+
+
+@pytest.mark.parametrize("during", ["find_duplicate_keys", "plan_shards"])
+def test_planning_in_buckets_killed_mid_job_gives_the_one_bucket_build_on_rerun(build, demo_data, tmp_path, during):
+    """Planning in 3 buckets, killed (SIGKILL, the whole run) as soon as a bucket job or the plan starts: no torn
+    table, and the rerun publishes what the one-bucket build published, byte for byte, ledger included."""
+    root1, _ = build
+    data, _ = demo_data
+    root = tmp_path / "killed"
+    config = demo_config(data, root)
+    config["dedupe"] = {"near": "report", "buckets": 3}
+    root.mkdir()
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile",
+           str(root / "config.yaml"), "--workflow-profile", "none", "--cores", "1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    logs = root / "logs" / "demo"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (list(logs.glob(f"{during}/*.log")) + list(logs.glob(f"{during}.log"))):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert time.time() < deadline, f"{during} never started"
+    _tables_are_whole(root / "work")
+    run_workflow(root, config, "--unlock")
+    run_workflow(root, config, "--rerun-incomplete")
+    for name in [*json.loads((out_dir(root1) / "sizes.json").read_text()), "rejected.parquet", "manifest.parquet"]:
+        assert sha256(out_dir(root) / name) == sha256(out_dir(root1) / name), name
+    assert find_leftovers([root]) == []

@@ -1,0 +1,19 @@
+"""Rule glue for find_duplicate_keys: logic in shardsmith.shards.buckets."""
+
+from shardsmith.core.logs import run_job
+from shardsmith.shards.buckets import bucket_drops
+
+
+def main() -> None:
+    bucket = int(snakemake.wildcards.bucket)
+    n = bucket_drops(
+        list(snakemake.input.key_tables),
+        snakemake.input.excluded,
+        bucket,
+        snakemake.params.parts_per_group,
+        snakemake.output[0],
+    )
+    print(f"bucket {bucket}: {n} samples left out (exclusions, repeated keys)")
+
+
+run_job(snakemake.log[0], main)
