@@ -7,7 +7,7 @@ with the sample's id (part index << 32 | row: dataset order) and its keep priori
   blocks untouched), so they meet in one group whatever else happens;
 - cell entries: its hash and its mirror's in the `CELL_PROBES` cells nearest to it, cells being k-means
   centroids trained once on a sample of the dataset (`train_cells`); hashes a few bits apart mostly share
-  a cell, and each cell is searched as the whole dataset was (nearsearch.near_pairs: exact up to
+  a cell, and each cell is searched alone (nearsearch.near_pairs: exact up to
   `bin_size`, binned above). With CLIP embeddings as a signal, their own cells the same way.
 A bucket job (`bucket_pairs`) takes some groups (by hash) and some cells (cell mod buckets) from every
 part's entries and writes the near pairs among them. Which bucket holds a group or a cell changes nothing
@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open
 from shardsmith.formats.tables import key_hashes
-from shardsmith.shards.nearsearch import SEED, best_pairs, near_pairs
+from shardsmith.shards.nearsearch import SEED, best_pairs, near_pairs, same_key_pairs
 
 _CHUNK = 100_000
 CELL_PROBES = 2  # cells a vector goes to: a near pair is searched together when its vectors share one
@@ -250,18 +250,7 @@ def _block_pairs(t: pd.DataFrame, threshold: int) -> Iterator[tuple[np.ndarray, 
         high = code >> (np.uint64(16) * (j + np.uint64(1)))
         rest = low | (high << (np.uint64(16) * j))
         piece = ((rest >> np.uint64(12 * k)) & np.uint64(0xFFF)).astype(np.int64)
-        key = (group << np.int64(12)) | piece
-        order = np.argsort(key, kind="stable")
-        key_s, code_s, ids_s = key[order], code[order], ids[order]
-        at, step = np.flatnonzero(key_s[1:] == key_s[:-1]), 1
-        while len(at):
-            other = at + step
-            d = np.bitwise_count(code_s[at] ^ code_s[other])
-            ok = (d <= threshold) & (ids_s[at] != ids_s[other])
-            yield ids_s[at][ok], ids_s[other][ok], d[ok].astype(np.float32)
-            step += 1
-            at = at[at + step < len(key_s)]
-            at = at[key_s[at + step] == key_s[at]]
+        yield from same_key_pairs((group << np.int64(12)) | piece, code, ids, threshold)
 
 
 # Bins a vector goes to inside a cell, when there are several cells: each vector is already in CELL_PROBES

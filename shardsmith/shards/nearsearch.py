@@ -135,17 +135,27 @@ def block_pairs(chunks: Chunks, threshold: float) -> list[tuple[np.ndarray, np.n
                 parts.append((block[take], x[take], np.asarray(ids)[take]))
             block, code, ident = (np.concatenate([p[i] for p in parts]) for i in range(3))
             del parts
-            order = np.argsort(block, kind="stable")
-            block, code, ident = block[order], code[order], ident[order]
-            at, step = np.flatnonzero(block[1:] == block[:-1]), 1
-            while len(at):
-                other = at + step
-                d = np.bitwise_count(code[at] ^ code[other])
-                ok = (d <= threshold) & (ident[at] != ident[other])
-                found.append((ident[at][ok], ident[other][ok], d[ok].astype(np.float32)))
-                step += 1
-                at = at[at + step < len(block)]
-                at = at[block[at + step] == block[at]]
+            found += same_key_pairs(block, code, ident, threshold)
+    return found
+
+
+def same_key_pairs(
+    key: np.ndarray, code: np.ndarray, ident: np.ndarray, threshold: float
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Pairs within the threshold among hashes with the same key: sorted by key, each compared with the next
+    ones of its run (the work is the sum of the squared run lengths)."""
+    order = np.argsort(key, kind="stable")
+    key, code, ident = key[order], code[order], ident[order]
+    found = []
+    at, step = np.flatnonzero(key[1:] == key[:-1]), 1
+    while len(at):
+        other = at + step
+        d = np.bitwise_count(code[at] ^ code[other])
+        ok = (d <= threshold) & (ident[at] != ident[other])
+        found.append((ident[at][ok], ident[other][ok], d[ok].astype(np.float32)))
+        step += 1
+        at = at[at + step < len(key)]
+        at = at[key[at + step] == key[at]]
     return found
 
 
