@@ -5,10 +5,11 @@ exclusion table naming 5% of them, random 64-bit pHashes with 1% of the samples 
 another and a cluster of 10,000 samples with one placeholder hash), then runs the jobs of rules/shards.smk
 through the same functions their scripts call: split_keys and collect_dropped per group of parts,
 split_exclusions, find_duplicate_keys and find_near_pairs per bucket, train_near_cells, split_near_entries per
-group, decide_near_duplicates, plan_shards. Records each job's peak RSS and CPU time and the recall on the
-planted pairs, and extrapolates each job kind to LAION-400M and LAION-5B with the default sizes (part_size
-250,000; dedupe.cell_samples, dedupe.bucket_samples): a job per group or bucket keeps its size (its input is
-bucket_samples' worth), a job of the whole dataset is fitted linearly in the samples.
+group, decide_near_round per round and partition, decide_near_duplicates, plan_shards. Records each job's peak
+RSS and CPU time and the recall on the planted pairs, and extrapolates each job kind to LAION-400M and
+LAION-5B with the default sizes (part_size 250,000; dedupe.cell_samples, dedupe.bucket_samples): a job per
+group, bucket or partition keeps its size (its input is bucket_samples' worth), a job of the whole dataset is
+fitted linearly in what it grows with.
 
     python bench/plan_scale.py --sizes 1000000 4000000 --out bench/results/plan-scale.json
 """
@@ -135,22 +136,47 @@ def measure(n: int, work: Path) -> dict:
         job("collect_dropped", f"group_drops({drops!r}, {g}, {[paths[i] for i in members]!r}, "
                                f"{[names[i] for i in members]!r}, {members[0]}, {pieces[g]!r})")  # fmt: skip
     job("train_near_cells", f"train_near_cells({paths!r}, s, {len(paths) * PART_SIZE}, no_published(), [], "
-                            f"'{w['near']}/cells.npz', '{w['near']}/published.arrow')")  # fmt: skip
+                            f"'{w['near']}/cells.npz', '{w['near']}/published.arrow', "
+                            f"'{w['near']}/published.homes')")  # fmt: skip
     entries = [f"{w['near']}/{g}.arrow" for g in range(len(groups))]
+    homes = [f"{w['near']}/{g}.homes" for g in range(len(groups))]
     for g, members in enumerate(groups):
-        job("split_near_entries", f"split_near_group({[paths[i] for i in members]!r}, {members[0]}, {pieces[g]!r}, "
-                                  f"None, '{w['near']}/cells.npz', {entries[g]!r}, [])")  # fmt: skip
+        job("split_near_entries", f"dropped = [dropped_ids([{pieces[g]!r}], p) & 0xFFFFFFFF for p in {members!r}]\n"
+                                  f"split_near_group({[paths[i] for i in members]!r}, {members[0]}, dropped, None, "
+                                  f"'{w['near']}/cells.npz', {entries[g]!r}, {homes[g]!r}, [])")  # fmt: skip
     entries.append(f"{w['near']}/published.arrow")
-    pairs = [f"{w['pairs']}/{b}.parquet" for b in range(layout.buckets)]
-    for b, out in enumerate(pairs):
-        job("find_near_pairs", f"write_pairs({out!r}, bucket_pairs({entries!r}, {b}, 8, None, 20000, '{work}', "
-                               f"{layout.cells}))")  # fmt: skip
-    job("decide_near_duplicates", f"decide_near_duplicates({pairs!r}, {paths!r}, {names!r}, no_published(), s, "
+    homes.append(f"{w['near']}/published.homes")
+    ins = [f"{w['pairs']}/{b}.in.arrow" for b in range(layout.buckets)]
+    outs = [f"{w['pairs']}/{b}.out.arrow" for b in range(layout.buckets)]
+    for b in range(layout.buckets):
+        job("find_near_pairs", f"write_pairs({ins[b]!r}, {outs[b]!r}, bucket_pairs({entries!r}, {b}, 8, None, 20000, "
+                               f"'{work}'), {layout.buckets})")  # fmt: skip
+    messages: list[str] = []
+    rounds = s.rounds_for(layout)
+    for r in range(1, rounds + 1):
+        sent = [f"{w['pairs']}/r{r}.{p}.messages" for p in range(layout.buckets)]
+        for p in range(layout.buckets):
+            job("decide_near_round", f"from shardsmith.shards.neardecide import decide_round\n"
+                                     f"decide_round({ins!r}, {outs!r}, {homes!r}, {messages!r}, {p}, {layout.buckets}, "
+                                     f"{sent[p]!r}, '{w['pairs']}/{p}.found', '{w['pairs']}/{p}.pending')")  # fmt: skip
+        messages = sent
+    found = [f"{w['pairs']}/{p}.found" for p in range(layout.buckets)]
+    pending = [f"{w['pairs']}/{p}.pending" for p in range(layout.buckets)]
+    job("decide_near_duplicates", f"decide_near_duplicates({found!r}, {pending!r}, {messages!r}, {names!r}, s, "
                                   f"{n}, '{w['near']}')")  # fmt: skip
     job("plan_shards", f"plan_from_counts({pieces + [str(w['near'] / 'near_dropped.parquet')]!r}, '{w['plan']}', "
                        f"dataset='ds', samples_per_shard=10000, near=s, found='{w['near']}')")  # fmt: skip
 
-    pair_table = pd.concat([pd.read_parquet(p, columns=["a", "b"]) for p in pairs], ignore_index=True)
+    import pyarrow as pa
+
+    def read_in(path: str) -> pd.DataFrame:
+        with pa.memory_map(path) as src:
+            return pa.ipc.open_file(src).read_all().select(["u", "v"]).to_pandas()
+
+    pair_table = pd.concat([read_in(p) for p in ins], ignore_index=True)
+    pair_table = pd.DataFrame({"a": np.minimum(pair_table["u"], pair_table["v"]),
+                               "b": np.maximum(pair_table["u"], pair_table["v"])}).drop_duplicates()  # fmt: skip
+    waiting = sum(pd.read_parquet(p, columns=["v"])["v"].nunique() for p in pending)
 
     def ident(i: int) -> int:
         return ((i // PART_SIZE) << 32) | (i % PART_SIZE)
@@ -170,7 +196,7 @@ def measure(n: int, work: Path) -> dict:
     total_cpu = sum(j["cpu_s"] for v in jobs.values() for j in v)
     return {
         "samples": n, "parts": len(paths), "groups": len(groups), "cells": layout.cells, "buckets": layout.buckets,
-        "shards": shards, "pairs": len(pair_table),
+        "shards": shards, "pairs": len(pair_table), "decision_rounds": rounds, "waiting_after_rounds": waiting,
         "near_duplicates": len(pd.read_parquet(w["near"] / "near_duplicates.parquet", columns=["key"])),
         "recall_1_3_bits": sum(h for h, _ in low) / max(1, sum(t for _, t in low)),
         "recall_4_8_bits": sum(h for h, _ in high) / max(1, sum(t for _, t in high)),
@@ -182,16 +208,18 @@ def measure(n: int, work: Path) -> dict:
 
 
 TARGETS = {"CC12M": 12_400_000, "LAION-400M": 413_900_000, "LAION-5B": 5_850_000_000}
-PER_PIECE = {"split_keys", "collect_dropped", "split_near_entries", "find_duplicate_keys", "find_near_pairs"}
+PER_PIECE = {"split_keys", "collect_dropped", "split_near_entries", "find_duplicate_keys", "find_near_pairs",
+             "decide_near_round"}  # fmt: skip
 
 
 # What each whole-dataset job's CPU and memory grow with (fitted linearly through the two sizes), or "bounded":
 # split_exclusions holds one bucket of exclusion rows, train_near_cells a strided sample; decide_near_duplicates
-# holds the pairs found, plan_shards the list of shards.
+# holds the samples still waiting after the rounds and a batch of each partition's table (its time: the samples
+# left out, merged as a stream); plan_shards the list of shards.
 MODEL = {
     "split_exclusions": ("samples", "bounded"),
     "train_near_cells": ("samples", "bounded"),
-    "decide_near_duplicates": ("pairs", "pairs"),
+    "decide_near_duplicates": ("near_duplicates", "bounded"),
     "plan_shards": ("shards", "shards"),
 }
 SAMPLES_PER_SHARD = 10_000
@@ -207,7 +235,8 @@ def extrapolate(results: list[dict], n: int) -> dict:
     layout = NearSettings().layout(n)
     parts = math.ceil(n / PART_SIZE)
     groups = math.ceil(parts / max(1, NearSettings().bucket_samples // PART_SIZE))
-    drivers = {"samples": n, "pairs": large["pairs"] / large["samples"] * n, "shards": n / SAMPLES_PER_SHARD}
+    drivers = {"samples": n, "pairs": large["pairs"] / large["samples"] * n, "shards": n / SAMPLES_PER_SHARD,
+               "near_duplicates": large["near_duplicates"] / large["samples"] * n}  # fmt: skip
     out = {
         "samples": n,
         "buckets": layout.buckets,
@@ -217,7 +246,9 @@ def extrapolate(results: list[dict], n: int) -> dict:
     }
     for kind, got in large["jobs"].items():
         if kind in PER_PIECE:
-            count = layout.buckets if kind.startswith("find_") else groups
+            rounds = NearSettings().decision_rounds
+            count = {"find_duplicate_keys": layout.buckets, "find_near_pairs": layout.buckets,
+                     "decide_near_round": layout.buckets * rounds}.get(kind, groups)  # fmt: skip
             peak, cpu = got["max_peak_mib"], got["max_cpu_s"]
         else:
             count, was = 1, small["jobs"][kind]

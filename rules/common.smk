@@ -57,6 +57,8 @@ wildcard_constraints:
     batch=r"\d{6}",
     bucket=r"\d{5}",
     group=r"\d{5}",
+    partition=r"\d{5}",
+    round=r"\d+",
 
 
 # Input functions run once per job or more, and a LAION-size DAG has ~30k jobs: the checkpoint folders,
@@ -175,10 +177,6 @@ def get_plan_buckets(wildcards):
     return get_near_layout(wildcards).buckets
 
 
-def get_near_cell_count(wildcards):
-    return get_near_layout(wildcards).cells
-
-
 def get_bucket_ids():
     return [f"{b:05d}" for b in range(get_plan_buckets(None))]
 
@@ -222,13 +220,47 @@ def get_key_drop_tables(wildcards):
 
 def get_near_entries(wildcards):
     return [
-        *expand(rules.split_near_entries.output[0], group=get_group_ids()),
+        *expand(rules.split_near_entries.output.entries, group=get_group_ids()),
         rules.train_near_cells.output.entries,
     ]
 
 
-def get_near_pair_tables(wildcards):
-    return expand(rules.find_near_pairs.output[0], bucket=get_bucket_ids())
+def get_near_homes(wildcards):
+    return [
+        *expand(rules.split_near_entries.output.homes, group=get_group_ids()),
+        rules.train_near_cells.output.homes,
+    ]
+
+
+def get_near_pairs(kind):
+    """Every bucket's near pairs, `incoming` or `outgoing` (shardsmith.shards.neardecide)."""
+    return lambda wildcards: expand(
+        getattr(rules.find_near_pairs.output, kind), bucket=get_bucket_ids()
+    )
+
+
+def get_near_rounds():
+    """Rounds of the near-duplicate decision: dedupe.decision_rounds, one with a single partition."""
+    from shardsmith.shards.neardup import NearSettings
+
+    return NearSettings(**config["dedupe"]).rounds_for(get_near_layout(None))
+
+
+def get_round_messages(wildcards):
+    """What every partition sent after the round before (none to the first)."""
+    r = int(wildcards.round)
+    if r == 1:
+        return []
+    return expand(rules.decide_near_round.output.messages, round=r - 1, partition=get_bucket_ids())
+
+
+def get_last_round(kind):
+    """Every partition's `kind` output (messages, found, pending) of the last round."""
+    return lambda wildcards: expand(
+        getattr(rules.decide_near_round.output, kind),
+        round=get_near_rounds(),
+        partition=get_bucket_ids(),
+    )
 
 
 def get_ledger_pieces(wildcards):

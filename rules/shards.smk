@@ -108,6 +108,7 @@ rule train_near_cells:
     output:
         cells=f"{WORK}/plan/near/cells.npz",
         entries=f"{WORK}/plan/near/entries/published.arrow",
+        homes=f"{WORK}/plan/near/homes/published.arrow",
     log:
         f"{LOGS}/train_near_cells.log",
     conda:
@@ -127,7 +128,8 @@ rule split_near_entries:
         published=get_published_tables,
         embeddings=get_group_near_embeddings,
     output:
-        f"{WORK}/plan/near/entries/{{group}}.arrow",
+        entries=f"{WORK}/plan/near/entries/{{group}}.arrow",
+        homes=f"{WORK}/plan/near/homes/{{group}}.arrow",
     log:
         f"{LOGS}/split_near_entries/{{group}}.log",
     conda:
@@ -143,7 +145,8 @@ rule find_near_pairs:
         entries=get_near_entries,
         parts_plan=PARTS_PLANNED,
     output:
-        f"{WORK}/plan/near/pairs/{{bucket}}.parquet",
+        incoming=f"{WORK}/plan/near/pairs/{{bucket}}.in.arrow",
+        outgoing=f"{WORK}/plan/near/pairs/{{bucket}}.out.arrow",
     log:
         f"{LOGS}/find_near_pairs/{{bucket}}.log",
     conda:
@@ -153,17 +156,41 @@ rule find_near_pairs:
     params:
         near=config["dedupe"],
         scratch=SCRATCH,
-        cells=get_near_cell_count,
+        partitions=get_plan_buckets,
     script:
         "../scripts/find_near_pairs.py"
 
 
+# The keep rule decided per partition (shardsmith.shards.neardecide): each round settles what its samples'
+# pairs and the other partitions' states of the round before allow; the last step settles what still waits.
+rule decide_near_round:
+    input:
+        incoming=get_near_pairs("incoming"),
+        outgoing=get_near_pairs("outgoing"),
+        homes=get_near_homes,
+        messages=get_round_messages,
+        parts_plan=PARTS_PLANNED,
+    output:
+        messages=f"{WORK}/plan/near/rounds/{{round}}/{{partition}}.messages.arrow",
+        found=f"{WORK}/plan/near/rounds/{{round}}/{{partition}}.found.parquet",
+        pending=f"{WORK}/plan/near/rounds/{{round}}/{{partition}}.pending.parquet",
+    log:
+        f"{LOGS}/decide_near_round/{{round}}/{{partition}}.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        partitions=get_plan_buckets,
+    script:
+        "../scripts/decide_near_round.py"
+
+
 rule decide_near_duplicates:
     input:
-        pairs=get_near_pair_tables,
+        found=get_last_round("found"),
+        pending=get_last_round("pending"),
+        messages=get_last_round("messages"),
         entries=get_near_entries,
         samples=get_all_part_samples,
-        published=get_published_tables,
     output:
         table=f"{WORK}/plan/near/near_duplicates.parquet",
         counts=f"{WORK}/plan/near/near_duplicates.json",

@@ -1,20 +1,19 @@
-"""Rule glue for decide_near_duplicates: logic in shardsmith.shards.neardup."""
+"""Rule glue for decide_near_duplicates: logic in shardsmith.shards.neardup and shardsmith.shards.neardecide."""
 
 from pathlib import Path
 
 from shardsmith.core.logs import run_job
-from shardsmith.shards.neardup import NearSettings, decide_near_duplicates, no_published, read_published
+from shardsmith.shards.neardup import NearSettings, decide_near_duplicates
 from shardsmith.shards.nearparts import entries_samples
 
 
 def main() -> None:
     samples = list(snakemake.input.samples)
-    published = read_published(*snakemake.input.published) if snakemake.input.published else no_published()
     counts = decide_near_duplicates(
-        list(snakemake.input.pairs),
-        samples,
+        list(snakemake.input.found),
+        list(snakemake.input.pending),
+        list(snakemake.input.messages),
         [Path(p).name.split(".")[0] for p in samples],
-        published,
         NearSettings(**snakemake.params.near),
         sum(entries_samples(p) for p in snakemake.input.entries),
         Path(snakemake.output.table).parent,

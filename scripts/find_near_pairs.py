@@ -1,7 +1,8 @@
-"""Rule glue for find_near_pairs: logic in shardsmith.shards.nearparts."""
+"""Rule glue for find_near_pairs: logic in shardsmith.shards.nearparts and shardsmith.shards.neardecide."""
 
 from shardsmith.core.logs import run_job
-from shardsmith.shards.nearparts import bucket_pairs, write_pairs
+from shardsmith.shards.neardecide import write_pairs
+from shardsmith.shards.nearparts import bucket_pairs
 
 
 def main() -> None:
@@ -13,9 +14,8 @@ def main() -> None:
         near["embedding_min_similarity"],
         near["bin_size"],
         snakemake.params.scratch,
-        snakemake.params.cells,
     )
-    write_pairs(snakemake.output[0], pairs)
+    write_pairs(snakemake.output.incoming, snakemake.output.outgoing, pairs, snakemake.params.partitions)
     print(f"bucket {snakemake.wildcards.bucket}: {len(pairs)} pairs")
 
 

@@ -14,8 +14,9 @@ def main() -> None:
         list(snakemake.input.embeddings),
         snakemake.output.cells,
         snakemake.output.entries,
+        snakemake.output.homes,
     )
-    print(f"near-duplicate search: {layout.cells} cells in {layout.buckets} bucket jobs")
+    print(f"near-duplicate search: {layout.cells} cells in {layout.buckets} bucket jobs and partitions")
 
 
 run_job(snakemake.log[0], main)

@@ -23,6 +23,9 @@ def demo_config(data: Path, root: Path, **overrides) -> dict:
     # The demo's tiny CLIP model lives in the repo's demo/models (built by `make demo`); tests that embed
     # pass embed=... with a model they build (shardsmith.cli.tinyclip.write_tiny_clip).
     config["embed"] = {"enabled": False}
+    # The near-duplicate search (five jobs, a fifth of a demo build) only where a test is about it, or passes
+    # dedupe=... itself: test_neardup, the kill tests, the report's and the repro's builds, the SLURM run.
+    config["dedupe"] = {"near": "off"}
     for key, value in overrides.items():
         config[key] = value
     return config

@@ -110,13 +110,15 @@ class ParquetAppender:
 
     The first table fixes the schema (a column all null in it is taken as text); later ones are cast to
     it, so an empty or all-null part does not change a column's type. Without any rows, the file has
-    `columns`, typed null (pandas reads them as object columns, as it wrote them before).
+    `columns`, typed null (pandas reads them as object columns, as it wrote them before). `metadata`: the
+    file's key-value metadata.
     """
 
-    def __init__(self, path: str | os.PathLike, columns: list[str]) -> None:
+    def __init__(self, path: str | os.PathLike, columns: list[str], metadata: dict[str, str] | None = None) -> None:
         self._open = atomic_open(path)
         self._file = self._open.__enter__()
         self._columns = list(columns)
+        self._metadata = metadata
         self._writer: pq.ParquetWriter | None = None
         self.rows = 0
 
@@ -138,8 +140,11 @@ class ParquetAppender:
 
     def close(self) -> None:
         if self._writer is None:
-            pq.write_table(pa.table({c: pa.nulls(0) for c in self._columns}), self._file)
+            empty = pa.table({c: pa.nulls(0) for c in self._columns})
+            pq.write_table(empty.replace_schema_metadata(self._metadata), self._file)
         else:
+            if self._metadata:
+                self._writer.add_key_value_metadata(self._metadata)
             self._writer.close()
         self._open.__exit__(None, None, None)
 

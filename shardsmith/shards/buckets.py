@@ -181,7 +181,7 @@ def group_drops(drop_paths: list[str], group: int, samples: list[str], parts: li
 
 
 def piece_counts(path: str | os.PathLike) -> dict[str, list[int]]:
-    return json.loads(pq.read_schema(path).metadata[b"counts"])
+    return json.loads(pq.ParquetFile(path).metadata.metadata[b"counts"])
 
 
 def dropped_ids(paths: list[str], part: int) -> np.ndarray:

@@ -132,9 +132,8 @@ def find_published(
         with atomic_open(out) as f:
             pd.DataFrame(columns=EXCLUSION_COLUMNS).to_parquet(f, index=False)
         counts = {"versions": int(published["version"].nunique()), "excluded": 0}
-    if near:
-        excluded = set(excluded_keys([*exclusions, str(out)]))
-        write_published(
-            published_candidates(sample_paths, excluded, published), out_dir / "old.parquet", out_dir / "gone.parquet"
-        )
+    # which samples are published, for the near-duplicate search (none without it: the outputs stay whole)
+    excluded = set(excluded_keys([*exclusions, str(out)])) if near else set()
+    candidates = published_candidates(sample_paths, excluded, published if near else None)
+    write_published(candidates, out_dir / "old.parquet", out_dir / "gone.parquet")
     return counts

@@ -3,9 +3,9 @@
 Two signals: the perceptual hash of every published image (shardsmith.download.process.phash, computed where the
 image is decoded: resized, recompressed, slightly cropped and mirrored copies) and, with embed.enabled and a
 threshold set, the cosine similarity of the CLIP image embeddings (the same content reshot or re-edited). Pairs are
-found by jobs that each see a part of the dataset (shardsmith.shards.nearparts: a map per part, a job per bucket),
-then decided by one job that holds only the pairs (`decide`). Each group keeps one sample by a fixed rule, so a
-rebuild keeps the same one:
+found by jobs that each see a part of the dataset (shardsmith.shards.nearparts: a map per group of parts, a job
+per bucket), then decided by jobs that each settle the samples of one partition (shardsmith.shards.neardecide).
+Each group keeps one sample by a fixed rule, so a rebuild keeps the same one:
 
 1. a sample already published (its source_id is in a published version) is always kept;
 2. then the largest image (pixels before resizing);
@@ -20,6 +20,7 @@ those land in the ledger (stage dedupe, reason near_duplicate); with `report` th
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,29 +31,30 @@ import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open, atomic_write_text
 from shardsmith.core.errors import ConfigError
-from shardsmith.core.ledger import DEDUPE, EXCLUSION_COLUMNS
-from shardsmith.shards.buckets import dropped_ids, ledger_piece, write_ledger_piece
+from shardsmith.shards.neardecide import (
+    HOME_SCHEMA,
+    NEAR_COLUMNS,
+    decide_round,
+    finish,
+    write_by_home,
+    write_pairs,
+)
 from shardsmith.shards.nearparts import (
     CELL_TRAIN_PER_CENTROID,
     ENTRY_SCHEMA,
-    SAME_HASH,
     Layout,
     bucket_count,
     bucket_pairs,
     cell_count,
-    is_published,
     part_entries,
     priority,
     read_cells,
     sample_id,
-    split_id,
     train_cells,
     write_cells,
     write_entries,
 )
 
-REASON = "near_duplicate"
-NEAR_COLUMNS = ["key", "kept_key", "kept_version", "signal", "distance", "part", "kept_part"]
 MODES = ("report", "exclude", "off")
 
 
@@ -67,6 +69,7 @@ class NearSettings:
     cell_samples: int = 1_000_000  # samples a cell holds (nearparts): more cells, smaller searches
     bucket_samples: int = 500_000  # samples' entries a bucket job reads: sets the jobs' size
     buckets: int | None = None  # bucket jobs; None: from the dataset's size and bucket_samples
+    decision_rounds: int = 3  # rounds of the partitions' decision before one job settles what still waits
 
     def __post_init__(self) -> None:
         if self.near not in MODES:
@@ -80,11 +83,17 @@ class NearSettings:
             raise ConfigError(f"dedupe.bin_size must be >= 100, got {self.bin_size}")
         if self.buckets is not None and self.buckets < 1:
             raise ConfigError(f"dedupe.buckets must be >= 1 or null, got {self.buckets}")
+        if self.decision_rounds < 1:
+            raise ConfigError(f"dedupe.decision_rounds must be >= 1, got {self.decision_rounds}")
 
     def layout(self, samples: int) -> Layout:
         """Cells and bucket jobs for a dataset of this many samples."""
         return Layout(cells=cell_count(samples, self.cell_samples),
                       buckets=bucket_count(samples, self.bucket_samples, self.buckets))  # fmt: skip
+
+    def rounds_for(self, layout: Layout) -> int:
+        """Decision rounds (shardsmith.shards.neardecide): one settles everything when one partition holds it."""
+        return 1 if layout.buckets == 1 else self.decision_rounds
 
 
 def _codes(hexes: pd.Series) -> np.ndarray:
@@ -156,172 +165,6 @@ def gone_candidates(gone: pd.DataFrame, part: int) -> tuple[np.ndarray, np.ndarr
     return sample_id(part, np.arange(len(gone))), prio, _codes(gone["phash"]), _codes(gone["phash_mirror"])
 
 
-def decide(pairs: pd.DataFrame) -> pd.DataFrame:
-    """(out, kept, signal, score) for every sample left out, in keep order, from every bucket's pairs (which
-    may repeat).
-
-    The rule: samples are visited in keep order (priority, then id); one not yet taken takes its near
-    neighbours not yet taken (a published one is never taken), so a sample is left out exactly when its
-    earliest kept neighbour comes before it, and it names that one. Decided in rounds over the pairs, not
-    sample by sample: a sample is settled once its neighbours before it are, up to the first kept one, so a
-    group of copies takes two rounds and only chains of near pairs take more. A sample with the very hash of
-    an earlier one (same_hash) is not searched: it goes out for that one when it is kept, else for its keeper.
-    """
-    cols = ["out", "kept", "signal", "score"]
-    if pairs.empty:
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in zip(cols, ["int64", "int64", "str", "float64"])})
-    same = pairs[pairs["signal"] == SAME_HASH].drop_duplicates(["a", "b"])
-    near = pairs[pairs["signal"] != SAME_HASH]
-    members = same["b"].to_numpy()
-    near = near[~near["a"].isin(members) & ~near["b"].isin(members)]
-    a, b = near["a"].to_numpy(np.int64), near["b"].to_numpy(np.int64)
-    pa_, pb = near["prio_a"].to_numpy(np.uint64), near["prio_b"].to_numpy(np.uint64)
-    first = (pa_ < pb) | ((pa_ == pb) & (a < b))
-    u, v = np.where(first, a, b), np.where(first, b, a)
-    pu, pv = np.where(first, pa_, pb), np.where(first, pb, pa_)
-    signal, score = near["signal"].to_numpy(), near["score"].to_numpy(np.float64)
-    ok = ~is_published(pv)  # a published sample is never left out
-    u, v, pu, pv, signal, score = u[ok], v[ok], pu[ok], pv[ok], signal[ok], score[ok]
-    # one row per pair: the perceptual signal first (its pair is named), then the nearest
-    by = np.lexsort((np.where(signal == "phash", score, -score), signal != "phash", v, u))
-    u, v, pu, pv, signal, score = u[by], v[by], pu[by], pv[by], signal[by], score[by]
-    one = np.r_[True, (u[1:] != u[:-1]) | (v[1:] != v[:-1])] if len(u) else np.empty(0, bool)
-    u, v, pu, pv, signal, score = u[one], v[one], pu[one], pv[one], signal[one], score[one]
-    # samples in keep order: rank 0 first
-    ids = np.concatenate([u, v])
-    prios = np.concatenate([pu, pv])
-    order = np.lexsort((ids, prios))
-    ids_sorted = ids[order]
-    keep = np.r_[True, ids_sorted[1:] != ids_sorted[:-1]] if len(ids_sorted) else np.empty(0, bool)
-    node_ids = ids_sorted[keep]  # in keep order
-    rank_of = pd.Index(node_ids)
-    ru, rv = rank_of.get_indexer(u), rank_of.get_indexer(v)
-    status = np.zeros(len(node_ids), np.int8)  # 0 unknown, 1 kept, 2 left out
-    keeper = np.full(len(node_ids), -1, np.int64)  # the pair that left it out
-    incoming = np.zeros(len(node_ids), bool)
-    incoming[rv] = True
-    status[~incoming] = 1
-    by_v = np.lexsort((ru, rv))
-    ru, rv = ru[by_v], rv[by_v]
-    pair_of = by_v
-    starts = np.flatnonzero(np.r_[True, rv[1:] != rv[:-1]]) if len(rv) else np.empty(0, np.int64)
-    ends = np.r_[starts[1:], len(rv)]
-    group_v = rv[starts]
-    while (status[group_v] == 0).any():
-        s = status[ru]
-        cand = np.where(s != 2, np.arange(len(ru)), len(ru))
-        firsts = np.minimum.reduceat(cand, starts)
-        todo = status[group_v] == 0
-        none = todo & (firsts >= ends)  # every neighbour before it left out: kept
-        at = np.minimum(firsts, len(ru) - 1)
-        taken = todo & (firsts < ends) & (s[at] == 1)
-        if not (none.any() or taken.any()):
-            raise RuntimeError("near-duplicate decision made no progress")  # cannot happen: the least unknown settles
-        status[group_v[none]] = 1
-        status[group_v[taken]] = 2
-        keeper[group_v[taken]] = pair_of[at[taken]]
-    out_nodes = np.flatnonzero(status == 2)
-    k = keeper[out_nodes]
-    decided = {
-        int(node_ids[n]): (int(u[p]), str(signal[p]), float(score[p])) for n, p in zip(out_nodes, k, strict=True)
-    }
-    same_prio = dict(zip(same["b"].to_numpy().tolist(), same["prio_b"].to_numpy().tolist(), strict=True))
-    rows = [(o, kept, sig, sc) for o, (kept, sig, sc) in decided.items()]
-    for rep, member, pm in zip(same["a"].to_numpy(), same["b"].to_numpy(), same["prio_b"].to_numpy(), strict=True):
-        if is_published(np.uint64(pm)):
-            continue
-        got = decided.get(int(rep))
-        rows.append((int(member), *(got if got else (int(rep), "phash", 0.0))))
-    prio = {**dict(zip(ids.tolist(), prios.tolist(), strict=True)), **same_prio}
-    rows.sort(key=lambda r: (prio[r[0]], r[0]))
-    return pd.DataFrame(rows, columns=cols)
-
-
-def _keys_of(ids: np.ndarray, sample_paths: list[str], gone: pd.DataFrame) -> dict[int, str]:
-    """The keys of some samples, read back from their parts' samples tables (or the published ones)."""
-    part, row = split_id(ids)
-    out: dict[int, str] = {}
-    for p in np.unique(part):
-        take = part == p
-        if p == len(sample_paths):
-            keys = gone["key"].to_numpy()
-        else:
-            keys = pd.read_parquet(sample_paths[p], columns=["key"])["key"].to_numpy()
-        out.update(zip(ids[take].tolist(), (str(k) for k in keys[row[take]]), strict=True))
-    return out
-
-
-def near_rows(
-    decided: pd.DataFrame, sample_paths: list[str], part_ids: list[str], published: Published
-) -> pd.DataFrame:
-    """NEAR_COLUMNS rows for the samples left out: keys, the kept sample's version and both parts."""
-    ids = np.unique(np.r_[decided["out"].to_numpy(np.int64), decided["kept"].to_numpy(np.int64)])
-    keys = _keys_of(ids, sample_paths, published.gone)
-    old = published.old
-    old_ids = (old["part"].to_numpy(np.int64) << 32) | old["row"].to_numpy(np.int64)
-    version = dict(zip(old_ids.tolist(), old["version"], strict=True))
-    n = len(sample_paths)
-    gone_version = published.gone["version"].to_numpy()
-
-    def where(i: int) -> tuple[str, str]:
-        p, r = int(i) >> 32, int(i) & 0xFFFF_FFFF
-        if p == n:
-            return "", str(gone_version[r])
-        return part_ids[p], str(version.get(int(i), ""))
-
-    rows = []
-    for o, k, sig, score in decided.itertuples(index=False):
-        (op, _), (kp, kv) = where(o), where(k)
-        rows.append([keys[o], keys[k], kv, sig, score, op, kp])
-    return pd.DataFrame(rows, columns=NEAR_COLUMNS)
-
-
-def find_near_duplicates(
-    sample_paths: list[str],
-    part_ids: list[str],
-    s: NearSettings,
-    excluded: set[str] = frozenset(),
-    published: pd.DataFrame | None = None,
-    embedding_paths: list[str] = (),
-    scratch: str | None = None,
-    layout: Layout | None = None,
-    work: str | None = None,
-) -> tuple[pd.DataFrame, int]:
-    """The partitioned search run in one process (map every part, each bucket, then decide): NEAR_COLUMNS rows
-    for the samples of this build that are near-duplicates of a kept sample, and how many were compared.
-    The workflow runs the same steps as jobs (rules/shards.smk); `layout` defaults to one cell, one bucket."""
-    import tempfile
-
-    sample_paths, embedding_paths = list(sample_paths), list(embedding_paths)
-    pub = published_candidates(sample_paths, set(excluded), published)
-    layout = layout or Layout(cells=1, buckets=1)
-    left_out = pd.Index(sorted(excluded))
-    dropped = [
-        np.flatnonzero(left_out.get_indexer(pd.read_parquet(p, columns=["key"])["key"]) >= 0)
-        if len(left_out)
-        else np.empty(0, np.int64)
-        for p in sample_paths
-    ]
-    with tempfile.TemporaryDirectory(prefix="shardsmith-near-", dir=work) as tmp:
-        cells = train_part_cells(sample_paths, layout, s, embedding_paths)
-        entries, compared = [], 0
-        for p, path in enumerate(sample_paths):
-            out = f"{tmp}/{p}.arrow"
-            compared += split_part(path, p, dropped[p], pub.old, layout, cells, out,
-                                   embedding_paths[p] if s.embedding_min_similarity is not None and embedding_paths
-                                   else None)  # fmt: skip
-            entries.append(out)
-        out = f"{tmp}/published.arrow"
-        split_gone(pub.gone, len(sample_paths), layout, cells, out)
-        entries.append(out)
-        pairs = pd.concat(
-            [bucket_pairs(entries, b, s.phash_max_distance, s.embedding_min_similarity if embedding_paths else None,
-                          s.bin_size, scratch, layout.cells) for b in range(layout.buckets)],
-            ignore_index=True,
-        )  # fmt: skip
-    return near_rows(decide(pairs), sample_paths, list(part_ids), pub), compared
-
-
 def train_part_cells(
     sample_paths: list[str], layout: Layout, s: NearSettings, embedding_paths: list[str] = ()
 ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -350,88 +193,6 @@ def train_part_cells(
     return phash, embedding
 
 
-def split_part(
-    samples_path: str,
-    part: int,
-    dropped_rows: np.ndarray,
-    old: pd.DataFrame,
-    layout: Layout,
-    cells: tuple[np.ndarray, np.ndarray | None],
-    out: str,
-    embeddings_path: str | None = None,
-) -> int:
-    """Write a part's entries (shardsmith.shards.nearparts) to `out`; returns the samples compared."""
-    old_rows = old["row"].to_numpy()[old["part"].to_numpy() == part] if len(old) else np.empty(0, np.int64)
-    ids, prio, code, mirror, rows = part_candidates(samples_path, part, dropped_rows, old_rows)
-    emb = _part_embeddings(embeddings_path, samples_path, rows) if embeddings_path is not None else None
-    write_entries(out, part_entries(ids, prio, code, mirror, layout, cells[0], emb, cells[1]), layout, len(ids))
-    return len(ids)
-
-
-def split_gone(gone: pd.DataFrame, part: int, layout: Layout, cells: tuple, out: str) -> None:
-    """The published samples no longer in the build, as entries of the part after the last."""
-    ids, prio, code, mirror = gone_candidates(gone, part)
-    write_entries(out, part_entries(ids, prio, code, mirror, layout, cells[0]), layout)
-
-
-def describe(row: dict) -> str:
-    """The ledger detail of a sample left out: the kept sample and how near it is."""
-    where = f" (published in {row['kept_version']})" if row["kept_version"] else ""
-    if row["signal"] == "phash":
-        how = f"pHash distance {int(row['distance'])} of 64 bits"
-    else:
-        how = f"CLIP image cosine similarity {row['distance']:.4f}"
-    return f"near-duplicate of {row['kept_key']}{where}: {how}"
-
-
-def exclusions(near: pd.DataFrame) -> pd.DataFrame:
-    """Exclusion rows (key, stage, reason, detail) for plan_shards, one per sample left out."""
-    rows = [[r["key"], DEDUPE, REASON, describe(r)] for r in near.to_dict("records")]
-    return pd.DataFrame(rows, columns=EXCLUSION_COLUMNS)
-
-
-def summary(near: pd.DataFrame, samples: int) -> dict:
-    """Counts for the log, the report and the card: groups, samples in them, and distances per signal."""
-    out = {"samples_compared": samples, "groups": int(near["kept_key"].nunique()), "near_duplicates": len(near)}
-    out["samples_in_groups"] = out["groups"] + out["near_duplicates"]
-    hist = {}
-    for signal, g in near.groupby("signal"):
-        values = g["distance"].astype(int) if signal == "phash" else (g["distance"] * 100).round().astype(int) / 100
-        hist[str(signal)] = {str(k): int(v) for k, v in values.value_counts().sort_index().items()}
-    out["distances"] = hist
-    return out
-
-
-def write_tables(near: pd.DataFrame, out_dir: str | Path, exclude: bool) -> list[str]:
-    """near_duplicates.parquet (always) and, with exclude, the exclusion table plan_shards reads; returns the
-    exclusion tables written."""
-    out_dir = Path(out_dir)
-    with atomic_open(out_dir / "near_duplicates.parquet") as f:
-        near.to_parquet(f, index=False)
-    if not exclude:
-        return []
-    with atomic_open(out_dir / "near_exclusions.parquet") as f:
-        exclusions(near).to_parquet(f, index=False)
-    return [str(out_dir / "near_exclusions.parquet")]
-
-
-# The workflow's jobs (rules/shards.smk), in their order: find_published (shardsmith.shards.dedupe), then
-# train_near_cells, split_near_part per part, find_near_pairs per bucket, decide_near_duplicates.
-
-
-def write_near_piece(
-    decided: pd.DataFrame, found: pd.DataFrame, sample_paths: list[str], part_ids: list[str], exclude: bool, out
-) -> None:
-    """The ledger piece of the samples left out (stage dedupe, reason near_duplicate), with each part's count
-    for the plan; empty with `report`."""
-    n = len(decided) if exclude else 0
-    drops = pd.DataFrame({"id": decided["out"].to_numpy(np.int64)[:n], "stage": DEDUPE, "reason": REASON,
-                          "detail": [describe(r) for r in found.iloc[:n].to_dict("records")]})  # fmt: skip
-    rows = ledger_piece(drops, dict(enumerate(sample_paths)))
-    dropped = pd.Series(rows["id"].to_numpy(np.int64) >> np.int64(32)).value_counts()
-    write_ledger_piece(out, rows, {p: [0, int(dropped.get(i, 0))] for i, p in enumerate(part_ids)})
-
-
 def read_published(old_path: str, gone_path: str) -> Published:
     old, gone = pd.read_parquet(old_path), pd.read_parquet(gone_path)
     return Published(sorted(set(old["version"]) | set(gone["version"])), old, gone)
@@ -453,37 +214,76 @@ def excluded_keys(exclusions: list[str]) -> pd.Index:
     return pd.Index(sorted(set(pd.concat(keys)))) if keys else pd.Index([])
 
 
+# The workflow's jobs (rules/shards.smk), in their order: find_published (shardsmith.shards.dedupe), then
+# train_near_cells, split_near_entries per group, find_near_pairs per bucket, decide_near_round per round and
+# partition, decide_near_duplicates. `find_near_duplicates` runs them in one process.
+
+
 def train_near_cells(
     sample_paths: list[str], s: NearSettings, samples: int, published: Published, embedding_paths: list[str],
-    out_cells: str, out_published: str,
+    out_cells: str, out_published: str, out_homes: str,
 ) -> Layout:  # fmt: skip
-    """The cells' centroids for a dataset of about `samples` samples, and the published samples' entries."""
+    """The cells' centroids for a dataset of about `samples` samples, and the entries and home rows of the
+    published samples no longer in the build (the part after the last)."""
     layout = s.layout(samples)
     cells = train_part_cells(sample_paths, layout, s, embedding_paths)
     write_cells(out_cells, layout, cells[0], cells[1])
-    split_gone(published.gone, len(sample_paths), layout, cells, out_published)
+    gone = published.gone
+    ids, prio, code, mirror = gone_candidates(gone, len(sample_paths))
+    entries = part_entries(ids, prio, code, mirror, layout, cells[0])
+    write_entries(out_published, entries, layout)
+    blank = np.full(len(gone), "", object)
+    fields = pd.DataFrame({"id": ids, "key": gone["key"].astype(str).to_numpy(), "version": gone["version"].to_numpy(),
+                           "source": blank, "source_id": blank, "url": blank})  # fmt: skip
+    _write_homes(out_homes, entries, fields, layout)
     return layout
 
 
+def _write_homes(path: str, entries: pa.Table, fields: pd.DataFrame, layout: Layout) -> None:
+    """Each sample's HOME row, in the batch of its home partition."""
+    ids, first = np.unique(entries["id"].to_numpy(), return_index=True)
+    home = pd.Series(entries["home"].to_numpy()[first], index=ids)
+    fields = fields.assign(home=home.reindex(fields["id"].to_numpy()).fillna(0).to_numpy(np.int32))
+    write_by_home(path, fields, "home", HOME_SCHEMA, layout.buckets)
+
+
 def split_near_group(
-    samples: list[str], first_part: int, dropped_piece: str, old_path: str | None, cells_path: str, out: str,
-    embeddings: list[str],
+    samples: list[str], first_part: int, dropped: list[np.ndarray], old_path: str | None, cells_path: str, out: str,
+    out_homes: str, embeddings: list[str],
 ) -> int:  # fmt: skip
-    """The near-duplicate entries of a group's parts: their samples that the exact steps kept (the group's
-    ledger piece names the others), in one file, one batch per bucket; returns the samples compared."""
+    """The near-duplicate entries of a group's parts, of their samples that the steps before kept (`dropped`: each
+    part's rows left out), in one file, one batch per bucket, and their home rows (key, version, ledger fields),
+    one batch per partition; returns the samples compared."""
     layout, phash, embedding = read_cells(cells_path)
-    tables, n = [], 0
+    tables, homes, n = [], [], 0
     for i, path in enumerate(samples):
         part = first_part + i
-        dropped = dropped_ids([dropped_piece], part) & np.int64(0xFFFF_FFFF)
         old = pd.read_parquet(old_path, filters=[("part", "=", part)]) if old_path else no_published().old
         old_rows = old["row"].to_numpy() if len(old) else np.empty(0, np.int64)
-        ids, prio, code, mirror, rows = part_candidates(path, part, dropped, old_rows)
+        ids, prio, code, mirror, rows = part_candidates(path, part, dropped[i], old_rows)
         emb = _part_embeddings(embeddings[i], path, rows) if embeddings else None
         tables.append(part_entries(ids, prio, code, mirror, layout, phash, emb, embedding))
+        homes.append(_home_fields(path, ids, rows, old))
         n += len(ids)
-    write_entries(out, pa.concat_tables(tables) if tables else ENTRY_SCHEMA.empty_table(), layout, n)
+    entries = pa.concat_tables(tables) if tables else ENTRY_SCHEMA.empty_table()
+    write_entries(out, entries, layout, n)
+    _write_homes(out_homes, entries, pd.concat(homes, ignore_index=True) if homes else _no_homes(), layout)
     return n
+
+
+def _home_fields(samples_path: str, ids: np.ndarray, rows: np.ndarray, old: pd.DataFrame) -> pd.DataFrame:
+    present = set(pq.read_schema(samples_path).names)
+    t = pd.read_parquet(samples_path, columns=[c for c in ("key", "source", "source_id", "url") if c in present])
+    t = t.iloc[rows]
+    version = pd.Series(old["version"].to_numpy(), index=old["row"].to_numpy()) if len(old) else pd.Series(dtype=str)
+    return pd.DataFrame({"id": ids, "key": t["key"].astype(str).to_numpy(),
+                         "version": version.reindex(rows).fillna("").astype(str).to_numpy(),
+                         **{c: (t[c].fillna("").astype(str).to_numpy() if c in t else np.full(len(t), "", object))
+                            for c in ("source", "source_id", "url")}})  # fmt: skip
+
+
+def _no_homes() -> pd.DataFrame:
+    return HOME_SCHEMA.empty_table().to_pandas()
 
 
 def _part_embeddings(embeddings_path: str, samples_path: str, rows: np.ndarray) -> np.ndarray:
@@ -495,17 +295,93 @@ def _part_embeddings(embeddings_path: str, samples_path: str, rows: np.ndarray) 
 
 
 def decide_near_duplicates(
-    pair_paths: list[str], sample_paths: list[str], part_ids: list[str], published: Published, s: NearSettings,
+    found: list[str], pending: list[str], last_messages: list[str], part_ids: list[str], s: NearSettings,
     compared: int, out_dir: str | Path,
 ) -> dict:  # fmt: skip
-    """near_duplicates.parquet and .json, and near_dropped.parquet (the ledger piece of the samples left out:
-    none unless exclude), from every bucket's pairs; returns the counts."""
-    pairs = pd.concat([pd.read_parquet(p) for p in pair_paths], ignore_index=True)
-    decided = decide(pairs)
-    found = near_rows(decided, list(sample_paths), list(part_ids), published)
+    """near_duplicates.parquet and .json, and near_dropped.parquet (the ledger piece of the samples left out: no
+    rows unless exclude), from the partitions' last round (shardsmith.shards.neardecide); returns the counts."""
     out_dir = Path(out_dir)
-    write_tables(found, out_dir, exclude=False)
-    write_near_piece(decided, found, sample_paths, part_ids, s.near == "exclude", out_dir / "near_dropped.parquet")
-    counts = summary(found, compared)
+    counts = finish(found, pending, last_messages, list(part_ids), s.near == "exclude",
+                    out_dir / "near_duplicates.parquet", out_dir / "near_dropped.parquet", out_dir)  # fmt: skip
+    counts = {"samples_compared": compared, **counts}
     atomic_write_text(out_dir / "near_duplicates.json", json.dumps({**counts, "settings": vars(s)}, indent=1) + "\n")
     return counts
+
+
+def run_near_jobs(
+    sample_paths: list[str], part_ids: list[str], s: NearSettings, dropped: list[np.ndarray], pub: Published,
+    embedding_paths: list[str], scratch: str | None, layout: Layout | None, work: Path, out_dir: Path,
+) -> dict:  # fmt: skip
+    """The near-duplicate jobs in their order, in this process, a group a part, their files under `work`;
+    the tables into `out_dir` (decide_near_duplicates); returns the counts. `layout`: cells and buckets as
+    given (default: from the dataset's size)."""
+    old = work / "old.parquet"
+    with atomic_open(old) as f:
+        pub.old.to_parquet(f, index=False)
+    n = sum(pq.ParquetFile(p).metadata.num_rows for p in sample_paths)
+    if layout is not None:  # cells as given: they decide what binning compares
+        s = NearSettings(**{**vars(s), "buckets": layout.buckets, "cell_samples": max(1000, -(-n * 2 // layout.cells))})
+    cells = str(work / "cells.npz")
+    used = train_near_cells(sample_paths, s, n, pub, embedding_paths, cells, str(work / "gone.arrow"),
+                            str(work / "gone.homes.arrow"))  # fmt: skip
+    entries, homes, compared = [], [], 0
+    for i, path in enumerate(sample_paths):
+        entries.append(str(work / f"{i}.entries.arrow"))
+        homes.append(str(work / f"{i}.homes.arrow"))
+        emb = embedding_paths[i : i + 1] if s.embedding_min_similarity is not None else []
+        compared += split_near_group([path], i, [dropped[i]], str(old), cells, entries[-1], homes[-1], emb)
+    entries.append(str(work / "gone.arrow"))
+    homes.append(str(work / "gone.homes.arrow"))
+    ins, outs = [], []
+    for b in range(used.buckets):
+        ins.append(str(work / f"{b}.in.arrow"))
+        outs.append(str(work / f"{b}.out.arrow"))
+        similarity = s.embedding_min_similarity if embedding_paths else None
+        pairs = bucket_pairs(entries, b, s.phash_max_distance, similarity, s.bin_size, scratch)
+        write_pairs(ins[-1], outs[-1], pairs, used.buckets)
+    messages: list[str] = []
+    for r in range(1, s.rounds_for(used) + 1):
+        sent = [str(work / f"r{r}.{p}.messages.arrow") for p in range(used.buckets)]
+        for p in range(used.buckets):
+            decide_round(ins, outs, homes, messages, p, used.buckets, sent[p], str(work / f"{p}.found.parquet"),
+                         str(work / f"{p}.pending.parquet"))  # fmt: skip
+        messages = sent
+    found = [str(work / f"{p}.found.parquet") for p in range(used.buckets)]
+    pending = [str(work / f"{p}.pending.parquet") for p in range(used.buckets)]
+    return decide_near_duplicates(found, pending, messages, part_ids, s, compared, out_dir)
+
+
+def find_near_duplicates(
+    sample_paths: list[str],
+    part_ids: list[str],
+    s: NearSettings,
+    excluded: set[str] = frozenset(),
+    published: pd.DataFrame | None = None,
+    embedding_paths: list[str] = (),
+    scratch: str | None = None,
+    layout: Layout | None = None,
+    work: str | None = None,
+    out_dir: str | None = None,
+) -> tuple[pd.DataFrame, int]:
+    """The near-duplicate jobs run in one process (run_near_jobs): NEAR_COLUMNS rows for the samples of this
+    build that are near-duplicates of a kept sample (in dataset order), and how many were compared. `layout`
+    defaults to one cell and one bucket; the tables are left in `out_dir` when given."""
+    sample_paths, embedding_paths = list(sample_paths), list(embedding_paths)
+    pub = published_candidates(sample_paths, set(excluded), published)
+    left_out = pd.Index(sorted(excluded))
+    dropped = [
+        np.flatnonzero(left_out.get_indexer(pd.read_parquet(p, columns=["key"])["key"]) >= 0)
+        if len(left_out)
+        else np.empty(0, np.int64)
+        for p in sample_paths
+    ]
+    with tempfile.TemporaryDirectory(prefix="shardsmith-near-", dir=work) as tmp:
+        target = Path(out_dir) if out_dir else Path(tmp)
+        target.mkdir(parents=True, exist_ok=True)
+        counts = run_near_jobs(sample_paths, list(part_ids), s, dropped, pub, embedding_paths, scratch,
+                               layout or Layout(cells=1, buckets=1), Path(tmp), target)  # fmt: skip
+        near = pd.read_parquet(target / "near_duplicates.parquet")
+    for c in NEAR_COLUMNS:
+        if c not in near:
+            near[c] = pd.Series(dtype=object)
+    return near[NEAR_COLUMNS], counts["samples_compared"]

@@ -27,10 +27,10 @@ import faiss
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open
 from shardsmith.formats.tables import key_hashes
+from shardsmith.shards.neardecide import read_partition
 from shardsmith.shards.nearsearch import SEED, best_pairs, near_pairs, same_key_pairs
 
 _CHUNK = 100_000
@@ -44,11 +44,8 @@ _AREA_BITS, _BYTES_BITS = 35, 28
 
 ENTRY_SCHEMA = pa.schema(
     [("bucket", pa.int32()), ("group", pa.int64()), ("kind", pa.int8()), ("id", pa.int64()),
-     ("prio", pa.uint64()), ("mirror", pa.bool_()), ("code", pa.uint64()), ("vec", pa.binary())]
-)  # fmt: skip
-PAIR_SCHEMA = pa.schema(
-    [("a", pa.int64()), ("b", pa.int64()), ("prio_a", pa.uint64()), ("prio_b", pa.uint64()),
-     ("signal", pa.string()), ("score", pa.float64())]
+     ("prio", pa.uint64()), ("mirror", pa.bool_()), ("code", pa.uint64()), ("vec", pa.binary()),
+     ("home", pa.int32())]
 )  # fmt: skip
 
 
@@ -136,7 +133,21 @@ def group_bucket(groups: np.ndarray, buckets: int) -> np.ndarray:
     return (key_hashes(pd.Series(groups.astype(str))) % np.uint64(buckets)).astype(np.int32)
 
 
-def _entries(kind: int, group: np.ndarray, bucket: np.ndarray, ids, prio, mirror, code, vec) -> pa.Table:
+def home_partitions(ids: np.ndarray, nearest: np.ndarray | None, partitions: int) -> np.ndarray:
+    """The partition that decides each sample (shardsmith.shards.neardecide): its nearest cell's, so that the
+    two samples of most near pairs share it; with one cell, a hash of its id."""
+    ids = np.asarray(ids, np.int64)
+    if partitions <= 1:
+        return np.zeros(len(ids), np.int32)
+    if nearest is None:
+        x = ids.view(np.uint64) + np.uint64(0x9E3779B97F4A7C15)  # splitmix64's finaliser: ids spread evenly
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return ((x ^ (x >> np.uint64(31))) % np.uint64(partitions)).astype(np.int32)
+    return (np.asarray(nearest, np.int64) % partitions).astype(np.int32)
+
+
+def _entries(kind: int, group: np.ndarray, bucket: np.ndarray, ids, prio, mirror, code, vec, home) -> pa.Table:
     n = len(group)
     return pa.table(
         {
@@ -144,6 +155,7 @@ def _entries(kind: int, group: np.ndarray, bucket: np.ndarray, ids, prio, mirror
             "kind": pa.array(np.full(n, kind, np.int8)), "id": pa.array(ids, pa.int64()),
             "prio": pa.array(prio, pa.uint64()), "mirror": pa.array(mirror, pa.bool_()),
             "code": pa.array(code, pa.uint64()), "vec": vec if vec is not None else pa.array([b""] * n, pa.binary()),
+            "home": pa.array(home, pa.int32()),
         }
     )  # fmt: skip
 
@@ -158,21 +170,25 @@ def part_entries(
     embeddings: np.ndarray | None = None,
     embedding_centroids: np.ndarray | None = None,
 ) -> pa.Table:
-    """Every entry of some samples (see the module), with its bucket."""
+    """Every entry of some samples (see the module), with its bucket and its sample's home partition (one per
+    bucket)."""
     tables = []
     both = np.concatenate([code, mirror])
     both_ids, both_prio = np.concatenate([ids, ids]), np.concatenate([prio, prio])
     is_mirror = np.r_[np.zeros(len(code), bool), np.ones(len(mirror), bool)]
+    cells = nearest_cells(signs(both), phash_centroids)
+    one_cell = phash_centroids is None or len(phash_centroids) <= 1
+    home = home_partitions(ids, None if one_cell else cells[: len(ids), 0], layout.buckets)
+    both_home = np.concatenate([home, home])
     groups = block_groups(both)
     for j in range(4):
         g = groups[:, j]
-        tables.append(_entries(BLOCK, g, group_bucket(g, layout.buckets), both_ids, both_prio, is_mirror, both, None))
-    cells = nearest_cells(signs(both), phash_centroids)
+        tables.append(_entries(BLOCK, g, group_bucket(g, layout.buckets), both_ids, both_prio, is_mirror, both, None,
+                               both_home))  # fmt: skip
     for p in range(cells.shape[1]):
         c = cells[:, p]
-        tables.append(
-            _entries(PHASH_CELL, c, (c % layout.buckets).astype(np.int32), both_ids, both_prio, is_mirror, both, None)
-        )
+        tables.append(_entries(PHASH_CELL, c, (c % layout.buckets).astype(np.int32), both_ids, both_prio, is_mirror,
+                               both, None, both_home))  # fmt: skip
     if embeddings is not None:
         x = np.ascontiguousarray(embeddings, np.float16)
         cells = nearest_cells(x.astype(np.float32), embedding_centroids)
@@ -181,7 +197,7 @@ def part_entries(
         for p in range(cells.shape[1]):
             c = cells[:, p]
             bucket = (c % layout.buckets).astype(np.int32)
-            tables.append(_entries(EMBEDDING_CELL, c, bucket, ids, prio, np.zeros(len(x), bool), zeros, vec))
+            tables.append(_entries(EMBEDDING_CELL, c, bucket, ids, prio, np.zeros(len(x), bool), zeros, vec, home))
     return pa.concat_tables(tables) if tables else ENTRY_SCHEMA.empty_table()
 
 
@@ -213,16 +229,7 @@ def entries_samples(path: str | os.PathLike) -> int:
 
 def read_bucket(paths: list[str], bucket: int) -> pa.Table:
     """A bucket's entries from every part's entries file."""
-    pieces = []
-    for path in paths:
-        with pa.memory_map(str(path)) as src:
-            reader = pa.ipc.open_file(src)
-            if bucket >= reader.num_record_batches:
-                raise ValueError(f"{path} has {reader.num_record_batches} buckets, not {bucket + 1}: split it again")
-            batch = reader.get_batch(bucket)
-            if batch.num_rows:
-                pieces.append(pa.Table.from_batches([batch]).replace_schema_metadata(None))
-    return pa.concat_tables(pieces) if pieces else ENTRY_SCHEMA.empty_table()
+    return read_partition(paths, bucket, ENTRY_SCHEMA, "split it again")
 
 
 def _same_hash(t: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
@@ -253,14 +260,7 @@ def _block_pairs(t: pd.DataFrame, threshold: int) -> Iterator[tuple[np.ndarray, 
         yield from same_key_pairs((group << np.int64(12)) | piece, code, ids, threshold)
 
 
-# Bins a vector goes to inside a cell, when there are several cells: each vector is already in CELL_PROBES
-# cells, so 3 here costs 6 bin searches a vector against the 5 of the single search (bench/plan_scale.py).
-CELL_BIN_PROBES = 3
-
-
-def _cell_pairs(
-    t: pd.DataFrame, binary: bool, threshold: float, bin_size: int, scratch: str | None, probes: int | None = None
-):
+def _cell_pairs(t: pd.DataFrame, binary: bool, threshold: float, bin_size: int, scratch: str | None):
     """near_pairs over one cell, its hashes before its mirror hashes, each in dataset order: the order the
     search of the whole dataset reads them in (k-means trains on a strided sample of it)."""
     t = t.iloc[np.lexsort((t["id"].to_numpy(), t["mirror"].to_numpy()))]
@@ -274,7 +274,7 @@ def _cell_pairs(
         for at in range(0, len(ids), _CHUNK):
             yield ids[at : at + _CHUNK], x[at : at + _CHUNK]
 
-    return near_pairs(chunks, len(ids), threshold, binary, bin_size, scratch, probes)
+    return near_pairs(chunks, len(ids), threshold, binary, bin_size, scratch)
 
 
 def bucket_pairs(
@@ -284,24 +284,22 @@ def bucket_pairs(
     embedding_min_similarity: float | None,
     bin_size: int,
     scratch: str | None = None,
-    n_cells: int = 1,
 ) -> pd.DataFrame:
-    """PAIR_SCHEMA rows for one bucket: its same-hash pairs and its near pairs per signal (a before b by id),
-    pairs of two published samples left out (both stay)."""
+    """One bucket's pairs (a, b, prio_a, prio_b, signal, score, home_a, home_b): its same-hash pairs and its near
+    pairs per signal (a before b by id), pairs of two published samples left out (both stay)."""
     table = read_bucket(paths, bucket)
     kind = table["kind"].to_numpy()
     # the hashes without their (empty) vector column: a Python object per entry would cost more than the rest
     hashed = table.filter(pa.array(kind != EMBEDDING_CELL)).drop_columns(["vec"]).to_pandas()
     ids, first = np.unique(table["id"].to_numpy(), return_index=True)
-    prios = table["prio"].to_numpy()[first]
+    prios, homes = table["prio"].to_numpy()[first], table["home"].to_numpy()[first]
     same, members = _same_hash(hashed)
     hashed = hashed[~hashed["id"].isin(members)]
     frames = [same]
     found = list(_block_pairs(hashed[hashed["kind"] == BLOCK], phash_max_distance))
     cells = hashed[hashed["kind"] == PHASH_CELL]
-    probes = CELL_BIN_PROBES if n_cells > 1 else None  # one cell: the search of the whole dataset
     for _, cell in cells.groupby("group", sort=True):
-        found.append(_cell_pairs(cell, True, phash_max_distance, bin_size, scratch, probes))
+        found.append(_cell_pairs(cell, True, phash_max_distance, bin_size, scratch))
     if found:
         a, b, d = (np.concatenate([f[i] for f in found]) for i in range(3))
         a, b, d = best_pairs(a, b, d, True)
@@ -321,14 +319,10 @@ def bucket_pairs(
     lo, hi = np.where(ordered, a, np.minimum(a, b)), np.where(ordered, b, np.maximum(a, b))
     pa_, pb = prios[np.searchsorted(ids, lo)], prios[np.searchsorted(ids, hi)]
     out = pd.DataFrame({"a": lo, "b": hi, "prio_a": pa_, "prio_b": pb, "signal": pairs["signal"].to_numpy(),
-                        "score": pairs["score"].to_numpy(np.float64)})  # fmt: skip
+                        "score": pairs["score"].to_numpy(np.float64), "home_a": homes[np.searchsorted(ids, lo)],
+                        "home_b": homes[np.searchsorted(ids, hi)]})  # fmt: skip
     keep = ~(is_published(pa_) & is_published(pb))
     return out[keep].sort_values(["a", "b", "signal"], kind="stable").reset_index(drop=True)
-
-
-def write_pairs(path: str | os.PathLike, pairs: pd.DataFrame) -> None:
-    with atomic_open(path) as f:
-        pq.write_table(pa.Table.from_pandas(pairs, schema=PAIR_SCHEMA, preserve_index=False), f)
 
 
 def write_cells(path: str | os.PathLike, layout: Layout, phash: np.ndarray, embedding: np.ndarray | None) -> None:

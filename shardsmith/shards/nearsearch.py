@@ -86,11 +86,9 @@ def near_pairs(
     binary: bool,
     bin_size: int,
     scratch: str | os.PathLike | None = None,
-    probes: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """best_pairs over all `n` vectors that `chunks()` yields (read once when exact; see the module for binned).
-    `probes`: the bins each vector goes to (PROBES by default)."""
-    probes = probes or PROBES[binary]
+    """best_pairs over all `n` vectors that `chunks()` yields (read once when exact; see the module for binned)."""
+    probes = PROBES[binary]
     if n <= bin_size:
         got = list(chunks())
         ids = np.concatenate([c[0] for c in got]) if got else np.empty(0, np.int64)

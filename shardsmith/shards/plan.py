@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
@@ -22,6 +23,7 @@ from shardsmith.formats.tables import ParquetAppender, bins_for, spill_folder
 from shardsmith.shards.buckets import (
     DroppedRows,
     bucket_drops,
+    dropped_ids,
     group_drops,
     iter_shard_ranges,
     piece_counts,
@@ -32,16 +34,8 @@ from shardsmith.shards.buckets import (
     write_shard_list,
 )
 from shardsmith.shards.dedupe import published_records, write_exclusions
-from shardsmith.shards.neardup import (
-    NearSettings,
-    decide_near_duplicates,
-    excluded_keys,
-    published_candidates,
-    split_near_group,
-    train_near_cells,
-    write_published,
-)
-from shardsmith.shards.nearparts import Layout, bucket_pairs, write_pairs
+from shardsmith.shards.neardup import NearSettings, excluded_keys, published_candidates, run_near_jobs
+from shardsmith.shards.nearparts import Layout
 from shardsmith.storage.s3 import S3Settings
 
 
@@ -97,34 +91,10 @@ def _near_in_process(
 ) -> str:  # fmt: skip
     """The near-duplicate jobs in order, in this process: returns the folder with their tables."""
     pub = published_candidates(samples, set(excluded_keys(exclusions)), published)
-    write_published(pub, work / "old.parquet", work / "gone.parquet")
     near_dir = work / "near"
     near_dir.mkdir()
-    n = sum(pq.ParquetFile(p).metadata.num_rows for p in samples)
-    settings = near if layout is None else NearSettings(**{**vars(near), "buckets": layout.buckets})
-    if layout is not None:  # cells as given: they decide what binning compares
-        settings = NearSettings(**{**vars(settings), "cell_samples": max(1000, -(-n * 2 // layout.cells))})
-    used = train_near_cells(samples, settings, n, pub, embeddings, str(work / "cells.npz"), str(work / "gone.arrow"))
-    entries, compared = [], 0
-    for i, (path, piece) in enumerate(zip(samples, pieces, strict=True)):
-        entries.append(str(work / f"{i}.entries.arrow"))
-        compared += split_near_group([path], i, piece, str(work / "old.parquet"), str(work / "cells.npz"), entries[-1],
-                                     embeddings[i : i + 1])  # fmt: skip
-    entries.append(str(work / "gone.arrow"))
-    pairs = []
-    for b in range(used.buckets):
-        pairs.append(str(work / f"{b}.pairs.parquet"))
-        found = bucket_pairs(
-            entries,
-            b,
-            near.phash_max_distance,
-            near.embedding_min_similarity if embeddings else None,
-            near.bin_size,
-            scratch,
-            used.cells,
-        )
-        write_pairs(pairs[-1], found)  # fmt: skip
-    decide_near_duplicates(pairs, samples, parts, pub, near, compared, near_dir)
+    dropped = [dropped_ids([piece], i) & np.int64(0xFFFF_FFFF) for i, piece in enumerate(pieces)]
+    run_near_jobs(samples, parts, near, dropped, pub, embeddings, scratch, layout, work, near_dir)
     return str(near_dir)
 
 

@@ -2,13 +2,16 @@
 record; every sample left out is within the threshold of the one it names (no chains); other stages'
 exclusions keep nothing out; ledger details and counts."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from shardsmith.core.errors import ConfigError
-from shardsmith.core.ledger import EXCLUSION_COLUMNS
-from shardsmith.shards.neardup import NEAR_COLUMNS, NearSettings, exclusions, find_near_duplicates, summary
+from shardsmith.shards.buckets import LEDGER_PIECE, piece_counts
+from shardsmith.shards.neardecide import NEAR_COLUMNS, describe
+from shardsmith.shards.neardup import NearSettings, find_near_duplicates
 
 BASE = 0x0F0F_0F0F_0F0F_0F0F
 
@@ -43,10 +46,10 @@ def test_the_largest_image_is_kept_then_the_earliest_record(tmp_path):
         },
     )
     assert list(near.columns) == NEAR_COLUMNS
-    # b and c are the largest; b is the earlier record: it keeps a and c out, d is no copy
-    assert near[["key", "kept_key", "signal"]].values.tolist() == [["c", "b", "phash"], ["a", "b", "phash"]]
-    assert near["distance"].tolist() == [3, 2]
-    assert near["part"].tolist() == ["p1", "p0"] and set(near["kept_part"]) == {"p0"}
+    # b and c are the largest; b is the earlier record: it keeps a and c out, d is no copy (rows in dataset order)
+    assert near[["key", "kept_key", "signal"]].values.tolist() == [["a", "b", "phash"], ["c", "b", "phash"]]
+    assert near["distance"].tolist() == [2, 3]
+    assert near["part"].tolist() == ["p0", "p1"] and set(near["kept_part"]) == {"p0"}
 
 
 def test_a_sample_left_out_is_near_the_kept_one_itself_not_through_a_chain(tmp_path):
@@ -79,7 +82,7 @@ def test_published_samples_are_kept_first_and_never_left_out(tmp_path):
     assert got.loc["big", "kept_key"] == "old" and got.loc["big", "kept_version"] == "v1"
     assert got.loc["copy", "kept_key"] == "gone" and got.loc["copy", "kept_part"] == ""
     assert "old" not in got.index
-    detail = exclusions(near).set_index("key").loc["copy", "detail"]
+    detail = describe(got.loc["copy"].to_dict())
     assert detail == "near-duplicate of gone (published in v1): pHash distance 1 of 64 bits"
 
 
@@ -103,12 +106,15 @@ def test_exclusion_rows_and_counts(tmp_path):
         ("x", "s:x", 5, 5, flip(~BASE & (2**64 - 1))),
         ("y", "s:y", 4, 4, flip(~BASE & (2**64 - 1), 60)),
     ]
-    near = run(tmp_path, {"p0": rows})
-    ex = exclusions(near)
-    assert list(ex.columns) == EXCLUSION_COLUMNS
-    assert set(ex["stage"]) == {"dedupe"} and set(ex["reason"]) == {"near_duplicate"}
-    counts = summary(near, 5)
-    assert counts == {
+    paths = [part(tmp_path, "p0", rows)]
+    near, _ = find_near_duplicates(paths, ["p0"], NearSettings(near="exclude"), out_dir=str(tmp_path / "out"))
+    piece = pd.read_parquet(tmp_path / "out" / "near_dropped.parquet")
+    assert list(piece.columns) == LEDGER_PIECE and piece["key"].tolist() == near["key"].tolist() == ["b", "c", "y"]
+    assert set(piece["stage"]) == {"dedupe"} and set(piece["reason"]) == {"near_duplicate"}
+    assert piece["detail"].iloc[0] == "near-duplicate of a: pHash distance 1 of 64 bits"
+    assert piece_counts(tmp_path / "out" / "near_dropped.parquet") == {"p0": [0, 3]}
+    counts = json.loads((tmp_path / "out" / "near_duplicates.json").read_text())
+    assert {k: v for k, v in counts.items() if k != "settings"} == {
         "samples_compared": 5, "groups": 2, "near_duplicates": 3, "samples_in_groups": 5,
         "distances": {"phash": {"1": 2, "2": 1}},
     }  # fmt: skip

@@ -1,13 +1,13 @@
-"""The near-duplicate search as partitioned jobs (shardsmith.shards.nearparts and the decision in neardup): the keep
-order with its file-size tie-break, the same result with one bucket or many, every pair at most 3 bits apart
-found however the cells split the dataset, and one cell equal to the search of the whole dataset."""
+"""The near-duplicate search as partitioned jobs (shardsmith.shards.nearparts; the decision: test_neardecide): the
+keep order with its file-size tie-break, the same result with one bucket or many, every pair at most 3 bits
+apart found however the cells split the dataset, and one cell equal to the search of the whole dataset."""
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
 
-from shardsmith.shards.neardup import NearSettings, decide, find_near_duplicates
+from shardsmith.shards.neardup import NearSettings, find_near_duplicates
 from shardsmith.shards.nearparts import (
     ENTRY_SCHEMA,
     Layout,
@@ -119,25 +119,6 @@ def test_at_equal_pixels_the_larger_file_is_kept_before_the_earlier_record(tmp_p
     paths = write_parts(tmp_path, codes, ~codes, 1, nbytes=np.array([21_000, 88_000, 500, 500]))
     near, _ = find_near_duplicates(paths, ["p0"], NearSettings())
     assert near[["key", "kept_key"]].values.tolist() == [["k000000", "k000001"]]
-
-
-def pairs(rows: list[tuple]) -> pd.DataFrame:
-    """(a, b, signal, score) rows, every sample unpublished with the same priority: keep order = id order."""
-    df = pd.DataFrame(rows, columns=["a", "b", "signal", "score"])
-    prio = priority(np.zeros(1, bool), np.ones(1), np.ones(1))[0]
-    return df.assign(prio_a=prio, prio_b=prio)[["a", "b", "prio_a", "prio_b", "signal", "score"]]
-
-
-def test_decide_keeps_the_far_end_of_a_chain_and_names_the_kept_sample():
-    # 1-2 and 2-3 near, 1-3 not: 2 goes out for 1, and 3 stays (its only earlier neighbour is out)
-    got = decide(pairs([(1, 2, "phash", 4.0), (2, 3, "phash", 4.0), (2, 3, "phash", 4.0)]))
-    assert got[["out", "kept"]].values.tolist() == [[2, 1]]
-    # a copy of 2 with its very hash goes where 2 goes: out for 2's keeper
-    got = decide(pairs([(1, 2, "phash", 4.0), (2, 5, "same_hash", 0.0), (2, 3, "phash", 4.0)]))
-    assert got[["out", "kept", "score"]].values.tolist() == [[2, 1, 4.0], [5, 1, 4.0]]
-    # of two signals for one pair, the perceptual one is named
-    got = decide(pairs([(1, 2, "embedding", 0.97), (1, 2, "phash", 6.0)]))
-    assert got[["signal", "score"]].values.tolist() == [["phash", 6.0]]
 
 
 def test_a_bucket_the_entries_file_lacks_is_a_clear_error(tmp_path):

@@ -284,15 +284,16 @@ def _tables_are_whole(folder):
             pa.ipc.open_file(src).read_all()
 
 
-@pytest.mark.parametrize("during", ["find_duplicate_keys", "plan_shards"])
+@pytest.mark.parametrize("during", ["decide_near_round", "plan_shards"])
 def test_planning_in_buckets_killed_mid_job_gives_the_one_bucket_build_on_rerun(build, demo_data, tmp_path, during):
-    """Planning in 3 buckets, killed (SIGKILL, the whole run) as soon as a bucket job or the plan starts: no torn
-    table, and the rerun publishes what the one-bucket build published, byte for byte, ledger included."""
+    """Planning in 3 buckets and 2 decision rounds, killed (SIGKILL, the whole run) as soon as a partition's
+    decision or the plan starts: no torn table, and the rerun publishes what the one-bucket build published,
+    byte for byte, ledger included."""
     root1, _ = build
     data, _ = demo_data
     root = tmp_path / "killed"
     config = demo_config(data, root)
-    config["dedupe"] = {"near": "report", "buckets": 3}
+    config["dedupe"] = {"near": "report", "buckets": 3, "decision_rounds": 2}
     root.mkdir()
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile",
@@ -300,7 +301,7 @@ def test_planning_in_buckets_killed_mid_job_gives_the_one_bucket_build_on_rerun(
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     logs = root / "logs" / "demo"
     deadline = time.time() + 300
-    while time.time() < deadline and not (list(logs.glob(f"{during}/*.log")) + list(logs.glob(f"{during}.log"))):
+    while time.time() < deadline and not (list(logs.glob(f"{during}/**/*.log")) + list(logs.glob(f"{during}.log"))):
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

@@ -44,7 +44,7 @@ def build(tmp_path_factory):
         "device": "cpu",
         "workers": 0,
     }
-    config = demo_config(data, root, embed=embed)
+    config = demo_config(data, root, embed=embed, dedupe={"near": "report"})
     run = run_workflow(root, config)
     report = run_workflow(root, config, "--report", str(root / "report.html"))
     version_dir = root / "fast-storage" / "demo" / (root / "fast-storage" / "demo" / "latest").read_text().strip()

@@ -64,14 +64,14 @@ def two_builds(tmp_path_factory):
     data = tmp_path_factory.mktemp("inputs") / "data"
     make_demo(data)
     a = tmp_path_factory.mktemp("build-a")
-    run_workflow(a, demo_config(data, a))
+    run_workflow(a, demo_config(data, a, dedupe={"near": "report"}))
     stamp = time.time() - 3 * 365 * 86400  # the inputs were restored from a backup: same bytes, other mtimes
     for path in data.rglob("*"):
         os.utime(path, (stamp, stamp))
     shim = tmp_path_factory.mktemp("later-clock")
     (shim / "sitecustomize.py").write_text(LATER_CLOCK)
     b = tmp_path_factory.mktemp("elsewhere") / "deeper" / "build-b"
-    build_elsewhere(b, demo_config(data, b), shim)
+    build_elsewhere(b, demo_config(data, b, dedupe={"near": "report"}), shim)
     return a, b
 
 
