@@ -225,7 +225,7 @@ MODEL = {
 SAMPLES_PER_SHARD = 10_000
 
 
-def extrapolate(results: list[dict], n: int) -> dict:
+def extrapolate(results: list[dict], n: int, plans: list[dict] = ()) -> dict:
     """Each job kind at n samples: jobs per group or bucket as measured at the larger size (their input does not
     grow), whole-dataset jobs fitted linearly in what they grow with (MODEL). Pairs scale with the samples, as
     the planted ones do; chance pairs of unrelated hashes grow with the square (docs/near-duplicates.md)."""
@@ -263,22 +263,60 @@ def extrapolate(results: list[dict], n: int) -> dict:
             cpu = fit(was["max_cpu_s"], got["max_cpu_s"], cpu_by)
             peak = got["max_peak_mib"] if mem_by == "bounded" else fit(was["max_peak_mib"], got["max_peak_mib"], mem_by)
         out[kind] = {"jobs": count, "peak_mib": round(peak), "cpu_min": round(cpu / 60, 1)}
+    shards = n / SAMPLES_PER_SHARD
+    if len(plans) >= 2:  # plan_shards measured alone at thousands of parts; below the first, that one's figures
+        a, b = plans[0], plans[-1]
+
+        def line(key: str) -> float:
+            slope = (b[key] - a[key]) / (b["shards"] - a["shards"])
+            return a[key] if shards <= a["shards"] else b[key] + max(0.0, slope) * (shards - b["shards"])
+
+        cpu_min = round(line("cpu_s") / 60, 1)
+        out["plan_shards"] = {"jobs": 1, "peak_mib": round(line("peak_mib")), "cpu_min": cpu_min}
     return out
+
+
+def measure_plan(parts: int, work: Path) -> dict:
+    """plan_shards alone at LAION scale: `parts` parts of PART_SIZE samples (ledger pieces holding only their
+    counts, a group of two parts each, and the near-duplicates' piece over all of them), SAMPLES_PER_SHARD a
+    shard. Its peak memory and CPU, measured where the sizes above only allow a fit."""
+    from shardsmith.shards.buckets import LEDGER_PIECE, write_ledger_piece
+
+    work.mkdir(parents=True, exist_ok=True)
+    names = [f"ds-{p:06d}" for p in range(parts)]
+    pieces = []
+    for g in range(0, parts, 2):
+        pieces.append(str(work / f"{g}.parquet"))
+        write_ledger_piece(
+            pieces[-1], pd.DataFrame(columns=LEDGER_PIECE), {n: [PART_SIZE, 0] for n in names[g : g + 2]}
+        )
+    pieces.append(str(work / "near.parquet"))
+    write_ledger_piece(pieces[-1], pd.DataFrame(columns=LEDGER_PIECE), {n: [0, 0] for n in names})
+    (work / "plan").mkdir()
+    got = run_job(
+        "from shardsmith.shards.plan import plan_from_counts; from shardsmith.shards.neardup import NearSettings\n"
+        f"plan_from_counts({pieces!r}, '{work / 'plan'}', dataset='ds', samples_per_shard={SAMPLES_PER_SHARD}, "
+        "near=NearSettings(), found=None, log=lambda m: None)"
+    )
+    return {"parts": parts, "shards": parts * PART_SIZE // SAMPLES_PER_SHARD, **got}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000])
     ap.add_argument("--work", default=None, help="where the generated tables go (removed after)")
+    ap.add_argument("--plan-parts", type=int, nargs="*", default=[1000, 4000],
+                    help="plan_shards alone at these part counts (measure_plan)")  # fmt: skip
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="plan-scale-", dir=args.work))
     try:
         results = [measure(n, work / str(n)) for n in args.sizes]
+        plans = [measure_plan(p, work / f"plan-{p}") for p in args.plan_parts]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report = {"bench": "plan_scale", "part_size": PART_SIZE, "sizes": results,
-              "extrapolated": {name: extrapolate(results, n) for name, n in TARGETS.items()}}  # fmt: skip
+    report = {"bench": "plan_scale", "part_size": PART_SIZE, "sizes": results, "plan_shards_alone": plans,
+              "extrapolated": {name: extrapolate(results, n, plans) for name, n in TARGETS.items()}}  # fmt: skip
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:

@@ -5,7 +5,13 @@ import pandas as pd
 import pytest
 
 from shardsmith.publish.dataset import publish
-from shardsmith.shards.dedupe import PublishedManifestError, already_published, published_records, write_exclusions
+from shardsmith.shards.dedupe import (
+    PublishedManifestError,
+    already_published,
+    find_published,
+    published_records,
+    write_exclusions,
+)
 
 
 def frame(rows, columns=("key", "source_id", "url", "sha256")):
@@ -86,3 +92,20 @@ def test_published_manifests_are_read_from_every_complete_version_and_checked(tm
     (tmp_path / "fast" / "ds" / "v1" / "manifest.parquet").write_bytes(b"replaced")
     with pytest.raises(PublishedManifestError, match="v1/manifest.parquet is missing or differs from its v1 marker"):
         published_records(dest, "ds")
+
+
+@pytest.mark.parametrize("near", [True, False])
+def test_find_published_writes_every_table_with_or_without_the_near_search(tmp_path, near):
+    """The rule's outputs are whole either way: without the near search the tables of which samples are
+    published are written empty, not left out."""
+    dest = str(tmp_path / "fast")
+    (tmp_path / "v1").mkdir()
+    publish([_manifest(tmp_path / "v1" / "manifest.parquet", [("a", "m:1", "u1", "s1")])], dest, "ds", "v1")
+    samples = tmp_path / "part.samples.parquet"
+    frame([("a", "m:1", "u1", "s1"), ("c", "m:3", "u1", "s9")]).to_parquet(samples)
+    dedupe = {"dest": dest, "dataset": "ds", "s3": {}, "exact": True}
+    find_published([str(samples)], [], dedupe, tmp_path / "out", near)
+    assert pd.read_parquet(tmp_path / "out" / "already_published.parquet")["key"].tolist() == ["c"]
+    old = pd.read_parquet(tmp_path / "out" / "old.parquet")
+    assert old.to_dict("records") == ([{"part": 0, "row": 0, "version": "v1"}] if near else [])
+    assert pd.read_parquet(tmp_path / "out" / "gone.parquet").empty
