@@ -247,20 +247,27 @@ def get_near_rounds():
 
 
 def get_round_messages(wildcards):
-    """What every partition sent after the round before (none to the first)."""
+    """What every partition sent after the round before, as their list (none to the first)."""
     r = int(wildcards.round)
     if r == 1:
         return []
-    return expand(rules.decide_near_round.output.messages, round=r - 1, partition=get_bucket_ids())
+    return expand(rules.list_near_round.output.messages, round=r - 1)
+
+
+def get_round_outputs(kind):
+    """Every partition's `kind` output (messages, found, pending) of a round."""
+    return lambda wildcards: expand(
+        getattr(rules.decide_near_round.output, kind),
+        round=wildcards.round,
+        partition=get_bucket_ids(),
+    )
 
 
 def get_last_round(kind):
-    """Every partition's `kind` output (messages, found, pending) of the last round."""
+    """The list of every partition's `kind` output of the last round."""
     return lambda wildcards: expand(
-        getattr(rules.decide_near_round.output, kind),
-        round=get_near_rounds(),
-        partition=get_bucket_ids(),
-    )
+        getattr(rules.list_near_round.output, kind), round=get_near_rounds()
+    )[0]
 
 
 def get_ledger_pieces(wildcards):

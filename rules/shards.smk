@@ -161,13 +161,34 @@ rule find_near_pairs:
         "../scripts/find_near_pairs.py"
 
 
-# The keep rule decided per partition (shardsmith.shards.neardecide): each round settles what its samples'
-# pairs and the other partitions' states of the round before allow; the last step settles what still waits.
-rule decide_near_round:
+# Every bucket's pairs and every group's home rows, and each round's outputs, listed once for the jobs that
+# read all of them: a job per partition naming every bucket's file would make the DAG grow with the square
+# of the buckets.
+rule list_near_pairs:
     input:
         incoming=get_near_pairs("incoming"),
         outgoing=get_near_pairs("outgoing"),
         homes=get_near_homes,
+    output:
+        incoming=f"{WORK}/plan/near/pairs/incoming.list",
+        outgoing=f"{WORK}/plan/near/pairs/outgoing.list",
+        homes=f"{WORK}/plan/near/homes/homes.list",
+    log:
+        f"{LOGS}/list_near_pairs.log",
+    localrule: True
+    conda:
+        "../envs/shards.yaml"
+    script:
+        "../scripts/list_near_files.py"
+
+
+# The keep rule decided per partition (shardsmith.shards.neardecide): each round settles what its samples'
+# pairs and the other partitions' states of the round before allow; the last step settles what still waits.
+rule decide_near_round:
+    input:
+        incoming=rules.list_near_pairs.output.incoming,
+        outgoing=rules.list_near_pairs.output.outgoing,
+        homes=rules.list_near_pairs.output.homes,
         messages=get_round_messages,
         parts_plan=PARTS_PLANNED,
     output:
@@ -182,6 +203,24 @@ rule decide_near_round:
         partitions=get_plan_buckets,
     script:
         "../scripts/decide_near_round.py"
+
+
+rule list_near_round:
+    input:
+        messages=get_round_outputs("messages"),
+        found=get_round_outputs("found"),
+        pending=get_round_outputs("pending"),
+    output:
+        messages=f"{WORK}/plan/near/rounds/{{round}}/messages.list",
+        found=f"{WORK}/plan/near/rounds/{{round}}/found.list",
+        pending=f"{WORK}/plan/near/rounds/{{round}}/pending.list",
+    log:
+        f"{LOGS}/list_near_round/{{round}}.log",
+    localrule: True
+    conda:
+        "../envs/shards.yaml"
+    script:
+        "../scripts/list_near_files.py"
 
 
 rule decide_near_duplicates:

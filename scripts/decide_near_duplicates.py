@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from shardsmith.core.logs import run_job
+from shardsmith.formats.filelist import read_file_list
 from shardsmith.shards.neardup import NearSettings, decide_near_duplicates
 from shardsmith.shards.nearparts import entries_samples
 
@@ -10,9 +11,9 @@ from shardsmith.shards.nearparts import entries_samples
 def main() -> None:
     samples = list(snakemake.input.samples)
     counts = decide_near_duplicates(
-        list(snakemake.input.found),
-        list(snakemake.input.pending),
-        list(snakemake.input.messages),
+        read_file_list(snakemake.input.found),
+        read_file_list(snakemake.input.pending),
+        read_file_list(snakemake.input.messages),
         [Path(p).name.split(".")[0] for p in samples],
         NearSettings(**snakemake.params.near),
         sum(entries_samples(p) for p in snakemake.input.entries),

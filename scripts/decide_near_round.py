@@ -1,16 +1,17 @@
 """Rule glue for decide_near_round: logic in shardsmith.shards.neardecide."""
 
 from shardsmith.core.logs import run_job
+from shardsmith.formats.filelist import read_file_list
 from shardsmith.shards.neardecide import decide_round
 
 
 def main() -> None:
-    w = snakemake.wildcards
+    w, i = snakemake.wildcards, snakemake.input
     counts = decide_round(
-        list(snakemake.input.incoming),
-        list(snakemake.input.outgoing),
-        list(snakemake.input.homes),
-        list(snakemake.input.messages),
+        read_file_list(i.incoming),
+        read_file_list(i.outgoing),
+        read_file_list(i.homes),
+        read_file_list(i.messages[0]) if i.messages else [],
         int(w.partition),
         snakemake.params.partitions,
         snakemake.output.messages,
