@@ -367,14 +367,22 @@ def _write_parquet(path: str | os.PathLike, frame: pd.DataFrame, schema: pa.Sche
         pq.write_table(table, f, row_group_size=_ROW_GROUP)
 
 
+def details(found: pd.DataFrame) -> np.ndarray:
+    """The ledger detail of each sample left out (kept_key, kept_version, signal, distance): the kept sample and
+    how near it is. Column at a time: the last job writes one for every sample left out."""
+    version = found["kept_version"].fillna("").to_numpy(str)
+    where = np.where(version != "", np.char.add(np.char.add(" (published in ", version), ")"), "")
+    d = found["distance"].to_numpy(np.float64)
+    phash = found["signal"].to_numpy(str) == "phash"
+    how = np.where(phash, np.char.add(np.char.add("pHash distance ", d.astype(np.int64).astype(str)), " of 64 bits"),
+                   np.char.add("CLIP image cosine similarity ", np.char.mod("%.4f", d)))  # fmt: skip
+    head = np.char.add("near-duplicate of ", found["kept_key"].to_numpy(str))
+    return np.char.add(np.char.add(np.char.add(head, where), ": "), how).astype(object)
+
+
 def describe(row: dict) -> str:
-    """The ledger detail of a sample left out: the kept sample and how near it is."""
-    where = f" (published in {row['kept_version']})" if row["kept_version"] else ""
-    if row["signal"] == "phash":
-        how = f"pHash distance {int(row['distance'])} of 64 bits"
-    else:
-        how = f"CLIP image cosine similarity {row['distance']:.4f}"
-    return f"near-duplicate of {row['kept_key']}{where}: {how}"
+    """details() of one sample left out."""
+    return str(details(pd.DataFrame([row]))[0])
 
 
 # -- the last step: what is still pending, then every partition's samples left out in dataset order
@@ -502,9 +510,7 @@ def finish(
                     d = g["distance"]
                     hist[str(sig)].update((d.astype(int) if sig == "phash" else (d * 100).round() / 100).tolist())
                 if exclude:
-                    how = chunk[["kept_key", "kept_version", "signal", "distance"]].to_dict("records")
-                    detail = [describe(r) for r in how]
-                    piece.append(chunk.assign(stage=DEDUPE, reason=REASON, detail=detail)[LEDGER_PIECE])
+                    piece.append(chunk.assign(stage=DEDUPE, reason=REASON, detail=details(chunk))[LEDGER_PIECE])
             total = table.rows
         groups = distinct.count()
     distances = {s: {str(k): int(v) for k, v in sorted(h.items())} for s, h in hist.items() if h}
