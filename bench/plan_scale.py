@@ -1,24 +1,29 @@
-"""Planning at two sizes: every dataset-wide job run as its own process, as the workflow runs it.
+"""Planning at two sizes: the dataset-wide rules of rules/shards.smk run by Snakemake on generated parts.
 
-Generates processed-part samples tables (keys as the workflow makes them, 1% of them repeated across parts, an
-exclusion table naming 5% of them, random 64-bit pHashes with 1% of the samples planted copies 1-8 bits from
-another and a cluster of 10,000 samples with one placeholder hash), then runs the jobs of rules/shards.smk
-through the same functions their scripts call: split_keys and collect_dropped per group of parts,
-split_exclusions, find_duplicate_keys and find_near_pairs per bucket, train_near_cells, split_near_entries per
-group, decide_near_round per round and partition, decide_near_duplicates, plan_shards. Records each job's peak
-RSS and CPU time and the recall on the planted pairs, and extrapolates each job kind to LAION-400M and
-LAION-5B with the default sizes (part_size 250,000; dedupe.cell_samples, dedupe.bucket_samples): a job per
-group, bucket or partition keeps its size (its input is bucket_samples' worth), a job of the whole dataset is
-fitted linearly in what it grows with.
+Generates processed-part samples tables where download_part writes them (keys as the workflow makes them,
+1% of them repeated across parts; random 64-bit pHashes with 1% of the samples planted copies 1-8 bits
+from another and a cluster of 10,000 samples with one placeholder hash), a published version (`v0` in the
+config's publish.dest) holding the image of 5% of the samples under other records, and the part plan; then
+runs `snakemake` on the plan_shards checkpoint: find_published, split_keys and collect_dropped per group of
+parts, split_exclusions, find_duplicate_keys and find_near_pairs per bucket, train_near_cells,
+split_near_entries per group, decide_near_round per round and partition, decide_near_duplicates, plan_shards,
+and the local list_* rules. Each job's peak memory and CPU come from the last line of its rule log
+(shardsmith.core.logs); recall from the bucket jobs' pair files. Extrapolates each job kind to CC12M,
+LAION-400M and LAION-5B with the default sizes (part_size 250,000; dedupe.cell_samples,
+dedupe.bucket_samples): a job per group, bucket or partition keeps its size (its input is bucket_samples'
+worth), a job of the whole dataset is fitted linearly in what it grows with.
 
-    python bench/plan_scale.py --sizes 1000000 4000000 --out bench/results/plan-scale.json
+    python bench/plan_scale.py --sizes 5000000 20000000 --out bench/results/plan-scale.json
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,42 +33,66 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 PART_SIZE = 250_000
 CLUSTER = 10_000
+PUBLISHED_SHARE = 20  # one sample in 20 has its image in the published version
 
 
-def generate(folder: Path, n: int, part_size: int, seed: int = 0) -> tuple[list[str], list[tuple[int, int, int]]]:
-    """Samples tables of n samples; returns their paths and the planted pairs (original, copy, bits)."""
+def _key(i: np.ndarray, part_size: int) -> list[str]:
+    return [f"{a:05d}{b:06d}" for a, b in zip((i // part_size).tolist(), (i % part_size).tolist(), strict=True)]
+
+
+def _draw(n: int, seed: int):
+    """The random hashes and which samples are planted copies of which, how many bits apart: the first draws
+    of `generate`, so that planted_pairs gives its pairs without writing the tables."""
     rng = np.random.default_rng(seed)
     codes = rng.integers(0, 2**63, size=n, dtype=np.int64).astype(np.uint64) << np.uint64(1)
     codes |= rng.integers(0, 2, size=n).astype(np.uint64)
-    planted = []
     originals = rng.choice(n // 2, size=n // 100, replace=False)
     copies = n // 2 + rng.choice(n // 2, size=n // 100, replace=False)
-    for i, j in zip(originals, copies, strict=True):
-        d = int(rng.integers(1, 9))
-        flip = np.uint64(0)
-        for b in rng.choice(64, d, replace=False):
-            flip |= np.uint64(1) << np.uint64(int(b))
-        codes[j] = codes[i] ^ flip
-        planted.append((int(i), int(j), d))
+    bits = rng.integers(1, 9, size=len(originals))
+    return rng, codes, originals, copies, bits
+
+
+def planted_pairs(n: int, seed: int = 0) -> list[tuple[int, int, int]]:
+    _, _, originals, copies, bits = _draw(n, seed)
+    return list(zip(originals.tolist(), copies.tolist(), bits.tolist(), strict=True))
+
+
+def generate(folder: Path, n: int, part_size: int, seed: int = 0) -> tuple[list[str], list[tuple[int, int, int]]]:
+    """Samples tables of n samples in `folder` (web-NNNNNN.samples.parquet); returns their paths and the planted
+    pairs (original, copy, bits). Built a part at a time: the strings of 20M samples at once would not fit."""
+    rng, codes, originals, copies, bits = _draw(n, seed)
+    flips = np.zeros(len(originals), np.uint64)
+    for d in range(1, 9):  # d distinct bits for each pair planted d bits apart
+        at = np.flatnonzero(bits == d)
+        chosen = np.argsort(rng.random((len(at), 64)), axis=1)[:, :d].astype(np.uint64)
+        flips[at] = np.bitwise_or.reduce(np.uint64(1) << chosen, axis=1) if len(at) else flips[at]
+    codes[copies] = codes[originals] ^ flips
+    planted = list(zip(originals.tolist(), copies.tolist(), bits.tolist(), strict=True))
     cluster = rng.choice(np.setdiff1d(np.arange(n), np.r_[originals, copies]), size=CLUSTER, replace=False)
     codes[cluster] = codes[cluster[0]]
     mirrors = rng.integers(0, 2**63, size=n, dtype=np.int64).astype(np.uint64)
     width = rng.integers(200, 2000, size=n)
-    keys = np.array([f"{i // part_size:05d}{i % part_size:06d}" for i in range(n)], dtype=object)
+    key_of = np.arange(n)
     repeat = rng.choice(n, size=n // 100, replace=False)  # 1% of the keys again, mostly in another part
-    keys[repeat] = keys[rng.choice(n, size=len(repeat))]
+    key_of[repeat] = rng.choice(n, size=len(repeat))
     paths = []
+    folder.mkdir(parents=True, exist_ok=True)
     for p, start in enumerate(range(0, n, part_size)):
         sl = slice(start, min(n, start + part_size))
+        rows = np.arange(sl.start, sl.stop)
         df = pd.DataFrame(
             {
-                "key": keys[sl], "source": "web", "url": "",
+                "key": _key(key_of[sl], part_size), "source": "web", "url": "",
                 "source_id": [f"https://example.invalid/{p}/{i}.jpg" for i in range(sl.stop - sl.start)],
+                "sha256": [f"{i:064x}" for i in rows.tolist()],
                 "width_before": width[sl], "height_before": 600, "bytes_before": width[sl] * 50,
                 "phash": [f"{int(c):016x}" for c in codes[sl]], "phash_mirror": [f"{int(c):016x}" for c in mirrors[sl]],
             }
@@ -74,100 +103,122 @@ def generate(folder: Path, n: int, part_size: int, seed: int = 0) -> tuple[list[
     return paths, planted
 
 
-def run_job(code: str) -> dict:
-    """Run python code in a fresh process; its own peak RSS (MiB) and CPU seconds, as it reports them."""
-    # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a child would report the bench's own peak
-    report = (
-        "\nimport resource, json, re, sys; r = resource.getrusage(resource.RUSAGE_SELF)\n"
-        "hwm = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
-        "print('JOB ' + json.dumps([hwm, r.ru_utime + r.ru_stime]), file=sys.stderr)"
+def publish_overlap(dest: Path, n: int, seed: int = 1) -> int:
+    """A complete published version `v0` whose records hold the image (sha256) of every PUBLISHED_SHARE-th
+    sample under another source_id: those samples are left out as already published."""
+    rng = np.random.default_rng(seed)
+    chosen = np.sort(rng.choice(n, size=n // PUBLISHED_SHARE, replace=False))
+    m = len(chosen)
+    hashes = rng.integers(0, 2**63, size=(m, 2), dtype=np.int64)
+    version = dest / "bench" / "v0"
+    version.mkdir(parents=True)
+    pd.DataFrame(
+        {
+            "key": [f"old{i:09d}" for i in range(m)], "url": "",
+            "source_id": [f"https://example.invalid/old/{i}.jpg" for i in range(m)],
+            "sha256": [f"{i:064x}" for i in chosen.tolist()],
+            "width_before": 800, "height_before": 600,
+            "phash": [f"{int(c):016x}" for c in hashes[:, 0]], "phash_mirror": [f"{int(c):016x}" for c in hashes[:, 1]],
+        }
+    ).to_parquet(version / "manifest.parquet", index=False)  # fmt: skip
+    digest = hashlib.sha256((version / "manifest.parquet").read_bytes()).hexdigest()
+    marker = {"published_at": "2026-01-01T00:00:00Z", "files": {"manifest.parquet": {"sha256": digest}}}
+    (version / "_COMPLETE.json").write_text(json.dumps(marker))
+    (dest / "bench" / "latest").write_text("v0\n")
+    return m
+
+
+_RESOURCES = re.compile(r"^resources: peak_rss_mib=([\d.]+) child_peak_rss_mib=([\d.]+) cpu_s=([\d.]+)", re.M)
+
+
+def job_figures(logs: Path) -> dict[str, list[dict]]:
+    """Each job's peak memory and CPU from the last line of its rule log, by rule (the folder or file name)."""
+    jobs: dict[str, list[dict]] = {}
+    for log in sorted(logs.rglob("*.log")):
+        got = _RESOURCES.findall(log.read_text(errors="replace"))
+        if not got:
+            continue  # the local list_* rules run inside snakemake: no job of their own
+        peak, child, cpu = (float(x) for x in got[-1])
+        rule = log.relative_to(logs).parts[0].removesuffix(".log")
+        jobs.setdefault(rule, []).append({"peak_mib": max(peak, child), "cpu_s": cpu})
+    return jobs
+
+
+def measure(n: int, root: Path, cores: int = 2) -> dict:
+    """The planning rules of a workflow run by Snakemake over n generated samples (see the module)."""
+    if root.exists():
+        shutil.rmtree(root)
+    work = root / "work" / "bench"
+    paths, planted = generate(work / "processed", n, PART_SIZE)
+    parts = [Path(p).name.split(".")[0] for p in paths]
+    publish_overlap(root / "fast-storage", n)
+    manifest = root / "manifests" / "web.parquet"
+    manifest.parent.mkdir(parents=True)
+    manifest.touch()
+    for part in parts:  # the rest of download_part's outputs (not read by planning) and the part plan
+        for f in (root / "raw" / "bench" / f"{part}.tar", root / "raw" / "bench" / f"{part}.status.parquet",
+                  work / "processed" / f"{part}.tar", work / "processed" / f"{part}.rejected.parquet",
+                  work / "plan" / "parts" / f"{part}.parquet"):  # fmt: skip
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.touch()
+    then = time.time() - 3600  # the manifest before the parts, the parts before anything planning writes
+    os.utime(manifest, (then - 3600, then - 3600))
+    for f in [*work.rglob("*"), *(root / "raw").rglob("*")]:
+        os.utime(f, (then, then))
+    config = {
+        "dataset": "bench", "version": "v1",
+        "paths": {k: str(root / k) for k in ("raw", "work", "output", "logs")},
+        "sources": [{"name": "web", "type": "manifest", "path": str(manifest), "url_column": "url"}],
+        "part_size": PART_SIZE, "samples_per_shard": SAMPLES_PER_SHARD,
+        "dedupe": {"near": "exclude"},
+        "publish": {"dest": str(root / "fast-storage")},
+    }  # fmt: skip
+    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    cmd = [str(SNAKEMAKE), str(work / "plan" / "shards"), "-s", str(REPO / "Snakefile"), "--directory", str(root),
+           "--configfile", str(root / "config.yaml"), "--cores", str(cores), "--workflow-profile", "none",
+           "--rerun-triggers", "mtime", "--quiet", "rules"]  # fmt: skip
+    probe = (  # snakemake's own and its jobs' CPU: every process it waited for
+        "import resource, subprocess, sys, time; t = time.perf_counter();"
+        "p = subprocess.run(sys.argv[2:], stdout=open(sys.argv[1], 'w'), stderr=subprocess.STDOUT);"
+        "r = resource.getrusage(resource.RUSAGE_CHILDREN);"
+        "print(p.returncode, time.perf_counter() - t, r.ru_utime + r.ru_stime)"
     )
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code + report], check=True, cwd=REPO, capture_output=True, text=True)
-    rss, cpu = json.loads(proc.stderr.strip().splitlines()[-1].removeprefix("JOB "))
-    return {"cpu_s": round(cpu, 2), "wall_s": round(time.perf_counter() - start, 2), "peak_mib": rss / 1024}
+    got = subprocess.run(
+        [sys.executable, "-c", probe, str(root / "snakemake.out"), *cmd], capture_output=True, text=True
+    )
+    code, wall, cpu_all = got.stdout.split()
+    if code != "0":
+        raise RuntimeError(f"snakemake failed:\n{(root / 'snakemake.out').read_text()[-4000:]}")
+    return analyse(root, n, planted, float(wall), float(cpu_all))
 
 
-def measure(n: int, work: Path) -> dict:
-    """Every planning job of rules/shards.smk, each in its own process, in the workflow's order."""
+def analyse(root: Path, n: int, planted, wall: float | None = None, cpu_all: float | None = None) -> dict:
+    """What a run of measure() left in `root`: each job's figures from its log, the pairs, recall and counts.
+    `cpu_all`: snakemake's CPU and its jobs' together, where measured."""
     from shardsmith.shards.neardup import NearSettings
 
-    work.mkdir(parents=True, exist_ok=True)
-    paths, planted = generate(work, n, PART_SIZE)
-    names = [Path(p).name.split(".")[0] for p in paths]
-    s = NearSettings(near="exclude")
-    layout = s.layout(len(paths) * PART_SIZE)
-    k = max(1, s.bucket_samples // PART_SIZE)  # parts per group, as rules/common.smk
-    groups = [list(range(g, min(len(paths), g + k))) for g in range(0, len(paths), k)]
-    excluded = work / "already_published.parquet"  # 5% of the keys, as a refresh's exclusion table
-    rng = np.random.default_rng(1)
-    keys = pd.concat([pd.read_parquet(p, columns=["key"]) for p in paths])["key"].to_numpy()
-    pd.DataFrame({"key": rng.choice(keys, size=n // 20, replace=False), "stage": "dedupe",
-                  "reason": "already_published", "detail": "url already published"}).to_parquet(excluded)  # fmt: skip
-    w = {d: work / d for d in ("keys", "drops", "dropped", "near", "pairs", "plan")}
-    for d in w.values():
-        d.mkdir(parents=True, exist_ok=True)
-    settings = json.dumps(vars(s))
-    pre = (
-        "import json; from shardsmith.shards.neardup import *; from shardsmith.shards.nearparts import *\n"
-        "from shardsmith.shards.buckets import *; from shardsmith.shards.plan import *\n"
-        f"s = NearSettings(**json.loads({settings!r}))\n"
-    )
-    jobs: dict[str, list[dict]] = {}
+    plan = root / "work" / "bench" / "plan"
+    jobs = job_figures(root / "logs" / "bench")
+    parts = len(list((plan / "parts").glob("*.parquet")))
+    layout = NearSettings(near="exclude").layout(parts * PART_SIZE)
+    rounds = NearSettings(near="exclude").rounds_for(layout)
+    ins = sorted(str(p) for p in (plan / "near" / "pairs").glob("*.in.arrow"))
+    pending = sorted(str(p) for p in (plan / "near" / "rounds" / str(rounds)).glob("*.pending.parquet"))
+    pieces = sorted(str(p) for p in (plan / "dropped").glob("*.parquet"))
+    result = outcome(n, planted, ins, pending, pieces, plan / "near" / "near_duplicates.parquet", jobs)
+    total_job_cpu = sum(j["cpu_s"] for v in jobs.values() for j in v)
+    published = pd.read_parquet(root / "fast-storage" / "bench" / "v0" / "manifest.parquet", columns=["key"])
+    result.update(
+        parts=parts, groups=len(jobs.get("split_keys", [])), cells=layout.cells, buckets=layout.buckets,
+        shards=len(list((plan / "shards").glob("*.parts"))), decision_rounds=rounds, published_overlap=len(published),
+        wall_s=round(wall, 1) if wall is not None else None,
+        snakemake_cpu_s=round(cpu_all - total_job_cpu, 1) if cpu_all is not None else None,
+    )  # fmt: skip
+    return result
 
-    def job(kind: str, code: str) -> None:
-        jobs.setdefault(kind, []).append(run_job(pre + code))
 
-    for g, members in enumerate(groups):
-        job(
-            "split_keys",
-            f"split_keys({[paths[i] for i in members]!r}, {members[0]}, {layout.buckets}, '{w['keys']}/{g}.arrow')",
-        )
-    job(
-        "split_exclusions",
-        f"split_exclusions([{str(excluded)!r}], {layout.buckets}, '{w['keys']}/excluded.arrow', '{work}')",
-    )
-    key_files = [f"{w['keys']}/{g}.arrow" for g in range(len(groups))]
-    drops = [f"{w['drops']}/{b}.arrow" for b in range(layout.buckets)]
-    for b, out in enumerate(drops):
-        job("find_duplicate_keys", f"bucket_drops({key_files!r}, '{w['keys']}/excluded.arrow', {b}, {k}, {out!r})")
-    pieces = [f"{w['dropped']}/{g}.parquet" for g in range(len(groups))]
-    for g, members in enumerate(groups):
-        job("collect_dropped", f"group_drops({drops!r}, {g}, {[paths[i] for i in members]!r}, "
-                               f"{[names[i] for i in members]!r}, {members[0]}, {pieces[g]!r})")  # fmt: skip
-    job("train_near_cells", f"train_near_cells({paths!r}, s, {len(paths) * PART_SIZE}, no_published(), [], "
-                            f"'{w['near']}/cells.npz', '{w['near']}/published.arrow', "
-                            f"'{w['near']}/published.homes')")  # fmt: skip
-    entries = [f"{w['near']}/{g}.arrow" for g in range(len(groups))]
-    homes = [f"{w['near']}/{g}.homes" for g in range(len(groups))]
-    for g, members in enumerate(groups):
-        job("split_near_entries", f"dropped = [dropped_ids([{pieces[g]!r}], p) & 0xFFFFFFFF for p in {members!r}]\n"
-                                  f"split_near_group({[paths[i] for i in members]!r}, {members[0]}, dropped, None, "
-                                  f"'{w['near']}/cells.npz', {entries[g]!r}, {homes[g]!r}, [])")  # fmt: skip
-    entries.append(f"{w['near']}/published.arrow")
-    homes.append(f"{w['near']}/published.homes")
-    ins = [f"{w['pairs']}/{b}.in.arrow" for b in range(layout.buckets)]
-    outs = [f"{w['pairs']}/{b}.out.arrow" for b in range(layout.buckets)]
-    for b in range(layout.buckets):
-        job("find_near_pairs", f"write_pairs({ins[b]!r}, {outs[b]!r}, bucket_pairs({entries!r}, {b}, 8, None, 20000, "
-                               f"'{work}'), {layout.buckets})")  # fmt: skip
-    messages: list[str] = []
-    rounds = s.rounds_for(layout)
-    for r in range(1, rounds + 1):
-        sent = [f"{w['pairs']}/r{r}.{p}.messages" for p in range(layout.buckets)]
-        for p in range(layout.buckets):
-            job("decide_near_round", f"from shardsmith.shards.neardecide import decide_round\n"
-                                     f"decide_round({ins!r}, {outs!r}, {homes!r}, {messages!r}, {p}, {layout.buckets}, "
-                                     f"{sent[p]!r}, '{w['pairs']}/{p}.found', '{w['pairs']}/{p}.pending')")  # fmt: skip
-        messages = sent
-    found = [f"{w['pairs']}/{p}.found" for p in range(layout.buckets)]
-    pending = [f"{w['pairs']}/{p}.pending" for p in range(layout.buckets)]
-    job("decide_near_duplicates", f"decide_near_duplicates({found!r}, {pending!r}, {messages!r}, {names!r}, s, "
-                                  f"{n}, '{w['near']}')")  # fmt: skip
-    job("plan_shards", f"plan_from_counts({pieces + [str(w['near'] / 'near_dropped.parquet')]!r}, '{w['plan']}', "
-                       f"dataset='ds', samples_per_shard=10000, near=s, found='{w['near']}')")  # fmt: skip
-
-    import pyarrow as pa
+def outcome(n: int, planted, ins: list[str], pending: list[str], pieces: list[str], near_table: Path, jobs) -> dict:
+    """Pairs, recall on the planted pairs, samples still waiting after the rounds, and each job kind's figures."""
 
     def read_in(path: str) -> pd.DataFrame:
         with pa.memory_map(path) as src:
@@ -186,24 +237,22 @@ def measure(n: int, work: Path) -> dict:
     hit = {d: [0, 0] for d in range(1, 9)}  # a planted pair counts as found when the search paired it
     for i, j, d in planted:
         if ident(i) in dropped or ident(j) in dropped:
-            continue  # left out before the search (a repeated or excluded key): not compared, rightly
+            continue  # left out before the search (a repeated key, already published): not compared, rightly
         hit[d][1] += 1
         a, b = sorted((ident(i), ident(j)))
         hit[d][0] += (a, b) in got
     low = [hit[d] for d in (1, 2, 3)]
     high = [hit[d] for d in range(4, 9)]
-    shards = len(list(w["plan"].glob("*.parts")))
     total_cpu = sum(j["cpu_s"] for v in jobs.values() for j in v)
     return {
-        "samples": n, "parts": len(paths), "groups": len(groups), "cells": layout.cells, "buckets": layout.buckets,
-        "shards": shards, "pairs": len(pair_table), "decision_rounds": rounds, "waiting_after_rounds": waiting,
-        "near_duplicates": len(pd.read_parquet(w["near"] / "near_duplicates.parquet", columns=["key"])),
+        "samples": n, "pairs": len(pair_table), "waiting_after_rounds": waiting,
+        "near_duplicates": len(pd.read_parquet(near_table, columns=["key"])),
         "recall_1_3_bits": sum(h for h, _ in low) / max(1, sum(t for _, t in low)),
         "recall_4_8_bits": sum(h for h, _ in high) / max(1, sum(t for _, t in high)),
         "cpu_us_per_sample": round(total_cpu / n * 1e6, 1),
         "jobs": {k: {"count": len(v), "max_peak_mib": round(max(j["peak_mib"] for j in v), 1),
                      "max_cpu_s": max(j["cpu_s"] for j in v), "total_cpu_s": round(sum(j["cpu_s"] for j in v), 1)}
-                 for k, v in jobs.items()},
+                 for k, v in sorted(jobs.items())},
     }  # fmt: skip
 
 
@@ -213,12 +262,15 @@ PER_PIECE = {"split_keys", "collect_dropped", "split_near_entries", "find_duplic
 
 
 # What each whole-dataset job's CPU and memory grow with (fitted linearly through the two sizes), or "bounded":
-# split_exclusions holds one bucket of exclusion rows, train_near_cells a strided sample; decide_near_duplicates
+# find_published every published record and every sample's key, url and hash (a job over the whole dataset);
+# train_near_cells a strided sample and the published samples no longer in the build;
+# split_exclusions holds one bucket of exclusion rows; decide_near_duplicates
 # holds the samples still waiting after the rounds and a batch of each partition's table (its time: the samples
 # left out, merged as a stream); plan_shards the list of shards.
 MODEL = {
+    "find_published": ("samples", "samples"),
     "split_exclusions": ("samples", "bounded"),
-    "train_near_cells": ("samples", "bounded"),
+    "train_near_cells": ("samples", "samples"),
     "decide_near_duplicates": ("near_duplicates", "bounded"),
     "plan_shards": ("shards", "shards"),
 }
@@ -245,6 +297,9 @@ def extrapolate(results: list[dict], n: int, plans: list[dict] = ()) -> dict:
         "pairs": round(drivers["pairs"]),
     }
     for kind, got in large["jobs"].items():
+        if kind.startswith("list_"):  # local jobs that write a list of file names: a few bytes a file
+            out[kind] = {"jobs": 1, "peak_mib": round(got["max_peak_mib"]), "cpu_min": round(got["max_cpu_s"] / 60, 1)}
+            continue
         if kind in PER_PIECE:
             rounds = NearSettings().decision_rounds
             count = {"find_duplicate_keys": layout.buckets, "find_near_pairs": layout.buckets,
@@ -293,11 +348,16 @@ def measure_plan(parts: int, work: Path) -> dict:
     pieces.append(str(work / "near.parquet"))
     write_ledger_piece(pieces[-1], pd.DataFrame(columns=LEDGER_PIECE), {n: [0, 0] for n in names})
     (work / "plan").mkdir()
-    got = run_job(
-        "from shardsmith.shards.plan import plan_from_counts; from shardsmith.shards.neardup import NearSettings\n"
-        f"plan_from_counts({pieces!r}, '{work / 'plan'}', dataset='ds', samples_per_shard={SAMPLES_PER_SHARD}, "
-        "near=NearSettings(), found=None, log=lambda m: None)"
+    log = work / "plan_shards.log"
+    code = (
+        "from shardsmith.core.logs import run_job; from shardsmith.shards.plan import plan_from_counts\n"
+        "from shardsmith.shards.neardup import NearSettings\n"
+        f"run_job({str(log)!r}, lambda: plan_from_counts({pieces!r}, '{work / 'plan'}', dataset='ds', "
+        f"samples_per_shard={SAMPLES_PER_SHARD}, near=NearSettings(), found=None, log=lambda m: None))"
     )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+    peak, _, cpu = (float(x) for x in _RESOURCES.findall(log.read_text())[-1])
+    got = {"peak_mib": peak, "cpu_s": cpu}
     return {"parts": parts, "shards": parts * PART_SIZE // SAMPLES_PER_SHARD, **got}
 
 

@@ -246,28 +246,60 @@ def get_near_rounds():
     return NearSettings(**config["dedupe"]).rounds_for(get_near_layout(None))
 
 
-def get_round_messages(wildcards):
-    """What every partition sent after the round before, as their list (none to the first)."""
-    r = int(wildcards.round)
-    if r == 1:
-        return []
-    return expand(rules.list_near_round.output.messages, round=r - 1)
+# A job that would name more of a step's files than this names their list (a list_* rule's output) instead:
+# a job per bucket naming every group's file, or per group every bucket's, makes a DAG of groups x buckets
+# edges. Scripts read either (shardsmith.formats.filelist.listed_files).
+LIST_ABOVE = 2
 
 
-def get_round_outputs(kind):
-    """Every partition's `kind` output (messages, found, pending) of a round."""
+def listed(files, list_file):
+    """Input function: `files(wildcards)`, or `list_file(wildcards)` (or that path) where they are more than
+    LIST_ABOVE."""
+
+    def get(wildcards):
+        named = files(wildcards)
+        if len(named) <= LIST_ABOVE:
+            return named
+        return list_file(wildcards) if callable(list_file) else list_file
+
+    return get
+
+
+def get_round_outputs(kind, round=None):
+    """Every partition's `kind` output (messages, found, pending) of a round: the wildcard's, or `round(wc)`."""
     return lambda wildcards: expand(
         getattr(rules.decide_near_round.output, kind),
-        round=wildcards.round,
+        round=round(wildcards) if round else wildcards.round,
         partition=get_bucket_ids(),
     )
 
 
+def _round_before(wildcards):
+    return int(wildcards.round) - 1
+
+
+def get_round_messages(wildcards):
+    """What every partition sent after the round before (none to the first), or its list."""
+    if int(wildcards.round) == 1:
+        return []
+    return listed(
+        get_round_outputs("messages", _round_before),
+        expand(rules.list_near_round.output.messages, round=_round_before(wildcards))[0],
+    )(wildcards)
+
+
+def _last_round(wildcards):
+    return get_near_rounds()
+
+
 def get_last_round(kind):
-    """The list of every partition's `kind` output of the last round."""
-    return lambda wildcards: expand(
-        getattr(rules.list_near_round.output, kind), round=get_near_rounds()
-    )[0]
+    """Every partition's `kind` output of the last round, or its list."""
+    return listed(
+        get_round_outputs(kind, _last_round),
+        lambda wildcards: expand(
+            getattr(rules.list_near_round.output, kind), round=_last_round(wildcards)
+        )[0],
+    )
 
 
 def get_ledger_pieces(wildcards):

@@ -63,9 +63,25 @@ rule split_exclusions:
         "../scripts/split_exclusions.py"
 
 
+# Every group's or bucket's file, listed once for the jobs that read all of them, where they are many (LIST_ABOVE
+# in rules/common.smk).
+rule list_key_tables:
+    input:
+        tables=get_all_group_keys,
+    output:
+        tables=f"{WORK}/plan/keys/keys.list",
+    log:
+        f"{LOGS}/list_key_tables.log",
+    localrule: True
+    conda:
+        "../envs/shards.yaml"
+    script:
+        "../scripts/list_files.py"
+
+
 rule find_duplicate_keys:
     input:
-        key_tables=get_all_group_keys,
+        key_tables=listed(get_all_group_keys, rules.list_key_tables.output.tables),
         excluded=rules.split_exclusions.output[0],
     output:
         f"{WORK}/plan/keys/drops/{{bucket}}.arrow",
@@ -79,9 +95,23 @@ rule find_duplicate_keys:
         "../scripts/find_duplicate_keys.py"
 
 
-rule collect_dropped:
+rule list_key_drops:
     input:
         drops=get_key_drop_tables,
+    output:
+        drops=f"{WORK}/plan/keys/drops/drops.list",
+    log:
+        f"{LOGS}/list_key_drops.log",
+    localrule: True
+    conda:
+        "../envs/shards.yaml"
+    script:
+        "../scripts/list_files.py"
+
+
+rule collect_dropped:
+    input:
+        drops=listed(get_key_drop_tables, rules.list_key_drops.output.drops),
         samples=get_group_samples,
         parts_plan=PARTS_PLANNED,
     output:
@@ -140,9 +170,23 @@ rule split_near_entries:
         "../scripts/split_near_entries.py"
 
 
-rule find_near_pairs:
+rule list_near_entries:
     input:
         entries=get_near_entries,
+    output:
+        entries=f"{WORK}/plan/near/entries/entries.list",
+    log:
+        f"{LOGS}/list_near_entries.log",
+    localrule: True
+    conda:
+        "../envs/shards.yaml"
+    script:
+        "../scripts/list_files.py"
+
+
+rule find_near_pairs:
+    input:
+        entries=listed(get_near_entries, rules.list_near_entries.output.entries),
         parts_plan=PARTS_PLANNED,
     output:
         incoming=f"{WORK}/plan/near/pairs/{{bucket}}.in.arrow",
@@ -179,16 +223,16 @@ rule list_near_pairs:
     conda:
         "../envs/shards.yaml"
     script:
-        "../scripts/list_near_files.py"
+        "../scripts/list_files.py"
 
 
 # The keep rule decided per partition (shardsmith.shards.neardecide): each round settles what its samples'
 # pairs and the other partitions' states of the round before allow; the last step settles what still waits.
 rule decide_near_round:
     input:
-        incoming=rules.list_near_pairs.output.incoming,
-        outgoing=rules.list_near_pairs.output.outgoing,
-        homes=rules.list_near_pairs.output.homes,
+        incoming=listed(get_near_pairs("incoming"), rules.list_near_pairs.output.incoming),
+        outgoing=listed(get_near_pairs("outgoing"), rules.list_near_pairs.output.outgoing),
+        homes=listed(get_near_homes, rules.list_near_pairs.output.homes),
         messages=get_round_messages,
         parts_plan=PARTS_PLANNED,
     output:
@@ -220,7 +264,7 @@ rule list_near_round:
     conda:
         "../envs/shards.yaml"
     script:
-        "../scripts/list_near_files.py"
+        "../scripts/list_files.py"
 
 
 rule decide_near_duplicates:
@@ -228,7 +272,7 @@ rule decide_near_duplicates:
         found=get_last_round("found"),
         pending=get_last_round("pending"),
         messages=get_last_round("messages"),
-        entries=get_near_entries,
+        entries=listed(get_near_entries, rules.list_near_entries.output.entries),
         samples=get_all_part_samples,
     output:
         table=f"{WORK}/plan/near/near_duplicates.parquet",

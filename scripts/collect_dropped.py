@@ -1,12 +1,13 @@
 """Rule glue for collect_dropped: logic in shardsmith.shards.buckets."""
 
 from shardsmith.core.logs import run_job
+from shardsmith.formats.filelist import listed_files
 from shardsmith.shards.buckets import group_drops
 
 
 def main() -> None:
     counts = group_drops(
-        list(snakemake.input.drops),
+        listed_files(snakemake.input.drops),
         int(snakemake.wildcards.group),
         list(snakemake.input.samples),
         list(snakemake.params.parts),

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from shardsmith.core.logs import run_job
-from shardsmith.formats.filelist import read_file_list
+from shardsmith.formats.filelist import listed_files
 from shardsmith.shards.neardup import NearSettings, decide_near_duplicates
 from shardsmith.shards.nearparts import entries_samples
 
@@ -11,12 +11,12 @@ from shardsmith.shards.nearparts import entries_samples
 def main() -> None:
     samples = list(snakemake.input.samples)
     counts = decide_near_duplicates(
-        read_file_list(snakemake.input.found),
-        read_file_list(snakemake.input.pending),
-        read_file_list(snakemake.input.messages),
+        listed_files(snakemake.input.found),
+        listed_files(snakemake.input.pending),
+        listed_files(snakemake.input.messages),
         [Path(p).name.split(".")[0] for p in samples],
         NearSettings(**snakemake.params.near),
-        sum(entries_samples(p) for p in snakemake.input.entries),
+        sum(entries_samples(p) for p in listed_files(snakemake.input.entries)),
         Path(snakemake.output.table).parent,
     )
     print(f"near-duplicates: {counts['near_duplicates']} samples in {counts['groups']} groups")

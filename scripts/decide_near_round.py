@@ -1,17 +1,17 @@
 """Rule glue for decide_near_round: logic in shardsmith.shards.neardecide."""
 
 from shardsmith.core.logs import run_job
-from shardsmith.formats.filelist import read_file_list
+from shardsmith.formats.filelist import listed_files
 from shardsmith.shards.neardecide import decide_round
 
 
 def main() -> None:
     w, i = snakemake.wildcards, snakemake.input
     counts = decide_round(
-        read_file_list(i.incoming),
-        read_file_list(i.outgoing),
-        read_file_list(i.homes),
-        read_file_list(i.messages[0]) if i.messages else [],
+        listed_files(i.incoming),
+        listed_files(i.outgoing),
+        listed_files(i.homes),
+        listed_files(i.messages),
         int(w.partition),
         snakemake.params.partitions,
         snakemake.output.messages,

@@ -1,6 +1,7 @@
 """Rule glue for find_near_pairs: logic in shardsmith.shards.nearparts and shardsmith.shards.neardecide."""
 
 from shardsmith.core.logs import run_job
+from shardsmith.formats.filelist import listed_files
 from shardsmith.shards.neardecide import write_pairs
 from shardsmith.shards.nearparts import bucket_pairs
 
@@ -8,7 +9,7 @@ from shardsmith.shards.nearparts import bucket_pairs
 def main() -> None:
     near = snakemake.params.near
     pairs = bucket_pairs(
-        list(snakemake.input.entries),
+        listed_files(snakemake.input.entries),
         int(snakemake.wildcards.bucket),
         near["phash_max_distance"],
         near["embedding_min_similarity"],

@@ -26,8 +26,10 @@ def run_job(log_path: str, job: Callable[[], object], expected: tuple[type[BaseE
     """
     real_stderr = sys.__stderr__
     to_rule_log(log_path)
+    started = time.monotonic()
     try:
         job()
+        print(resources_line(time.monotonic() - started))
     except (ConfigError, *expected) as e:
         message = f"shardsmith: {e}"
         if getattr(e, "hint", ""):  # e.g. S3Error: what to do about it
@@ -37,6 +39,23 @@ def run_job(log_path: str, job: Callable[[], object], expected: tuple[type[BaseE
             traceback.print_exc()
         print(message + f"\n(log: {log_path})", file=real_stderr)
         sys.exit(1)
+
+
+def resources_line(wall_s: float) -> str:
+    """The job's peak memory and CPU time, its own and its finished children's (a forked resize process), for
+    sizing a cluster's requests from real jobs: the last line of every rule log."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the process that started the job
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+    except (OSError, StopIteration):
+        peak = own.ru_maxrss / 1024
+    child = children.ru_maxrss / 1024
+    return f"resources: peak_rss_mib={peak:.1f} child_peak_rss_mib={child:.1f} cpu_s={cpu:.2f} wall_s={wall_s:.2f}"
 
 
 class ProgressLog:

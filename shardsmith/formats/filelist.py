@@ -1,6 +1,7 @@
 """A list of files, one path a line: what the jobs of one step wrote, named once for the jobs of the next step
 that read all of it. Each of those jobs then has one input, not one per file, so the DAG grows with the jobs,
-not with their square (rules/shards.smk)."""
+not with their square (rules/shards.smk). A job's input names either the files or their list: `listed_files`
+reads both."""
 
 import os
 
@@ -14,3 +15,11 @@ def write_file_list(path: str | os.PathLike, files: list[str]) -> None:
 def read_file_list(path: str | os.PathLike) -> list[str]:
     with open(path, encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f if line.strip()]
+
+
+def listed_files(paths: str | os.PathLike | list[str]) -> list[str]:
+    """The files a job's input names (one path or several), a `.list` file standing for the files it lists."""
+    files: list[str] = []
+    for p in map(str, [paths] if isinstance(paths, str | os.PathLike) else paths):
+        files += read_file_list(p) if p.endswith(".list") else [p]
+    return files

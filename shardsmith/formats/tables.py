@@ -82,8 +82,9 @@ class Spill:
 def spill_folder(parent: str | os.PathLike | None) -> tempfile.TemporaryDirectory:
     """A `.spill-*` folder in `parent` for a job's bins, removed when the job ends. One a killed job left
     behind is never read again: the job that makes a new one removes the old ones first (Snakemake runs
-    one such job per folder at a time)."""
+    one such job per folder at a time). `parent` is made if missing (a scratch folder someone cleaned away)."""
     if parent is not None:
+        Path(parent).mkdir(parents=True, exist_ok=True)
         for old in Path(parent).glob(".spill-*"):
             shutil.rmtree(old, ignore_errors=True)
     return tempfile.TemporaryDirectory(prefix=".spill-", dir=parent)

@@ -99,6 +99,11 @@ def write_exclusions(sample_paths: list[str], published: pd.DataFrame, out: str 
     """Write the exclusion table for the processed parts' samples against `published_records`; returns counts
     for the log."""
     cols = ["key", "source_id", "url", "sha256"]
+    if published.empty:  # a first build: nothing to compare with, so no sample is read (the tables' counts only)
+        with atomic_open(out) as f:
+            pd.DataFrame(columns=EXCLUSION_COLUMNS).to_parquet(f, index=False)
+        n = sum(pq.ParquetFile(p).metadata.num_rows for p in sample_paths)
+        return {"versions": 0, "published_samples": 0, "samples": n, "kept_from_earlier_versions": 0, "excluded": 0}
     frames = [pd.read_parquet(p, columns=cols) for p in sample_paths]
     samples = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
     excluded = already_published(samples, published)

@@ -31,7 +31,7 @@ import pyarrow as pa
 from shardsmith.core.atomic import atomic_open
 from shardsmith.formats.tables import key_hashes
 from shardsmith.shards.neardecide import read_partition
-from shardsmith.shards.nearsearch import SEED, best_pairs, near_pairs, same_key_pairs
+from shardsmith.shards.nearsearch import MIRROR, SEED, best_pairs, near_pairs, same_key_pairs
 
 _CHUNK = 100_000
 CELL_PROBES = 2  # cells a vector goes to: a near pair is searched together when its vectors share one
@@ -250,6 +250,7 @@ def _block_pairs(t: pd.DataFrame, threshold: int) -> Iterator[tuple[np.ndarray, 
     if t.empty:
         return
     group, code, ids = t["group"].to_numpy(), t["code"].to_numpy(np.uint64), t["id"].to_numpy()
+    mirrored = t["mirror"].to_numpy(bool)
     j = (group >> 16).astype(np.uint64)
     for k in range(4):
         # the 48 bits outside block j, as four 12-bit pieces: bits of the code with block j's removed
@@ -257,14 +258,14 @@ def _block_pairs(t: pd.DataFrame, threshold: int) -> Iterator[tuple[np.ndarray, 
         high = code >> (np.uint64(16) * (j + np.uint64(1)))
         rest = low | (high << (np.uint64(16) * j))
         piece = ((rest >> np.uint64(12 * k)) & np.uint64(0xFFF)).astype(np.int64)
-        yield from same_key_pairs((group << np.int64(12)) | piece, code, ids, threshold)
+        yield from same_key_pairs((group << np.int64(12)) | piece, code, ids, threshold, mirrored)
 
 
 def _cell_pairs(t: pd.DataFrame, binary: bool, threshold: float, bin_size: int, scratch: str | None):
     """near_pairs over one cell, its hashes before its mirror hashes, each in dataset order: the order the
     search of the whole dataset reads them in (k-means trains on a strided sample of it)."""
     t = t.iloc[np.lexsort((t["id"].to_numpy(), t["mirror"].to_numpy()))]
-    ids = t["id"].to_numpy()
+    ids = np.where(t["mirror"].to_numpy(bool), t["id"].to_numpy(np.int64) | MIRROR, t["id"].to_numpy(np.int64))
     if binary:
         x = t["code"].to_numpy(np.uint64)
     else:

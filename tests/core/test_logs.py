@@ -1,7 +1,8 @@
 """Job logs (shardsmith.core.logs): a job's expected error as a short message with its fix, progress lines with
-counts, rate and time left."""
+counts, rate and time left, the job's peak memory and CPU time as its last line."""
 
 import logging
+import re
 import subprocess
 import sys
 
@@ -23,6 +24,26 @@ def test_run_job_adds_the_fix_for_s3_errors(tmp_path):
         "  fix: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or s3.profile) where the jobs run",
     ]
     assert S3Error("unreachable", "x").hint.startswith("check s3.endpoint_url") and S3Error("weird", "x").hint == ""
+
+
+def test_a_job_log_ends_with_its_peak_memory_and_cpu_time_with_its_childrens(tmp_path):
+    """A job that holds 300 MiB and spins a child for CPU time: the line says at least that much of each."""
+    code = (
+        "import subprocess, sys, time\n"
+        "from shardsmith.core.logs import run_job\n"
+        "def job():\n"
+        "    held = bytearray(300 << 20)\n"
+        "    subprocess.run([sys.executable, '-c', 'import time; t = time.process_time()\\n"
+        "while time.process_time() - t < 0.5: pass'], check=True)\n"
+        "    print('done', len(held))\n"
+        "run_job(sys.argv[1], job)"
+    )
+    log = tmp_path / "job.log"
+    subprocess.run([sys.executable, "-c", code, str(log)], check=True)
+    last = log.read_text().splitlines()[-1]
+    got = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", last)}
+    assert last.startswith("resources: ") and set(got) == {"peak_rss_mib", "child_peak_rss_mib", "cpu_s", "wall_s"}
+    assert got["peak_rss_mib"] >= 300 and got["cpu_s"] >= 0.5 and got["wall_s"] >= 0.5, last
 
 
 def test_progress_lines_have_counts_rate_and_time_left(caplog):

@@ -106,3 +106,10 @@ def test_appender_without_rows_writes_the_columns_and_a_failure_leaves_nothing(t
         out.append(pd.DataFrame({"key": ["a"]}))
         raise RuntimeError("stop")
     assert list(tmp_path.glob("*half*")) == []
+
+
+def test_keys_spilled_into_a_scratch_folder_that_is_gone_make_it_and_leave_it_empty(tmp_path, monkeypatch):
+    monkeypatch.setattr(tables, "BIN_ROWS", 2)  # bins on disk
+    scratch = tmp_path / "work" / "tmp"  # cleaned away between runs: the job that spills makes it again
+    assert repeated_keys(write_tables(tmp_path, ["a", "b", "c"], ["a", "d"]), tmp=scratch) == ["a"]
+    assert scratch.is_dir() and not any(scratch.iterdir())

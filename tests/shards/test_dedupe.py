@@ -54,6 +54,13 @@ def test_nothing_is_excluded_before_the_first_publish(tmp_path):
     assert published_records(str(tmp_path / "fast"), "ds").empty
     samples = frame([("a", "m:1", "u", "s")])
     assert already_published(samples, published_records(str(tmp_path / "fast"), "ds")).empty
+    # a first build counts its samples from the tables' footers: one written by an older version, without the
+    # url and sha256 columns, is fine too
+    paths = [str(tmp_path / "p0.parquet"), str(tmp_path / "p1.parquet")]
+    samples.to_parquet(paths[0])
+    pd.DataFrame({"key": ["b", "c"]}).to_parquet(paths[1])
+    counts = write_exclusions(paths, published_records(str(tmp_path / "fast"), "ds"), tmp_path / "out.parquet")
+    assert counts["samples"] == 3 and counts["excluded"] == 0 and pd.read_parquet(tmp_path / "out.parquet").empty
 
 
 def _manifest(path, rows):

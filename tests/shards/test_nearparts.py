@@ -18,7 +18,7 @@ from shardsmith.shards.nearparts import (
     sample_id,
     split_id,
 )
-from shardsmith.shards.nearsearch import exact_pairs
+from shardsmith.shards.nearsearch import MIRROR, exact_pairs
 
 
 def test_priority_orders_published_then_pixels_then_file_size():
@@ -97,7 +97,7 @@ def test_one_cell_finds_what_the_exact_search_of_the_whole_dataset_finds(tmp_pat
     paths = write_parts(tmp_path, codes, ~codes, 3)
     near, _ = find_near_duplicates(paths, ["p0", "p1", "p2"], NearSettings(phash_max_distance=8))
     ids = np.arange(len(codes), dtype=np.int64)
-    a, b, _ = exact_pairs(np.r_[ids, ids], np.r_[codes, ~codes], 8, True)
+    a, b, _ = exact_pairs(np.r_[ids, ids | MIRROR], np.r_[codes, ~codes], 8, True)
     near_of = {}
     for x, y in zip(a, b, strict=True):
         near_of.setdefault(max(x, y), set()).add(min(x, y))
@@ -132,3 +132,30 @@ def test_a_bucket_the_entries_file_lacks_is_a_clear_error(tmp_path):
 def test_block_groups_name_each_16_bit_block():
     groups = block_groups(np.array([0x0004_0003_0002_0001], np.uint64))
     assert groups.tolist() == [[1, (1 << 16) | 2, (2 << 16) | 3, (3 << 16) | 4]]
+
+
+def test_embeddings_in_several_cells_find_every_copy_at_any_bucket_count(tmp_path):
+    """The semantic signal with five embedding cells: each planted copy (cosine 0.999 to its original) is left
+    out for it, with 1, 3 and 7 buckets alike, as with one cell; the hashes pair nothing."""
+    rng = np.random.default_rng(21)
+    n, copies = 3000, 60
+    codes = rng.integers(0, 2**63, size=n, dtype=np.int64).astype(np.uint64) << np.uint64(1)
+    paths = write_parts(tmp_path, codes, codes ^ np.uint64(0x5555), 3)
+    vectors = rng.normal(size=(n, 32)).astype(np.float32)
+    vectors[n - copies :] = vectors[:copies] + rng.normal(size=(copies, 32)).astype(np.float32) * 0.01
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    npz = []
+    for p, idx in enumerate(np.array_split(np.arange(n), 3)):
+        npz.append(str(tmp_path / f"p{p}.npz"))
+        np.savez(npz[-1], key=np.array([f"k{i:06d}" for i in idx]), image=vectors[idx].astype(np.float16))
+    s = NearSettings(phash_max_distance=2, embedding_min_similarity=0.99)
+    want = {(f"k{n - copies + i:06d}", f"k{i:06d}") for i in range(copies)}
+    results = [
+        find_near_duplicates(paths, ["p0", "p1", "p2"], s, embedding_paths=npz, layout=Layout(cells=c, buckets=b))[0]
+        for c, b in ((1, 1), (5, 1), (5, 3), (5, 7))
+    ]
+    for near in results:
+        assert set(zip(near["key"], near["kept_key"], strict=True)) == want
+        assert set(near["signal"]) == {"embedding"}
+    for other in results[2:]:
+        pd.testing.assert_frame_equal(results[1], other)

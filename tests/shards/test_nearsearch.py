@@ -4,7 +4,7 @@ found are all true, most planted pairs are found, the scratch files are removed)
 import numpy as np
 import pytest
 
-from shardsmith.shards.nearsearch import near_pairs
+from shardsmith.shards.nearsearch import MIRROR, exact_pairs, near_pairs, same_key_pairs
 
 
 def random_codes(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -96,3 +96,25 @@ def test_binned_hashes_within_3_bits_are_all_found(tmp_path):
     a, b, d = near_pairs(chunked(ids, codes), len(codes), 8, True, bin_size=300, scratch=tmp_path)
     found = set(zip(a.tolist(), b.tolist(), strict=True))
     assert planted <= found and found <= brute_force(codes, 8)
+
+
+def test_mirrored_hashes_pair_with_plain_hashes_only():
+    """A mirrored hash near a plain one pairs their samples; two mirrored hashes near each other do not (their
+    plain hashes say it); two plain hashes pair once. Both the exact search and the block runs."""
+    rng = np.random.default_rng(7)
+    plain = random_codes(rng, 4)
+    mirror = random_codes(rng, 4)
+    mirror[1] = plain[0] ^ np.uint64(0b11)  # sample 1 mirrored is sample 0: a pair
+    mirror[3] = mirror[2] ^ np.uint64(0b1)  # 2 and 3 near only as mirrors: not a pair
+    plain[3] = plain[2] ^ np.uint64(0b100000)  # ...unless their plain hashes are: a pair (once)
+    ids = np.arange(4, dtype=np.int64)
+    a, b, d = exact_pairs(np.r_[ids, ids | MIRROR], np.r_[plain, mirror], 4, True)
+    got = sorted((min(x, y), max(x, y), s) for x, y, s in zip(a.tolist(), b.tolist(), d.tolist(), strict=True))
+    assert got == [(0, 1, 2.0), (2, 3, 1.0)]
+    plain[3] = ~plain[2]
+    a, b, _ = exact_pairs(np.r_[ids, ids | MIRROR], np.r_[plain, mirror], 4, True)
+    assert sorted((min(x, y), max(x, y)) for x, y in zip(a.tolist(), b.tolist(), strict=True)) == [(0, 1)]
+    key = np.zeros(8, np.int64)  # one run: every hash compared with every other
+    found = same_key_pairs(key, np.r_[plain, mirror], np.r_[ids, ids], 4, np.r_[np.zeros(4, bool), np.ones(4, bool)])
+    got = {(min(x, y), max(x, y)) for f in found for x, y in zip(f[0].tolist(), f[1].tolist(), strict=True)}
+    assert got == {(0, 1)}

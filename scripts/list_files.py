@@ -1,4 +1,4 @@
-"""Rule glue for list_near_pairs and list_near_round: each named output lists the files of the same-named input
+"""Rule glue for the list_* rules: each named output lists the files of the same-named input
 (shardsmith.formats.filelist)."""
 
 from shardsmith.core.logs import run_job
