@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open
 from shardsmith.core.ledger import DEDUPE, EXCLUSION_COLUMNS
+from shardsmith.formats.tables import num_rows
 from shardsmith.storage.s3 import S3Settings
 from shardsmith.storage.stores import complete_versions, open_store
 
@@ -95,20 +96,23 @@ def already_published(samples: pd.DataFrame, published: pd.DataFrame) -> pd.Data
     return pd.DataFrame(rows, columns=EXCLUSION_COLUMNS)
 
 
+def _write_table(out: str | os.PathLike, table: pd.DataFrame) -> None:
+    with atomic_open(out) as f:
+        table.to_parquet(f, index=False)
+
+
 def write_exclusions(sample_paths: list[str], published: pd.DataFrame, out: str | os.PathLike) -> dict:
     """Write the exclusion table for the processed parts' samples against `published_records`; returns counts
     for the log."""
     cols = ["key", "source_id", "url", "sha256"]
     if published.empty:  # a first build: nothing to compare with, so no sample is read (the tables' counts only)
-        with atomic_open(out) as f:
-            pd.DataFrame(columns=EXCLUSION_COLUMNS).to_parquet(f, index=False)
-        n = sum(pq.ParquetFile(p).metadata.num_rows for p in sample_paths)
+        _write_table(out, pd.DataFrame(columns=EXCLUSION_COLUMNS))
+        n = sum(num_rows(p) for p in sample_paths)
         return {"versions": 0, "published_samples": 0, "samples": n, "kept_from_earlier_versions": 0, "excluded": 0}
     frames = [pd.read_parquet(p, columns=cols) for p in sample_paths]
     samples = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
     excluded = already_published(samples, published)
-    with atomic_open(out) as f:
-        excluded.to_parquet(f, index=False)
+    _write_table(out, excluded)
     kept = int(samples["source_id"].isin(set(published["source_id"])).sum())
     return {
         "versions": int(published["version"].nunique()),
@@ -134,8 +138,7 @@ def find_published(
     if dedupe["exact"]:
         counts = write_exclusions(sample_paths, published, out)
     else:
-        with atomic_open(out) as f:
-            pd.DataFrame(columns=EXCLUSION_COLUMNS).to_parquet(f, index=False)
+        _write_table(out, pd.DataFrame(columns=EXCLUSION_COLUMNS))
         counts = {"versions": int(published["version"].nunique()), "excluded": 0}
     # which samples are published, for the near-duplicate search (none without it: the outputs stay whole)
     excluded = set(excluded_keys([*exclusions, str(out)])) if near else set()
