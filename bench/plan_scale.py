@@ -11,7 +11,9 @@ and the local list_* rules. Each job's peak memory and CPU come from the last li
 (shardsmith.core.logs); recall from the bucket jobs' pair files. Extrapolates each job kind to CC12M,
 LAION-400M and LAION-5B with the default sizes (part_size 250,000; dedupe.cell_samples,
 dedupe.bucket_samples): a job per group, bucket or partition keeps its size (its input is bucket_samples'
-worth), a job of the whole dataset is fitted linearly in what it grows with.
+worth) but for what the probes add where a larger dataset has more (extrapolate), a job of the whole dataset
+is fitted linearly in what it grows with. Also measured alone: plan_shards at thousands of parts
+(measure_plan) and split_near_entries on one group at a few probe counts (measure_split).
 
     python bench/plan_scale.py --sizes 5000000 20000000 --out bench/results/plan-scale.json
 """
@@ -209,7 +211,8 @@ def analyse(root: Path, n: int, planted, wall: float | None = None, cpu_all: flo
     total_job_cpu = sum(j["cpu_s"] for v in jobs.values() for j in v)
     published = pd.read_parquet(root / "fast-storage" / "bench" / "v0" / "manifest.parquet", columns=["key"])
     result.update(
-        parts=parts, groups=len(jobs.get("split_keys", [])), cells=layout.cells, buckets=layout.buckets,
+        parts=parts, groups=len(jobs.get("split_keys", [])), cells=layout.cells, probes=layout.probes,
+        buckets=layout.buckets,
         shards=len(list((plan / "shards").glob("*.parts"))), decision_rounds=rounds, published_overlap=len(published),
         wall_s=round(wall, 1) if wall is not None else None,
         snakemake_cpu_s=round(cpu_all - total_job_cpu, 1) if cpu_all is not None else None,
@@ -277,14 +280,34 @@ MODEL = {
 SAMPLES_PER_SHARD = 10_000
 
 
-def extrapolate(results: list[dict], n: int, plans: list[dict] = ()) -> dict:
+def nearest_us(cells: int) -> float:
+    """CPU microseconds to find a hash's nearest cells at this cell count (bench/near_probes.py's figures, log-log
+    between them, growing as the last two past the last)."""
+    path = REPO / "bench" / "results" / "near-probes.json"
+    if cells <= 1 or not path.exists():
+        return 0.0
+    rows = sorted((r["cells"], r["nearest_cpu_us_per_hash"]) for r in json.loads(path.read_text())["cells"])
+    x, y = np.log([c for c, _ in rows]), np.log([u for _, u in rows])
+    if math.log(cells) <= x[-1]:
+        return float(np.exp(np.interp(math.log(cells), x, y)))
+    return float(np.exp(y[-1] + (y[-1] - y[-2]) / (x[-1] - x[-2]) * (math.log(cells) - x[-1])))
+
+
+def extrapolate(results: list[dict], n: int, plans: list[dict] = (), splits: list[dict] = ()) -> dict:
     """Each job kind at n samples: jobs per group or bucket as measured at the larger size (their input does not
     grow), whole-dataset jobs fitted linearly in what they grow with (MODEL). Pairs scale with the samples, as
-    the planted ones do; chance pairs of unrelated hashes grow with the square (docs/near-duplicates.md)."""
+    the planted ones do; chance pairs of unrelated hashes grow with the square (docs/near-duplicates.md).
+
+    More probes at n than at the larger size: split_near_entries writes 4 + probes entries a hash (its memory
+    and CPU grown as measure_split found them grow with the probes, else in proportion) and finds each hash's
+    nearest cells among more of them (nearest_us); a
+    find_near_pairs bucket reads as many entries, more of them cell entries (its CPU scaled by their share,
+    as if the block entries cost nothing)."""
     from shardsmith.shards.neardup import NearSettings
 
     small, large = results[0], results[-1]
     layout = NearSettings().layout(n)
+    p_n, p_l = layout.probes, large.get("probes", 2)
     parts = math.ceil(n / PART_SIZE)
     groups = math.ceil(parts / max(1, NearSettings().bucket_samples // PART_SIZE))
     drivers = {"samples": n, "pairs": large["pairs"] / large["samples"] * n, "shards": n / SAMPLES_PER_SHARD,
@@ -293,6 +316,7 @@ def extrapolate(results: list[dict], n: int, plans: list[dict] = ()) -> dict:
         "samples": n,
         "buckets": layout.buckets,
         "cells": layout.cells,
+        "probes": layout.probes,
         "groups": groups,
         "pairs": round(drivers["pairs"]),
     }
@@ -305,6 +329,20 @@ def extrapolate(results: list[dict], n: int, plans: list[dict] = ()) -> dict:
             count = {"find_duplicate_keys": layout.buckets, "find_near_pairs": layout.buckets,
                      "decide_near_round": layout.buckets * rounds}.get(kind, groups)  # fmt: skip
             peak, cpu = got["max_peak_mib"], got["max_cpu_s"]
+            if kind == "split_near_entries":
+                extra = 2 * NearSettings().bucket_samples * (nearest_us(layout.cells) - nearest_us(large["cells"]))
+                if len(splits) >= 2:  # measured alone at two probe counts: a line through them, from the run's
+                    a, b = splits[0], splits[-1]
+                    for key in ("peak_mib", "cpu_s"):
+                        slope = (b[key] - a[key]) / (b["probes"] - a["probes"])
+                        grown = max(0.0, slope) * (p_n - p_l)
+                        peak, cpu = (peak + grown, cpu) if key == "peak_mib" else (peak, cpu + grown)
+                else:
+                    grow = (4 + p_n) / (4 + p_l)
+                    peak, cpu = peak * grow, cpu * grow
+                cpu += max(0.0, extra) / 1e6
+            elif kind == "find_near_pairs":
+                cpu *= (p_n / (4 + p_n)) / (p_l / (4 + p_l))
         else:
             count, was = 1, small["jobs"][kind]
             cpu_by, mem_by = MODEL[kind]
@@ -361,22 +399,54 @@ def measure_plan(parts: int, work: Path) -> dict:
     return {"parts": parts, "shards": parts * PART_SIZE // SAMPLES_PER_SHARD, **got}
 
 
+def measure_split(probes: int, work: Path) -> dict:
+    """split_near_entries alone on one group (bucket_samples' worth of generated samples) with its hashes going to
+    `probes` cells (64 cells at least: the cell count changes the nearest-cell search, which nearest_us covers,
+    not the entries): peak memory and CPU as the rule's log reports them, and the entries file's size."""
+    from shardsmith.shards.neardup import NearSettings
+
+    samples = NearSettings().bucket_samples
+    paths, _ = generate(work / "parts", samples, PART_SIZE)
+    log = work / "split_near_entries.log"
+    code = (
+        "import numpy as np\n"
+        "from shardsmith.core.logs import run_job\n"
+        "from shardsmith.shards.neardup import NearSettings, no_published, split_near_group, train_near_cells\n"
+        "from shardsmith.shards.nearparts import Layout\n"
+        f"w, paths = {str(work)!r}, {paths!r}\n"
+        f"layout = Layout(cells=max(64, 4 * {probes}), buckets=16, probes={probes})\n"
+        f"train_near_cells(paths, NearSettings(), {samples}, no_published(), [], w + '/cells.npz', w + '/g.arrow',\n"
+        "                  w + '/g.homes.arrow', layout)\n"
+        f"run_job({str(log)!r}, lambda: split_near_group(paths, 0, [np.empty(0, np.int64)] * len(paths), None,\n"
+        "        w + '/cells.npz', w + '/e.arrow', w + '/h.arrow', []))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+    peak, _, cpu = (float(x) for x in _RESOURCES.findall(log.read_text())[-1])
+    entries = (work / "e.arrow").stat().st_size
+    shutil.rmtree(work, ignore_errors=True)
+    return {"probes": probes, "samples": samples, "peak_mib": peak, "cpu_s": cpu, "entries_mib": round(entries / 2**20)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000])
     ap.add_argument("--work", default=None, help="where the generated tables go (removed after)")
     ap.add_argument("--plan-parts", type=int, nargs="*", default=[1000, 4000],
                     help="plan_shards alone at these part counts (measure_plan)")  # fmt: skip
+    ap.add_argument("--split-probes", type=int, nargs="*", default=[4, 26],
+                    help="split_near_entries alone on one group at these probes (measure_split)")  # fmt: skip
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="plan-scale-", dir=args.work))
     try:
         results = [measure(n, work / str(n)) for n in args.sizes]
         plans = [measure_plan(p, work / f"plan-{p}") for p in args.plan_parts]
+        splits = [measure_split(p, work / f"split-{p}") for p in args.split_probes]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    extrapolated = {name: extrapolate(results, n, plans, splits) for name, n in TARGETS.items()}
     report = {"bench": "plan_scale", "part_size": PART_SIZE, "sizes": results, "plan_shards_alone": plans,
-              "extrapolated": {name: extrapolate(results, n, plans) for name, n in TARGETS.items()}}  # fmt: skip
+              "split_near_entries_alone": splits, "extrapolated": extrapolated}  # fmt: skip
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:

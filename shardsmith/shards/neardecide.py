@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open
@@ -430,34 +431,34 @@ def merge_steps(paths: list[str], folder: str | os.PathLike) -> list[str]:
 
 
 def merged(paths: list[str], columns: list[str] | None = None) -> Iterator[pd.DataFrame]:
-    """The rows of tables each sorted by id, in id order, a chunk at a time: a batch of each held."""
+    """The rows of tables each sorted by id, in id order, a chunk at a time: a batch of each held. What goes out
+    of a batch is a slice of its front (no copy of what stays)."""
     readers = [pq.ParquetFile(p).iter_batches(batch_size=_MERGE_BATCH, columns=columns) for p in paths]
-    held: list[pd.DataFrame] = [pd.DataFrame()] * len(readers)
+    held: list[pa.RecordBatch | None] = [None] * len(readers)
     done = [False] * len(readers)
 
     def fill(i: int) -> None:
-        while not done[i] and held[i].empty:
-            batch = next(readers[i], None)
-            if batch is None:
-                done[i] = True
-            else:
-                held[i] = batch.to_pandas()
+        while not done[i] and (held[i] is None or held[i].num_rows == 0):
+            held[i] = next(readers[i], None)
+            done[i] = held[i] is None
 
     for i in range(len(readers)):
         fill(i)
-    while any(not h.empty for h in held):
+    while any(h is not None and h.num_rows for h in held):
         # rows up to the least last id of the tables still reading can go: nothing after is smaller
-        ends = [int(h["id"].iloc[-1]) for i, h in enumerate(held) if not h.empty and not done[i]]
+        ends = [h["id"][-1].as_py() for i, h in enumerate(held) if h is not None and h.num_rows and not done[i]]
         frontier = min(ends) if ends else None
         out = []
         for i, h in enumerate(held):
-            if h.empty:
+            if h is None or not h.num_rows:
                 continue
-            take = h["id"].to_numpy() <= frontier if frontier is not None else np.ones(len(h), bool)
-            out.append(h[take])
-            held[i] = h[~take]
-            fill(i)
-        yield pd.concat(out, ignore_index=True).sort_values("id", kind="stable").reset_index(drop=True)
+            n = len(h) if frontier is None else int(np.searchsorted(h["id"].to_numpy(), frontier, side="right"))
+            if n:
+                out.append(pa.Table.from_batches([h.slice(0, n).replace_schema_metadata(None)]))
+                held[i] = h.slice(n)
+                fill(i)
+        chunk = pa.concat_tables(out, promote_options="default")
+        yield chunk.take(pc.sort_indices(chunk["id"])).to_pandas()  # Arrow's sort is stable: table order at ties
 
 
 class DistinctCount:

@@ -20,6 +20,7 @@ those land in the ledger (stage dedupe, reason near_duplicate); with `report` th
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +42,13 @@ from shardsmith.shards.neardecide import (
 )
 from shardsmith.shards.nearparts import (
     CELL_TRAIN_PER_CENTROID,
-    ENTRY_SCHEMA,
+    EMBEDDING_PROBES,
+    Cells,
     Layout,
     bucket_count,
     bucket_pairs,
     cell_count,
+    merge_entries,
     part_entries,
     priority,
     read_cells,
@@ -66,7 +69,8 @@ class NearSettings:
     phash_max_distance: int = 8  # Hamming distance (of 64 bits) at or under which two images are near
     embedding_min_similarity: float | None = None  # cosine similarity at or over which two images are near
     bin_size: int = 20_000  # vectors searched together (shardsmith.shards.nearsearch): bounds the step's memory
-    cell_samples: int = 1_000_000  # samples a cell holds (nearparts): more cells, smaller searches
+    cell_samples: int = 500_000  # samples a cell holds (nearparts): more cells, smaller searches
+    cell_probes: int | None = None  # cells each hash goes to; None: as many as the cell count needs for recall
     bucket_samples: int = 500_000  # samples' entries a bucket job reads: sets the jobs' size
     buckets: int | None = None  # bucket jobs; None: from the dataset's size and bucket_samples
     decision_rounds: int = 3  # rounds of the partitions' decision before one job settles what still waits
@@ -83,13 +87,16 @@ class NearSettings:
             raise ConfigError(f"dedupe.bin_size must be >= 100, got {self.bin_size}")
         if self.buckets is not None and self.buckets < 1:
             raise ConfigError(f"dedupe.buckets must be >= 1 or null, got {self.buckets}")
+        if self.cell_probes is not None and self.cell_probes < 1:
+            raise ConfigError(f"dedupe.cell_probes must be >= 1 or null, got {self.cell_probes}")
         if self.decision_rounds < 1:
             raise ConfigError(f"dedupe.decision_rounds must be >= 1, got {self.decision_rounds}")
 
     def layout(self, samples: int) -> Layout:
         """Cells and bucket jobs for a dataset of this many samples."""
-        return Layout(cells=cell_count(samples, self.cell_samples),
-                      buckets=bucket_count(samples, self.bucket_samples, self.buckets))  # fmt: skip
+        cells, probes = cell_count(samples, self.cell_samples, self.cell_probes)
+        return Layout(cells=cells, buckets=bucket_count(samples, self.bucket_samples, self.buckets, probes),
+                      probes=probes)  # fmt: skip
 
     def rounds_for(self, layout: Layout) -> int:
         """Decision rounds (shardsmith.shards.neardecide): one settles everything when one partition holds it."""
@@ -167,11 +174,14 @@ def gone_candidates(gone: pd.DataFrame, part: int) -> tuple[np.ndarray, np.ndarr
 
 def train_part_cells(
     sample_paths: list[str], layout: Layout, s: NearSettings, embedding_paths: list[str] = ()
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Cell centroids from an evenly strided sample of the hashes (and embeddings, when used) of evenly strided
-    parts: enough parts for four times the training points, not every part (LAION-5B has tens of thousands)."""
+) -> tuple[Cells, Cells | None]:
+    """Cells from an evenly strided sample of the hashes (and embeddings, when used) of evenly strided parts:
+    enough parts for four times the training points, not every part (LAION-5B has tens of thousands).
+    Embeddings go to EMBEDDING_PROBES cells, not the hashes' probes: as many fewer cells, of the same size."""
     if layout.cells <= 1:
-        return np.zeros((0, 64), np.float32), None
+        return Cells.flat(np.zeros((0, 64), np.float32)), None
+    embedding_cells = max(1, math.ceil(layout.cells * min(EMBEDDING_PROBES, layout.probes) / layout.probes))
+    every = max(1, layout.cells // embedding_cells)  # the embeddings' sample: every so many hashes' rows
     want = layout.cells * CELL_TRAIN_PER_CENTROID
     rows = [pq.ParquetFile(p).metadata.num_rows for p in sample_paths]
     per_part = max(1, sum(rows) // max(1, len(rows)))
@@ -186,10 +196,10 @@ def train_part_cells(
         codes.append(_codes(t["phash"].iloc[take]))
         if s.embedding_min_similarity is not None and embedding_paths:
             with np.load(embedding_paths[p], allow_pickle=False) as z:
-                vecs.append(z["image"][take].astype(np.float32))
+                vecs.append(z["image"][take[::every]])
         seen += len(t)
-    phash = train_cells(np.concatenate(codes), layout.cells, True)
-    embedding = train_cells(np.concatenate(vecs), layout.cells, False) if vecs else None
+    phash = train_cells(np.concatenate(codes), layout.cells, True, layout.probes)
+    embedding = train_cells(np.concatenate(vecs), embedding_cells, False, EMBEDDING_PROBES) if vecs else None
     return phash, embedding
 
 
@@ -221,11 +231,11 @@ def excluded_keys(exclusions: list[str]) -> pd.Index:
 
 def train_near_cells(
     sample_paths: list[str], s: NearSettings, samples: int, published: Published, embedding_paths: list[str],
-    out_cells: str, out_published: str, out_homes: str,
+    out_cells: str, out_published: str, out_homes: str, layout: Layout | None = None,
 ) -> Layout:  # fmt: skip
-    """The cells' centroids for a dataset of about `samples` samples, and the entries and home rows of the
-    published samples no longer in the build (the part after the last)."""
-    layout = s.layout(samples)
+    """The cells' centroids for a dataset of about `samples` samples (or as `layout` says), and the entries and
+    home rows of the published samples no longer in the build (the part after the last)."""
+    layout = layout or s.layout(samples)
     cells = train_part_cells(sample_paths, layout, s, embedding_paths)
     write_cells(out_cells, layout, cells[0], cells[1])
     gone = published.gone
@@ -242,9 +252,16 @@ def train_near_cells(
 def _write_homes(path: str, entries: pa.Table, fields: pd.DataFrame, layout: Layout) -> None:
     """Each sample's HOME row, in the batch of its home partition."""
     ids, first = np.unique(entries["id"].to_numpy(), return_index=True)
-    home = pd.Series(entries["home"].to_numpy()[first], index=ids)
+    _write_home_rows(path, ids, entries["home"].to_numpy()[first], fields, layout)
+
+
+def _write_home_rows(path: str, ids: np.ndarray, homes: np.ndarray, fields: pd.DataFrame, layout: Layout) -> None:
+    home = pd.Series(homes, index=ids)
     fields = fields.assign(home=home.reindex(fields["id"].to_numpy()).fillna(0).to_numpy(np.int32))
     write_by_home(path, fields, "home", HOME_SCHEMA, layout.buckets)
+
+
+SPLIT_CHUNK = 50_000  # samples whose entries are made and sorted at once (4 + probes of them a hash, twice)
 
 
 def split_near_group(
@@ -253,21 +270,34 @@ def split_near_group(
 ) -> int:  # fmt: skip
     """The near-duplicate entries of a group's parts, of their samples that the steps before kept (`dropped`: each
     part's rows left out), in one file, one batch per bucket, and their home rows (key, version, ledger fields),
-    one batch per partition; returns the samples compared."""
+    one batch per partition; returns the samples compared. Entries are made SPLIT_CHUNK samples at a time into
+    pieces beside `out` (a `.spill-*` folder, removed after) and merged a bucket at a time: the job's memory
+    follows the chunk, not the group, at any probes."""
     layout, phash, embedding = read_cells(cells_path)
-    tables, homes, n = [], [], 0
-    for i, path in enumerate(samples):
-        part = first_part + i
-        old = pd.read_parquet(old_path, filters=[("part", "=", part)]) if old_path else no_published().old
-        old_rows = old["row"].to_numpy() if len(old) else np.empty(0, np.int64)
-        ids, prio, code, mirror, rows = part_candidates(path, part, dropped[i], old_rows)
-        emb = _part_embeddings(embeddings[i], path, rows) if embeddings else None
-        tables.append(part_entries(ids, prio, code, mirror, layout, phash, emb, embedding))
-        homes.append(_home_fields(path, ids, rows, old))
-        n += len(ids)
-    entries = pa.concat_tables(tables) if tables else ENTRY_SCHEMA.empty_table()
-    write_entries(out, entries, layout, n)
-    _write_homes(out_homes, entries, pd.concat(homes, ignore_index=True) if homes else _no_homes(), layout)
+    pieces, ids_seen, homes_seen, homes, n = [], [], [], [], 0
+    with tempfile.TemporaryDirectory(prefix=".spill-", dir=Path(out).parent) as tmp:
+        for i, path in enumerate(samples):
+            part = first_part + i
+            old = pd.read_parquet(old_path, filters=[("part", "=", part)]) if old_path else no_published().old
+            old_rows = old["row"].to_numpy() if len(old) else np.empty(0, np.int64)
+            ids, prio, code, mirror, rows = part_candidates(path, part, dropped[i], old_rows)
+            emb = _part_embeddings(embeddings[i], path, rows) if embeddings else None
+            for at in range(0, len(ids), SPLIT_CHUNK):
+                take = slice(at, at + SPLIT_CHUNK)
+                table = part_entries(ids[take], prio[take], code[take], mirror[take], layout, phash,
+                                     emb[take] if emb is not None else None, embedding)  # fmt: skip
+                pieces.append(str(Path(tmp) / f"{len(pieces)}.arrow"))
+                write_entries(pieces[-1], table, layout)
+                first_ids, first = np.unique(table["id"].to_numpy(), return_index=True)
+                ids_seen.append(first_ids)
+                homes_seen.append(table["home"].to_numpy()[first])
+            homes.append(_home_fields(path, ids, rows, old))
+            n += len(ids)
+        merge_entries(out, pieces, layout, n)
+    fields = pd.concat(homes, ignore_index=True) if homes else _no_homes()
+    ids_all = np.concatenate(ids_seen) if ids_seen else np.empty(0, np.int64)
+    homes_all = np.concatenate(homes_seen) if homes_seen else np.empty(0, np.int32)
+    _write_home_rows(out_homes, ids_all, homes_all, fields, layout)
     return n
 
 
@@ -319,11 +349,9 @@ def run_near_jobs(
     with atomic_open(old) as f:
         pub.old.to_parquet(f, index=False)
     n = sum(pq.ParquetFile(p).metadata.num_rows for p in sample_paths)
-    if layout is not None:  # cells as given: they decide what binning compares
-        s = NearSettings(**{**vars(s), "buckets": layout.buckets, "cell_samples": max(1000, -(-n * 2 // layout.cells))})
     cells = str(work / "cells.npz")
     used = train_near_cells(sample_paths, s, n, pub, embedding_paths, cells, str(work / "gone.arrow"),
-                            str(work / "gone.homes.arrow"))  # fmt: skip
+                            str(work / "gone.homes.arrow"), layout)  # fmt: skip
     entries, homes, compared = [], [], 0
     for i, path in enumerate(sample_paths):
         entries.append(str(work / f"{i}.entries.arrow"))

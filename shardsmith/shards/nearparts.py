@@ -5,10 +5,12 @@ with the sample's id (part index << 32 | row: dataset order) and its keep priori
 - block entries: its hash and its mirror's, once for each of the four 16-bit blocks, grouped by (block,
   value). Two hashes at most 3 bits apart agree on one block whole (3 differing bits leave one of four
   blocks untouched), so they meet in one group whatever else happens;
-- cell entries: its hash and its mirror's in the `CELL_PROBES` cells nearest to it, cells being k-means
+- cell entries: its hash and its mirror's in the `Layout.probes` cells nearest to it, cells being k-means
   centroids trained once on a sample of the dataset (`train_cells`); hashes a few bits apart mostly share
-  a cell, and each cell is searched alone (nearsearch.near_pairs: exact up to
-  `bin_size`, binned above). With CLIP embeddings as a signal, their own cells the same way.
+  a cell, and each cell is searched alone (nearsearch.near_pairs: exact up to `bin_size`, binned above).
+  The finer the cells, the more often a pair's two hashes fall nearest to different ones, so the probes
+  grow with the cell count (`cell_probes`): recall stays level at any size, the cost per sample grows
+  with the probes. With CLIP embeddings as a signal, their own cells the same way (`EMBEDDING_PROBES`).
 A bucket job (`bucket_pairs`) takes some groups (by hash) and some cells (cell mod buckets) from every
 part's entries and writes the near pairs among them. Which bucket holds a group or a cell changes nothing
 found: the bucket count sets the jobs' size, not the result. The cell count does (it follows the dataset's
@@ -34,7 +36,15 @@ from shardsmith.shards.neardecide import read_partition
 from shardsmith.shards.nearsearch import MIRROR, SEED, best_pairs, near_pairs, same_key_pairs
 
 _CHUNK = 100_000
-CELL_PROBES = 2  # cells a vector goes to: a near pair is searched together when its vectors share one
+EMBEDDING_PROBES = 2  # cells an embedding goes to: near copies' embeddings sit far closer than 8-bit hash pairs
+# Probes a hash needs with this many cells for two hashes 4-8 bits apart (as many of each distance) to share
+# a cell 98% of the time, measured on uniformly random hashes, where k-means cells have no structure to
+# follow (bench/results/near-probes.json; real hashes cluster, and need no more). Between the points, the
+# log of the cell count is interpolated; past the last, each fourfold of cells adds as many as the last did.
+# fmt: off
+PROBE_TABLE = ((1, 1), (2, 2), (4, 2), (10, 3), (40, 4), (160, 6), (640, 8), (2560, 10),
+               (5120, 14), (10240, 15), (40960, 20))  # above FLAT_CELLS: two-level cells
+# fmt: on
 CELL_TRAIN_PER_CENTROID = 64
 BLOCK, PHASH_CELL, EMBEDDING_CELL = 0, 1, 2  # entry kinds
 SIGNALS = {PHASH_CELL: "phash", EMBEDDING_CELL: "embedding"}
@@ -75,23 +85,49 @@ def is_published(prio: np.ndarray) -> np.ndarray:
     return (np.asarray(prio, np.uint64) & PUBLISHED_BIT) == 0
 
 
+def cell_probes(cells: int) -> int:
+    """The cells each hash goes to with this many cells (PROBE_TABLE)."""
+    if cells <= 1:
+        return 1
+    x = math.log2(cells)
+    points = [(math.log2(c), p) for c, p in PROBE_TABLE]
+    (x0, p0), (x1, p1) = next(((a, b) for a, b in zip(points, points[1:], strict=False) if x <= b[0]), points[-2:])
+    return min(cells, math.ceil(p0 + (p1 - p0) * (x - x0) / (x1 - x0) - 1e-9))
+
+
 @dataclass(frozen=True)
 class Layout:
-    """How the search is cut: `cells` per signal (what is compared: it follows the dataset's size) and
-    `buckets`, the jobs that share the groups and cells out (free: the same pairs for any count)."""
+    """How the search is cut: `cells` per signal and the `probes` (cells each hash goes to), which decide what
+    is compared and follow the dataset's size, and `buckets`, the jobs that share the groups and cells out
+    (free: the same pairs for any count). probes 0: cell_probes(cells)."""
 
     cells: int
     buckets: int
+    probes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.probes <= 0:
+            object.__setattr__(self, "probes", cell_probes(self.cells))
 
 
-def cell_count(samples: int, cell_samples: int) -> int:
-    """Cells of about `cell_samples` samples each (every sample is in CELL_PROBES of them, twice: hash and
-    mirror)."""
-    return max(1, math.ceil(samples * CELL_PROBES / cell_samples))
+def cell_count(samples: int, cell_samples: int, probes: int | None = None) -> tuple[int, int]:
+    """(cells, probes): cells of about `cell_samples` samples each, every sample (hash and mirror) in `probes`
+    of them; probes None: as many as cell_probes asks for that many cells (more probes, more cells)."""
+    if samples <= cell_samples:  # one cell holds them all: the single search of the dataset
+        return 1, 1
+    p = probes or 2
+    while True:
+        cells = max(1, math.ceil(samples * p / cell_samples))
+        want = probes or cell_probes(cells)
+        if want <= p or probes:
+            return cells, min(want, cells) if cells > 1 else 1
+        p = want
 
 
-def bucket_count(samples: int, bucket_samples: int, override: int | None = None) -> int:
-    return override if override else max(1, math.ceil(samples / bucket_samples))
+def bucket_count(samples: int, bucket_samples: int, override: int | None = None, probes: int = 2) -> int:
+    """Bucket jobs of `bucket_samples` samples' entries at two probes: a sample has 4 block entries and one a
+    probe (twice: hash and mirror), so more probes make more buckets, each reading as many entries."""
+    return override if override else max(1, math.ceil(samples * (4 + probes) / (6 * bucket_samples)))
 
 
 def signs(codes: np.ndarray) -> np.ndarray:
@@ -99,25 +135,89 @@ def signs(codes: np.ndarray) -> np.ndarray:
     return bits.astype(np.float32) * 2 - 1
 
 
-def train_cells(sample: np.ndarray, cells: int, binary: bool) -> np.ndarray:
-    """k-means centroids (fixed seed) for `cells` cells from a sample of hashes (binary) or embeddings."""
-    x = signs(sample) if binary else np.ascontiguousarray(sample, np.float32)
-    if cells <= 1 or len(x) == 0:
-        return np.zeros((0, x.shape[1] if x.ndim == 2 else 64), np.float32)
-    cells = min(cells, len(x))
-    km = faiss.Kmeans(x.shape[1], cells, niter=12, seed=SEED, max_points_per_centroid=CELL_TRAIN_PER_CENTROID * 4)
-    km.train(x)
+FLAT_CELLS = 4096  # above this many cells, they are trained and found in two levels (Cells)
+_CHUNK_ROWS = 65_536  # vectors expanded to floats at a time
+
+
+@dataclass(frozen=True)
+class Cells:
+    """Cell centroids. Above FLAT_CELLS, in two levels: `coarse` centroids, each holding the cells nearest to
+    it, so that a vector's nearest cells are looked for under its nearest coarse centroids (faiss's IVF
+    search), not among every cell. Flat: no coarse rows."""
+
+    centroids: np.ndarray
+    coarse: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.centroids)
+
+    @classmethod
+    def flat(cls, centroids: np.ndarray) -> Cells:
+        return cls(np.asarray(centroids, np.float32), np.zeros((0, np.shape(centroids)[1]), np.float32))
+
+
+def _floats(x: np.ndarray, binary: bool) -> np.ndarray:
+    return signs(x) if binary else np.ascontiguousarray(x, np.float32)
+
+
+def _kmeans(x: np.ndarray, k: int) -> np.ndarray:
+    if k == 1:
+        return x.mean(axis=0, keepdims=True)
+    km = faiss.Kmeans(x.shape[1], k, niter=12, seed=SEED, max_points_per_centroid=CELL_TRAIN_PER_CENTROID * 4)
+    km.train(np.ascontiguousarray(x))
     return km.centroids
 
 
-def nearest_cells(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """(n, CELL_PROBES) cells of each vector (all 0 with one cell)."""
-    if centroids is None or len(centroids) <= 1:
+def train_cells(sample: np.ndarray, cells: int, binary: bool, probes: int = 2) -> Cells:
+    """k-means centroids (fixed seed) for `cells` cells from a sample of hashes (binary: uint64 codes, expanded
+    to floats a chunk at a time) or embeddings; above FLAT_CELLS in two levels: sqrt(2 x probes x cells)
+    coarse centroids (the count that makes the fewest distances for a vector's `probes` nearest cells: the
+    coarse ones, and the cells under 2 x probes of them), then each coarse centroid's share of the cells (by
+    its share of the sample) trained on its points. The training's time grows with cells^1.5, not cells^2."""
+    dim = 64 if binary else (sample.shape[1] if sample.ndim == 2 else 64)
+    cells = min(cells, len(sample))
+    if cells <= 1:
+        return Cells.flat(np.zeros((0, dim), np.float32))
+    if cells <= FLAT_CELLS:
+        return Cells.flat(_kmeans(_floats(sample, binary), cells))
+    k1 = max(2, min(cells // 4, math.isqrt(2 * probes * cells)))
+    step = max(1, len(sample) // (k1 * CELL_TRAIN_PER_CENTROID * 4))
+    coarse = _kmeans(_floats(sample[::step], binary), k1)
+    owner = np.concatenate([_nearest(_floats(sample[at : at + _CHUNK_ROWS], binary), Cells.flat(coarse), 1)[:, 0]
+                            for at in range(0, len(sample), _CHUNK_ROWS)])  # fmt: skip
+    order = np.argsort(owner, kind="stable")
+    counts = np.bincount(owner, minlength=k1)
+    share = np.cumsum(counts) * cells // len(sample)  # each coarse centroid's cells, by its points
+    fine = np.minimum(np.diff(np.r_[0, share]), counts)
+    centroids, at = [], 0
+    for j in range(k1):
+        rows = order[at : at + counts[j]]
+        at += counts[j]
+        if fine[j]:
+            centroids.append(_kmeans(_floats(sample[rows], binary), int(fine[j])))
+    return Cells(np.concatenate(centroids).astype(np.float32), coarse.astype(np.float32))
+
+
+def _nearest(x: np.ndarray, cells: Cells, k: int) -> np.ndarray:
+    x = np.ascontiguousarray(x, np.float32)
+    quantizer = faiss.IndexFlatL2(cells.centroids.shape[1])
+    if not len(cells.coarse):
+        quantizer.add(cells.centroids)
+        return quantizer.search(x, min(k, len(cells)))[1].astype(np.int64)
+    quantizer.add(cells.coarse)
+    index = faiss.IndexIVFFlat(quantizer, cells.centroids.shape[1], len(cells.coarse))
+    index.add(cells.centroids)  # each cell in the list of its nearest coarse centroid; ids 0..cells-1
+    index.nprobe = min(len(cells.coarse), 2 * k)
+    found = index.search(x, min(k, len(cells)))[1].astype(np.int64)
+    return np.where(found < 0, found[:, :1], found)  # fewer cells under the probed lists than asked: rare
+
+
+def nearest_cells(x: np.ndarray, cells: Cells | None, probes: int) -> np.ndarray:
+    """(n, probes) cells of each vector, nearest first (all 0 with one cell). In two levels: the nearest among
+    the cells under its 2 x probes nearest coarse centroids."""
+    if cells is None or len(cells) <= 1:
         return np.zeros((len(x), 1), np.int64)
-    index = faiss.IndexFlatL2(centroids.shape[1])
-    index.add(np.ascontiguousarray(centroids, np.float32))
-    _, found = index.search(np.ascontiguousarray(x, np.float32), min(CELL_PROBES, len(centroids)))
-    return found.astype(np.int64)
+    return _nearest(x, cells, probes)
 
 
 def block_groups(codes: np.ndarray) -> np.ndarray:
@@ -166,9 +266,9 @@ def part_entries(
     code: np.ndarray,
     mirror: np.ndarray,
     layout: Layout,
-    phash_centroids: np.ndarray,
+    phash_cells: Cells | None,
     embeddings: np.ndarray | None = None,
-    embedding_centroids: np.ndarray | None = None,
+    embedding_cells: Cells | None = None,
 ) -> pa.Table:
     """Every entry of some samples (see the module), with its bucket and its sample's home partition (one per
     bucket)."""
@@ -176,8 +276,8 @@ def part_entries(
     both = np.concatenate([code, mirror])
     both_ids, both_prio = np.concatenate([ids, ids]), np.concatenate([prio, prio])
     is_mirror = np.r_[np.zeros(len(code), bool), np.ones(len(mirror), bool)]
-    cells = nearest_cells(signs(both), phash_centroids)
-    one_cell = phash_centroids is None or len(phash_centroids) <= 1
+    cells = nearest_cells(signs(both), phash_cells, layout.probes)
+    one_cell = phash_cells is None or len(phash_cells) <= 1
     home = home_partitions(ids, None if one_cell else cells[: len(ids), 0], layout.buckets)
     both_home = np.concatenate([home, home])
     groups = block_groups(both)
@@ -191,7 +291,7 @@ def part_entries(
                                both, None, both_home))  # fmt: skip
     if embeddings is not None:
         x = np.ascontiguousarray(embeddings, np.float16)
-        cells = nearest_cells(x.astype(np.float32), embedding_centroids)
+        cells = nearest_cells(x.astype(np.float32), embedding_cells, EMBEDDING_PROBES)
         vec = pa.array([bytes(v) for v in x.view(np.uint8).reshape(len(x), -1)], pa.binary())
         zeros = np.zeros(len(x), np.uint64)
         for p in range(cells.shape[1]):
@@ -214,6 +314,20 @@ def write_entries(path: str | os.PathLike, table: pa.Table, layout: Layout, samp
         for b in range(layout.buckets):
             piece = table.slice(int(starts[b]), int(starts[b + 1] - starts[b])).combine_chunks()
             batch = piece.to_batches()[0] if piece.num_rows else _empty_batch()
+            w.write_batch(batch.replace_schema_metadata(schema.metadata))
+
+
+def merge_entries(path: str | os.PathLike, pieces: list[str], layout: Layout, samples: int = 0) -> None:
+    """One entries file (write_entries' layout) from pieces written by write_entries for consecutive runs of
+    samples: each bucket's rows of every piece, in (kind, id) order as one write_entries would put them (an id's
+    rows are all in one piece, in their order there). Holds one bucket at a time."""
+    schema = ENTRY_SCHEMA.with_metadata({"samples": str(samples)})
+    with atomic_open(path) as f, pa.ipc.new_file(f, schema) as w:
+        for b in range(layout.buckets):
+            rows = read_bucket(pieces, b)
+            order = np.lexsort((rows["id"].to_numpy(), rows["kind"].to_numpy()))
+            rows = rows.take(pa.array(order)).combine_chunks()
+            batch = rows.to_batches()[0] if rows.num_rows else _empty_batch()
             w.write_batch(batch.replace_schema_metadata(schema.metadata))
 
 
@@ -326,16 +440,20 @@ def bucket_pairs(
     return out[keep].sort_values(["a", "b", "signal"], kind="stable").reset_index(drop=True)
 
 
-def write_cells(path: str | os.PathLike, layout: Layout, phash: np.ndarray, embedding: np.ndarray | None) -> None:
-    """The layout and the centroids every part's map uses (numpy's .npz; the layout in its json member)."""
-    arrays = {"phash": phash, "layout": np.frombuffer(json.dumps(vars(layout)).encode(), np.uint8)}
-    if embedding is not None:
-        arrays["embedding"] = embedding
+def write_cells(path: str | os.PathLike, layout: Layout, phash: Cells, embedding: Cells | None) -> None:
+    """The layout and the cells every part's map uses (numpy's .npz; the layout in its json member)."""
+    arrays = {"layout": np.frombuffer(json.dumps(vars(layout)).encode(), np.uint8)}
+    for name, cells in (("phash", phash), ("embedding", embedding)):
+        if cells is not None:
+            arrays.update({name: cells.centroids, f"{name}_coarse": cells.coarse})
     with atomic_open(path) as f:
         np.savez(f, **arrays)
 
 
-def read_cells(path: str | os.PathLike) -> tuple[Layout, np.ndarray, np.ndarray | None]:
+def read_cells(path: str | os.PathLike) -> tuple[Layout, Cells, Cells | None]:
     with np.load(path, allow_pickle=False) as z:
         layout = Layout(**json.loads(bytes(z["layout"]).decode()))
-        return layout, z["phash"], z["embedding"] if "embedding" in z.files else None
+        phash, embedding = (
+            Cells(z[name], z[f"{name}_coarse"]) if name in z.files else None for name in ("phash", "embedding")
+        )
+        return layout, phash, embedding

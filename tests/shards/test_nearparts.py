@@ -7,16 +7,30 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from shardsmith.shards.neardup import NearSettings, find_near_duplicates
+from shardsmith.core.errors import ConfigError
+from shardsmith.shards import neardup, nearparts
+from shardsmith.shards.neardup import (
+    NearSettings,
+    find_near_duplicates,
+    no_published,
+    split_near_group,
+    train_near_cells,
+)
 from shardsmith.shards.nearparts import (
     ENTRY_SCHEMA,
+    Cells,
     Layout,
     block_groups,
+    bucket_count,
+    cell_probes,
     is_published,
+    nearest_cells,
     priority,
     read_bucket,
     sample_id,
+    signs,
     split_id,
+    train_cells,
 )
 from shardsmith.shards.nearsearch import MIRROR, exact_pairs
 
@@ -89,6 +103,80 @@ def test_every_pair_at_most_3_bits_apart_is_found_whatever_the_cells(tmp_path):
     found = set(zip(near["key"], near["kept_key"], strict=True))
     for i, j, _ in truth:  # equal pixels and files: the earlier record is kept
         assert (f"k{j:06d}", f"k{i:06d}") in found
+
+
+def test_probes_grow_with_the_cells_and_the_cells_with_the_probes():
+    assert [cell_probes(c) for c in (1, 2, 10, 40, 160, 640, 2560, 10240, 40960)] == [1, 2, 3, 4, 6, 8, 10, 15, 20]
+    counts = [cell_probes(c) for c in range(1, 20_000, 37)]
+    assert counts == sorted(counts) and cell_probes(4 * 40960) == 25  # past the table: 5 more a fourfold
+    assert Layout(cells=40, buckets=2).probes == 4 and Layout(cells=40, buckets=2, probes=2).probes == 2
+    s = NearSettings()
+    assert s.layout(500_000) == Layout(cells=1, buckets=1, probes=1)
+    big = s.layout(20_000_000)
+    # each cell holds about cell_samples samples; more probes, more buckets (each reading as many entries)
+    assert big.probes == cell_probes(big.cells) and big.cells == -(-20_000_000 * big.probes // s.cell_samples)
+    assert big.buckets == bucket_count(20_000_000, s.bucket_samples, None, big.probes) > 20_000_000 // 500_000
+    fixed = NearSettings(cell_probes=2).layout(20_000_000)
+    assert (fixed.cells, fixed.probes, fixed.buckets) == (80, 2, 40)
+    with pytest.raises(ConfigError, match="cell_probes"):
+        NearSettings(cell_probes=0)
+
+
+def test_with_many_cells_the_probes_keep_pairs_4_to_8_bits_apart_found(tmp_path):
+    """40 cells: two nearest cells a hash lose about a fifth of the pairs 4-8 bits apart (the two hashes fall
+    nearest to different cells); the probes cell_probes gives keep them."""
+    rng = np.random.default_rng(13)
+    codes, truth = planted(rng, 10_000, 400, (4, 8))
+    paths = write_parts(tmp_path, codes, rng.integers(0, 2**63, size=10_000, dtype=np.int64).astype(np.uint64), 2)
+    recall = {}
+    for probes in (2, 0):
+        near, _ = find_near_duplicates(paths, ["p0", "p1"], NearSettings(phash_max_distance=8),
+                                       layout=Layout(cells=40, buckets=3, probes=probes))  # fmt: skip
+        found = set(zip(near["key"], near["kept_key"], strict=True))
+        recall[probes] = np.mean([(f"k{j:06d}", f"k{i:06d}") in found for i, j, _ in truth])
+    assert recall[0] >= 0.95 and recall[2] < 0.9
+
+
+def test_many_cells_are_found_in_two_levels_as_among_all_of_them(monkeypatch, tmp_path):
+    """Above FLAT_CELLS the cells are trained under coarse centroids and a vector's nearest cells looked for under
+    its nearest coarse ones: mostly the same cells as comparing it with every cell, the same every time; and
+    the search finds the planted pairs as it does with flat cells."""
+    monkeypatch.setattr(nearparts, "FLAT_CELLS", 16)
+    rng = np.random.default_rng(17)
+    cells = train_cells(rng.integers(0, 2**63, size=6400, dtype=np.int64).astype(np.uint64), 100, True, 2)
+    assert len(cells.coarse) == 20 and 90 <= len(cells) <= 100  # sqrt(2 x probes x cells) coarse centroids
+    x = signs(rng.integers(0, 2**63, size=2000, dtype=np.int64).astype(np.uint64))
+    two, flat = nearest_cells(x, cells, 4), nearest_cells(x, Cells.flat(cells.centroids), 4)
+    same = np.mean([len(set(a) & set(b)) for a, b in zip(two, flat, strict=True)]) / 4
+    assert (two[:, 0] == flat[:, 0]).mean() >= 0.97 and same >= 0.93
+    assert np.array_equal(two, nearest_cells(x, cells, 4))
+    codes, truth = planted(rng, 10_000, 400, (4, 8))
+    paths = write_parts(tmp_path, codes, rng.integers(0, 2**63, size=10_000, dtype=np.int64).astype(np.uint64), 2)
+    near, _ = find_near_duplicates(paths, ["p0", "p1"], NearSettings(phash_max_distance=8),
+                                   layout=Layout(cells=40, buckets=3))  # fmt: skip
+    found = set(zip(near["key"], near["kept_key"], strict=True))
+    assert np.mean([(f"k{j:06d}", f"k{i:06d}") in found for i, j, _ in truth]) >= 0.95
+
+
+def test_a_group_split_a_chunk_at_a_time_writes_the_same_files(monkeypatch, tmp_path):
+    """split_near_group makes its entries a few samples at a time and merges them a bucket at a time: the same
+    bytes as making them all at once, and no piece left beside the outputs."""
+    rng = np.random.default_rng(19)
+    codes, _ = planted(rng, 3000, 100, (1, 8))
+    paths = write_parts(tmp_path, codes, ~codes, 3)
+    cells = str(tmp_path / "cells.npz")
+    train_near_cells(paths, NearSettings(), 3000, no_published(), [], cells, str(tmp_path / "gone.arrow"),
+                     str(tmp_path / "gone.homes.arrow"), Layout(cells=6, buckets=4))  # fmt: skip
+    written = {}
+    for chunk in (100_000, 7):
+        monkeypatch.setattr(neardup, "SPLIT_CHUNK", chunk)
+        out = tmp_path / str(chunk)
+        out.mkdir()
+        dropped = [np.array([0, 5]), np.empty(0, np.int64), np.array([999])]
+        assert split_near_group(paths, 0, dropped, None, cells, str(out / "e.arrow"), str(out / "h.arrow"), []) == 2997
+        assert sorted(p.name for p in out.iterdir()) == ["e.arrow", "h.arrow"]
+        written[chunk] = [(out / name).read_bytes() for name in ("e.arrow", "h.arrow")]
+    assert written[7] == written[100_000]
 
 
 def test_one_cell_finds_what_the_exact_search_of_the_whole_dataset_finds(tmp_path):

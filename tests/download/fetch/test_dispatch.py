@@ -24,7 +24,9 @@ def test_per_host_rate_spaces_request_starts(http_server):
     out = fetch(urls, per_host_rate=10)
     assert all(o.ok for o in out.values())
     starts = sorted(t for i in range(5) for t in http_server.times(f"/r{i}.jpg"))
-    assert min(b - a for a, b in zip(starts, starts[1:])) >= 0.09  # 10 per second: 0.1 s apart
+    # 10 per second: starts 0.1 s apart, as the server sees them (a loaded machine delays one arrival now and
+    # then, which shortens the gap after it but not the span); without the limit all five come within ms
+    assert starts[-1] - starts[0] >= 0.36 and min(b - a for a, b in zip(starts, starts[1:])) >= 0.05
 
 
 def test_retry_after_is_capped_and_pauses_the_whole_host(http_server):
