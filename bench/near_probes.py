@@ -14,6 +14,8 @@
    cells' share. Recall at a size is about the cells' share (1) times the search within a cell.
    Above FLAT_CELLS, cells come in two levels: (1) gives their share and also that of the same cells with
    each vector compared with every cell.
+3. --train: train_cells alone at large cell counts (CPU, wall, peak memory), for train_near_cells at LAION
+   scale: `--cells --samples 0 --train 40960 163840 --out bench/results/near-cells-training.json`.
 Raw figures go to bench/results/near-probes.json.
 """
 
@@ -143,14 +145,38 @@ def search_figures(samples: int, layouts: list[int]) -> list[dict]:
     return out
 
 
+def train_figures(cells: list[int]) -> list[dict]:
+    """train_cells alone (what train_near_cells runs) on cells x CELL_TRAIN_PER_CENTROID random hashes, at the
+    probes cell_probes gives: CPU of every thread, wall, and the process's peak memory so far."""
+    import resource
+
+    from shardsmith.shards.nearparts import CELL_TRAIN_PER_CENTROID, cell_probes, train_cells
+
+    rng = np.random.default_rng(1)
+    out = []
+    for c in cells:
+        codes = random_codes(rng, c * CELL_TRAIN_PER_CENTROID)
+        t, w = time.process_time(), time.time()
+        trained = train_cells(codes, c, True, cell_probes(c))
+        row = {"cells": c, "probes": cell_probes(c), "coarse": len(trained.coarse),
+               "cpu_s": round(time.process_time() - t, 1), "wall_s": round(time.time() - w, 1),
+               "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}  # fmt: skip
+        out.append(row)
+        print(row, flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cells", type=int, nargs="*", default=[4, 10, 20, 40, 160, 640, 2560, 5120, 10240, 40960])
     ap.add_argument("--samples", type=int, default=1_000_000)
     ap.add_argument("--layouts", type=int, nargs="*", default=[4, 40])
+    ap.add_argument("--train", type=int, nargs="*", default=[], help="train_cells alone at these cell counts")
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/near-probes.json")
     args = ap.parse_args()
     result = {"target_share": TARGET, "cells": cell_figures(args.cells)}
+    if args.train:
+        result["train"] = train_figures(args.train)
     if args.samples:
         result["search"] = {"samples": args.samples, "runs": search_figures(args.samples, args.layouts)}
     save_result(args.out, result)
