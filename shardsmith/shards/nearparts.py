@@ -19,6 +19,7 @@ size, `cell_count`); with one cell the search is the single search of the whole 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -151,6 +152,19 @@ class Cells:
     def __len__(self) -> int:
         return len(self.centroids)
 
+    @functools.cached_property
+    def index(self) -> tuple[faiss.Index, faiss.Index]:
+        """The search index, built once for all the chunks a job looks up (placing 300,000 cells under their
+        coarse centroids is itself a search), with the quantizer it needs alive (the IVF index does not own it)."""
+        quantizer = faiss.IndexFlatL2(self.centroids.shape[1])
+        if not len(self.coarse):
+            quantizer.add(np.ascontiguousarray(self.centroids, np.float32))
+            return quantizer, quantizer
+        quantizer.add(np.ascontiguousarray(self.coarse, np.float32))
+        index = faiss.IndexIVFFlat(quantizer, self.centroids.shape[1], len(self.coarse))
+        index.add(np.ascontiguousarray(self.centroids, np.float32))  # each cell in its nearest coarse one's list
+        return index, quantizer
+
     @classmethod
     def flat(cls, centroids: np.ndarray) -> Cells:
         return cls(np.asarray(centroids, np.float32), np.zeros((0, np.shape(centroids)[1]), np.float32))
@@ -199,14 +213,10 @@ def train_cells(sample: np.ndarray, cells: int, binary: bool, probes: int = 2) -
 
 
 def _nearest(x: np.ndarray, cells: Cells, k: int) -> np.ndarray:
+    index, _ = cells.index
     x = np.ascontiguousarray(x, np.float32)
-    quantizer = faiss.IndexFlatL2(cells.centroids.shape[1])
     if not len(cells.coarse):
-        quantizer.add(cells.centroids)
-        return quantizer.search(x, min(k, len(cells)))[1].astype(np.int64)
-    quantizer.add(cells.coarse)
-    index = faiss.IndexIVFFlat(quantizer, cells.centroids.shape[1], len(cells.coarse))
-    index.add(cells.centroids)  # each cell in the list of its nearest coarse centroid; ids 0..cells-1
+        return index.search(x, min(k, len(cells)))[1].astype(np.int64)
     index.nprobe = min(len(cells.coarse), 2 * k)
     found = index.search(x, min(k, len(cells)))[1].astype(np.int64)
     return np.where(found < 0, found[:, :1], found)  # fewer cells under the probed lists than asked: rare
