@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import math
+import multiprocessing
 import os
 import platform
 import re
@@ -98,20 +99,30 @@ def device_slug(device: torch.device) -> str:
     return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(device).lower()).strip("-")
 
 
+def _bench_image(args: tuple[int, int, int, int]) -> bytes:
+    """One image of the part, from its own seed: the same bytes whichever process makes it."""
+    seed, i, width, height = args
+    return jpeg(photo(np.random.default_rng([seed, i]), width, height), quality=90)
+
+
 def make_part(folder: Path, count: int, seed: int = 3) -> tuple[str, str]:
-    """A processed part of `count` photo-like JPEGs (200-512 px) with captions; reused when already made."""
+    """A processed part of `count` photo-like JPEGs (200-512 px) with captions; reused when already made.
+
+    The images are made on every core (8,192 of them take minutes on one), each from its own seed."""
     tar, samples = folder / f"bench-{count}.tar", folder / f"bench-{count}.samples.parquet"
     if tar.exists() and samples.exists():
         return str(tar), str(samples)
-    rng, rows = np.random.default_rng(seed), []
+    rng, rows, specs, captions = np.random.default_rng(seed), [], [], []
+    for i in range(count):
+        side = int(rng.integers(200, 513))
+        size = (side, int(side * rng.choice([0.66, 0.75, 1.0]))) if rng.random() < 0.7 else (int(side * 0.75), side)
+        specs.append((seed, i, *size))
+        captions.append(" ".join(rng.choice(WORDS, size=int(rng.integers(4, 14)))).encode())
+    with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
+        images = pool.map(_bench_image, specs, chunksize=16)
     with atomic_open(tar) as f, ShardWriter(f) as w:
-        for i in range(count):
-            side = int(rng.integers(200, 513))
-            size = (side, int(side * rng.choice([0.66, 0.75, 1.0]))) if rng.random() < 0.7 else (int(side * 0.75), side)
-            caption = " ".join(rng.choice(WORDS, size=int(rng.integers(4, 14)))).encode()
-            where = w.write(
-                f"bench_{i:06d}", {"jpg": jpeg(photo(rng, *size), quality=90), "txt": caption, "json": b"{}"}
-            )
+        for i, (image, caption) in enumerate(zip(images, captions, strict=True)):
+            where = w.write(f"bench_{i:06d}", {"jpg": image, "txt": caption, "json": b"{}"})
             row = dict.fromkeys(SAMPLE_COLUMNS, 0) | {"key": f"bench_{i:06d}"}
             rows.append(row | {f"{e}_{k}": v for e, (o, s) in where.items() for k, v in (("offset", o), ("size", s))})
     with atomic_open(samples) as f:

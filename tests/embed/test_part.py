@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from PIL import Image
 from workflow_helpers import REPO
 
+from shardsmith.cli.demo import jpeg, photo
 from shardsmith.cli.tinyclip import NAME, write_tiny_clip
 from shardsmith.core.atomic import atomic_open
 from shardsmith.embed import model as embed_model
@@ -89,7 +90,9 @@ def outputs(folder, part: str) -> dict[str, str]:
 def tiny_settings(tmp_path_factory) -> EmbedSettings:
     """The tiny random model saved as a checkpoint, as embed settings (CPU, no workers)."""
     config, ckpt = write_tiny_clip(tmp_path_factory.mktemp("models"))
-    return EmbedSettings(model=NAME, pretrained=str(ckpt), model_config=str(config), batch_size=4, workers=0)
+    return EmbedSettings(
+        model=NAME, pretrained=str(ckpt), model_config=str(config), batch_size=4, workers=0, device="cpu"
+    )  # on the CPU also where a GPU is: the exact-value tests compare with open_clip's fp32 on the CPU
 
 
 def embedded_parts(tmp_path_factory, tiny: EmbedSettings) -> dict:
@@ -237,7 +240,8 @@ def test_embedding_a_part_twice_gives_identical_files(parts, tiny, tmp_path):
 
 def test_schema_keeps_embedding_off_by_default_and_the_demo_config_turns_it_on():
     import yaml
-    from snakemake.utils import validate
+
+    validate = pytest.importorskip("snakemake.utils", reason="snakemake is not installed (GPU nodes)").validate
 
     schema = str(REPO / "config" / "config.schema.yaml")
     config = {
@@ -296,6 +300,38 @@ def test_gpu_decode_inside_embed_part_gives_the_cpu_scores(tiny, tmp_path, monke
     assert list(a["key"]) == list(b["key"])
     np.testing.assert_allclose(a[SIM], b[SIM], atol=5e-4)  # the tolerance of tests/embed/test_decode.py
     np.testing.assert_allclose(a[COLS["image_norm"]], b[COLS["image_norm"]], rtol=5e-4)
+
+
+def photo_part_images(n: int, seed: int) -> dict[int, bytes]:
+    """4:4:4 photo JPEGs (nvJPEG decodes those to Pillow's pixels), a PNG at 3 and a CMYK JPEG at 5."""
+    rng = np.random.default_rng(seed)
+    images = {i: jpeg(photo(rng, 96, 72), quality=90, subsampling=0) for i in range(n)}
+    png = io.BytesIO()
+    Image.new("RGB", (70, 50), (10, 200, 90)).save(png, "PNG")
+    return images | {3: png.getvalue(), 5: jpeg(photo(rng, 80, 80).convert("CMYK"), quality=90)}
+
+
+def gpu_decode_on_cuda_against_the_cpu(tiny, tmp_path, device: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    tar, samples = make_part(tmp_path, "src-000006", 24, seed=6, images=photo_part_images(24, 6))
+    gpu = replace(tiny, device=device, precision="fp32", decode="gpu" if device == "cuda" else "cpu", workers=2)
+    info = embed_part(tar, samples, **outputs(tmp_path, "gpu"), settings=replace(gpu, batch_size=8), threads=3)
+    embed_part(tar, samples, **outputs(tmp_path, "cpu"), settings=tiny)
+    return info, pd.read_parquet(tmp_path / "gpu.parquet"), pd.read_parquet(tmp_path / "cpu.parquet")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+def test_gpu_decode_on_cuda_gives_the_cpu_scores(tiny, tmp_path):
+    """embed_part on CUDA with nvJPEG against the CPU path (Pillow, fp32): the same keys and scores; the PNG
+    is decoded by Pillow in the worker and the CMYK JPEG, which nvJPEG refuses, by Pillow after it.
+
+    4:4:4 JPEGs, so that what is compared is the pipeline (batches, order, fallbacks, CUDA arithmetic), not
+    nvJPEG's chroma upsampling, which tests/embed/test_decode.py measures."""
+    info, a, b = gpu_decode_on_cuda_against_the_cpu(tiny, tmp_path, "cuda")
+    assert info["decode"] == "gpu" and info["jpeg_pillow_fallbacks"] == 1 and info["samples"] == 24, info
+    assert info["provenance"]["image_decode"]["jpeg"] == "torchvision.io.decode_jpeg on cuda", info["provenance"]
+    assert list(a["key"]) == list(b["key"])
+    np.testing.assert_allclose(a[SIM], b[SIM], atol=5e-3)
+    np.testing.assert_allclose(a[COLS["image_norm"]], b[COLS["image_norm"]], rtol=5e-3)
 
 
 # --- the out-of-memory path for real, on a GPU
