@@ -23,8 +23,9 @@ demo: demo-data demo-model
 	@$(SNAKEMAKE) --workflow-profile none --cores 1 --configfile config/demo.yaml --quiet all --report demo/report.html && echo "report: demo/report.html"
 	@$(PY) -m shardsmith summary demo/fast-storage/demo/$$(cat demo/fast-storage/demo/latest)
 
+# Three workers, a test file each at a time (pytest-xdist): the SLURM test, first, mostly waits for status polls.
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -n 3 --dist loadfile
 
 # Fetch again only the records whose download failed for a transient reason (docs/running.md: Retrying failed downloads).
 retry-failed: setup

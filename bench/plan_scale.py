@@ -4,7 +4,8 @@ Generates processed-part samples tables where download_part writes them (keys as
 1% of them repeated across parts; random 64-bit pHashes with 1% of the samples planted copies 1-8 bits
 from another and a cluster of 10,000 samples with one placeholder hash), a published version (`v0` in the
 config's publish.dest) holding the image of 5% of the samples under other records, and the part plan; then
-runs `snakemake` on the plan_shards checkpoint: find_published, split_keys and collect_dropped per group of
+runs `snakemake` on the plan_shards checkpoint: fetch_published, split_published, split_lookups,
+match_published and collect_published (records already published), split_keys and collect_dropped per group of
 parts, split_exclusions, find_duplicate_keys and find_near_pairs per bucket, train_near_cells,
 split_near_entries per group, decide_near_round per round and partition, decide_near_duplicates, plan_shards,
 and the local list_* rules. Each job's peak memory and CPU come from the last line of its rule log
@@ -146,18 +147,16 @@ def job_figures(logs: Path) -> dict[str, list[dict]]:
     return jobs
 
 
-def measure(n: int, root: Path, cores: int = 2) -> dict:
-    """The planning rules of a workflow run by Snakemake over n generated samples (see the module)."""
-    if root.exists():
-        shutil.rmtree(root)
+def prepare_run(root: Path, paths: list[str], settings: dict) -> None:
+    """What a Snakemake run over generated samples tables needs beside them: the source manifest, the rest of
+    download_part's outputs (not read by planning) and the part plan, all older than what planning writes,
+    and root/config.yaml (a refresh's: publish.dest set) with `settings` added."""
     work = root / "work" / "bench"
-    paths, planted = generate(work / "processed", n, PART_SIZE)
     parts = [Path(p).name.split(".")[0] for p in paths]
-    publish_overlap(root / "fast-storage", n)
     manifest = root / "manifests" / "web.parquet"
     manifest.parent.mkdir(parents=True)
     manifest.touch()
-    for part in parts:  # the rest of download_part's outputs (not read by planning) and the part plan
+    for part in parts:
         for f in (root / "raw" / "bench" / f"{part}.tar", root / "raw" / "bench" / f"{part}.status.parquet",
                   work / "processed" / f"{part}.tar", work / "processed" / f"{part}.rejected.parquet",
                   work / "plan" / "parts" / f"{part}.parquet"):  # fmt: skip
@@ -171,11 +170,20 @@ def measure(n: int, root: Path, cores: int = 2) -> dict:
         "dataset": "bench", "version": "v1",
         "paths": {k: str(root / k) for k in ("raw", "work", "output", "logs")},
         "sources": [{"name": "web", "type": "manifest", "path": str(manifest), "url_column": "url"}],
-        "part_size": PART_SIZE, "samples_per_shard": SAMPLES_PER_SHARD,
-        "dedupe": {"near": "exclude"},
-        "publish": {"dest": str(root / "fast-storage")},
+        "part_size": PART_SIZE, "dedupe": {"near": "exclude"}, "publish": {"dest": str(root / "fast-storage")},
+        **settings,
     }  # fmt: skip
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def measure(n: int, root: Path, cores: int = 2) -> dict:
+    """The planning rules of a workflow run by Snakemake over n generated samples (see the module)."""
+    if root.exists():
+        shutil.rmtree(root)
+    work = root / "work" / "bench"
+    paths, planted = generate(work / "processed", n, PART_SIZE)
+    publish_overlap(root / "fast-storage", n)
+    prepare_run(root, paths, {"samples_per_shard": SAMPLES_PER_SHARD})
     cmd = [str(SNAKEMAKE), str(work / "plan" / "shards"), "-s", str(REPO / "Snakefile"), "--directory", str(root),
            "--configfile", str(root / "config.yaml"), "--cores", str(cores), "--workflow-profile", "none",
            "--rerun-triggers", "mtime", "--quiet", "rules"]  # fmt: skip
@@ -261,17 +269,18 @@ def outcome(n: int, planted, ins: list[str], pending: list[str], pieces: list[st
 
 TARGETS = {"CC12M": 12_400_000, "LAION-400M": 413_900_000, "LAION-5B": 5_850_000_000}
 PER_PIECE = {"split_keys", "collect_dropped", "split_near_entries", "find_duplicate_keys", "find_near_pairs",
-             "decide_near_round"}  # fmt: skip
+             "decide_near_round", "split_published", "split_lookups", "match_published",
+             "collect_published"}  # fmt: skip
 
 
 # What each whole-dataset job's CPU and memory grow with (fitted linearly through the two sizes), or "bounded":
-# find_published every published record and every sample's key, url and hash (a job over the whole dataset);
+# fetch_published copies the published manifests (bounded memory; bench/published_scale.py measures it);
 # train_near_cells a strided sample and the published samples no longer in the build;
 # split_exclusions holds one bucket of exclusion rows; decide_near_duplicates
 # holds the samples still waiting after the rounds and a batch of each partition's table (its time: the samples
 # left out, merged as a stream); plan_shards the list of shards.
 MODEL = {
-    "find_published": ("samples", "samples"),
+    "fetch_published": ("samples", "bounded"),
     "split_exclusions": ("samples", "bounded"),
     "train_near_cells": ("samples", "samples"),
     "decide_near_duplicates": ("near_duplicates", "bounded"),
@@ -327,6 +336,7 @@ def extrapolate(results: list[dict], n: int, plans: list[dict] = (), splits: lis
         if kind in PER_PIECE:
             rounds = NearSettings().decision_rounds
             count = {"find_duplicate_keys": layout.buckets, "find_near_pairs": layout.buckets,
+                     "match_published": layout.buckets,
                      "decide_near_round": layout.buckets * rounds}.get(kind, groups)  # fmt: skip
             peak, cpu = got["max_peak_mib"], got["max_cpu_s"]
             if kind == "split_near_entries":

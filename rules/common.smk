@@ -138,18 +138,37 @@ def get_dedupe_settings():
     }
 
 
-def get_published_tables(wildcards):
-    """What find_published says of the published versions (none without publish.dest)."""
+def get_gone_tables(wildcards):
+    """The published records gone from the build, a table per bucket (none without publish.dest)."""
     if get_dedupe_settings() is None:
         return []
-    return [rules.find_published.output.old, rules.find_published.output.gone]
+    return expand(rules.match_published.output.gone, bucket=get_bucket_ids())
+
+
+def get_group_published(wildcards):
+    """The group's samples already published (part, row, version); none without publish.dest."""
+    if get_dedupe_settings() is None:
+        return []
+    return [rules.collect_published.output.old.format(group=wildcards.group)]
+
+
+def get_all_published_records(wildcards):
+    return expand(rules.split_published.output[0], group=get_group_ids())
+
+
+def get_all_published_lookups(wildcards):
+    return expand(rules.split_lookups.output[0], group=get_group_ids())
+
+
+def get_all_published_matches(wildcards):
+    return expand(rules.match_published.output.matches, bucket=get_bucket_ids())
 
 
 def get_exact_exclusions(wildcards):
     """Tables of samples other steps left out, by key: decided with the repeated keys."""
     tables = get_exclusions(wildcards)
     if get_dedupe_settings() is not None:
-        tables.append(rules.find_published.output.exclusions)
+        tables += expand(rules.collect_published.output.exclusions, group=get_group_ids())
     return tables
 
 
@@ -187,8 +206,11 @@ def get_parts_per_group():
 
 
 def get_group_ids():
-    k = get_parts_per_group()
-    return [f"{g:05d}" for g in range(max(1, -(-len(get_part_ids()) // k)))]
+    return [f"{g:05d}" for g in range(get_group_count(None))]
+
+
+def get_group_count(wildcards):
+    return max(1, -(-len(get_part_ids()) // get_parts_per_group()))
 
 
 def get_group_parts(wildcards):

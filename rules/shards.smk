@@ -8,24 +8,126 @@ PARTS_PLANNED = ancient(rules.plan_parts.output[0])
 # its own, and plan_shards needs only each part's count of samples kept.
 
 
-# Records already published (scheduled refreshes): the published versions read once, before planning.
-rule find_published:
+# Records already published (scheduled refreshes; shardsmith.shards.published): the manifests copied once,
+# their records and the samples split by lookup hash per group, matched per bucket, gathered per group.
+rule fetch_published:
     input:
         samples=get_all_part_samples,
-        exclusions=get_exclusions,
     output:
-        exclusions=f"{WORK}/plan/published/already_published.parquet",
-        old=f"{WORK}/plan/published/old.parquet",
-        gone=f"{WORK}/plan/published/gone.parquet",
+        manifests=directory(f"{WORK}/plan/published/manifests"),
     log:
-        f"{LOGS}/find_published.log",
+        f"{LOGS}/fetch_published.log",
     conda:
         "../envs/shards.yaml"
     params:
         dedupe=get_dedupe_settings(),
+    script:
+        "../scripts/fetch_published.py"
+
+
+rule split_published:
+    input:
+        manifests=rules.fetch_published.output.manifests,
+        parts_plan=PARTS_PLANNED,
+    output:
+        f"{WORK}/plan/published/records/{{group}}.arrow",
+    log:
+        f"{LOGS}/split_published/{{group}}.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        pieces=get_group_count,
+        buckets=get_plan_buckets,
+    script:
+        "../scripts/split_published.py"
+
+
+rule split_lookups:
+    input:
+        samples=get_group_samples,
+        exclusions=get_exclusions,
+        parts_plan=PARTS_PLANNED,
+    output:
+        f"{WORK}/plan/published/lookups/{{group}}.arrow",
+    log:
+        f"{LOGS}/split_lookups/{{group}}.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        first_part=get_group_first_part,
+        buckets=get_plan_buckets,
+    script:
+        "../scripts/split_lookups.py"
+
+
+rule list_published_splits:
+    input:
+        records=get_all_published_records,
+        lookups=get_all_published_lookups,
+    output:
+        records=f"{WORK}/plan/published/records/records.list",
+        lookups=f"{WORK}/plan/published/lookups/lookups.list",
+    log:
+        f"{LOGS}/list_published_splits.log",
+    localrule: True
+    conda:
+        "../envs/shards.yaml"
+    script:
+        "../scripts/list_files.py"
+
+
+rule match_published:
+    input:
+        records=listed(get_all_published_records, rules.list_published_splits.output.records),
+        lookups=listed(get_all_published_lookups, rules.list_published_splits.output.lookups),
+        parts_plan=PARTS_PLANNED,
+    output:
+        matches=f"{WORK}/plan/published/matches/{{bucket}}.arrow",
+        gone=f"{WORK}/plan/published/gone/{{bucket}}.parquet",
+    log:
+        f"{LOGS}/match_published/{{bucket}}.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        groups=get_group_count,
+        parts_per_group=get_parts_per_group(),
         near=config["dedupe"]["near"] != "off",
     script:
-        "../scripts/find_published.py"
+        "../scripts/match_published.py"
+
+
+rule list_published_matches:
+    input:
+        matches=get_all_published_matches,
+    output:
+        matches=f"{WORK}/plan/published/matches/matches.list",
+    log:
+        f"{LOGS}/list_published_matches.log",
+    localrule: True
+    conda:
+        "../envs/shards.yaml"
+    script:
+        "../scripts/list_files.py"
+
+
+rule collect_published:
+    input:
+        matches=listed(get_all_published_matches, rules.list_published_matches.output.matches),
+        samples=get_group_samples,
+        parts_plan=PARTS_PLANNED,
+    output:
+        old=f"{WORK}/plan/published/old/{{group}}.parquet",
+        exclusions=f"{WORK}/plan/published/already_published/{{group}}.parquet",
+    log:
+        f"{LOGS}/collect_published/{{group}}.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        first_part=get_group_first_part,
+        exact=config["publish"]["dedupe"],
+        near=config["dedupe"]["near"] != "off",
+    script:
+        "../scripts/collect_published.py"
 
 
 # Repeated keys and the exclusions (shardsmith.shards.buckets): by key bucket, gathered per group.
@@ -46,9 +148,23 @@ rule split_keys:
         "../scripts/split_keys.py"
 
 
-rule split_exclusions:
+rule list_exclusion_tables:
     input:
         tables=get_exact_exclusions,
+    output:
+        tables=f"{WORK}/plan/keys/exclusions.list",
+    log:
+        f"{LOGS}/list_exclusion_tables.log",
+    localrule: True
+    conda:
+        "../envs/shards.yaml"
+    script:
+        "../scripts/list_files.py"
+
+
+rule split_exclusions:
+    input:
+        tables=listed(get_exact_exclusions, rules.list_exclusion_tables.output.tables),
         parts_plan=PARTS_PLANNED,
     output:
         f"{WORK}/plan/keys/excluded.arrow",
@@ -129,10 +245,24 @@ rule collect_dropped:
 
 # Near-duplicate images (shardsmith.shards.nearparts) among the samples kept so far: cells trained once, a map
 # per group, a job per bucket, and one decision over the pairs.
+rule list_gone_tables:
+    input:
+        gone=get_gone_tables,
+    output:
+        gone=f"{WORK}/plan/published/gone/gone.list",
+    log:
+        f"{LOGS}/list_gone_tables.log",
+    localrule: True
+    conda:
+        "../envs/shards.yaml"
+    script:
+        "../scripts/list_files.py"
+
+
 rule train_near_cells:
     input:
         samples=get_all_part_samples,
-        published=get_published_tables,
+        gone=listed(get_gone_tables, rules.list_gone_tables.output.gone),
         embeddings=get_near_embeddings,
         parts_plan=PARTS_PLANNED,
     output:
@@ -155,7 +285,7 @@ rule split_near_entries:
         samples=get_group_samples,
         dropped=rules.collect_dropped.output[0],
         cells=rules.train_near_cells.output.cells,
-        published=get_published_tables,
+        published=get_group_published,
         embeddings=get_group_near_embeddings,
     output:
         entries=f"{WORK}/plan/near/entries/{{group}}.arrow",

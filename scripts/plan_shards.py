@@ -1,5 +1,5 @@
 """Rule glue for plan_shards: logic in shardsmith.shards.plan. What leaves the shards was decided by the jobs
-before it (find_published, decide_near_duplicates, find_duplicate_keys); this needs each part's count."""
+before it (collect_published, decide_near_duplicates, find_duplicate_keys); this needs each part's count."""
 
 from pathlib import Path
 

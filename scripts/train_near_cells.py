@@ -1,11 +1,14 @@
 """Rule glue for train_near_cells: logic in shardsmith.shards.neardup and shardsmith.shards.nearparts."""
 
 from shardsmith.core.logs import run_job
-from shardsmith.shards.neardup import NearSettings, no_published, read_published, train_near_cells
+from shardsmith.formats.filelist import listed_files
+from shardsmith.shards.neardup import NearSettings, Published, no_published, train_near_cells
+from shardsmith.shards.published import read_gone
 
 
 def main() -> None:
-    published = read_published(*snakemake.input.published) if snakemake.input.published else no_published()
+    gone = read_gone(listed_files(snakemake.input.gone))
+    published = Published(sorted(set(gone["version"])), no_published().old, gone)
     layout = train_near_cells(
         list(snakemake.input.samples),
         NearSettings(**snakemake.params.near),

@@ -27,3 +27,9 @@ def parts(tmp_path_factory, tiny):
     from tests.embed.test_part import embedded_parts
 
     return embedded_parts(tmp_path_factory, tiny)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The SLURM test first: it mostly waits for the scheduler's status polls, so under `make test` (pytest-xdist,
+    one worker per test file) the rest of the suite runs beside it rather than after it."""
+    items.sort(key=lambda item: item.path.name != "test_cluster.py")  # stable: the rest keep their order

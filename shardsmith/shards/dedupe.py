@@ -126,9 +126,11 @@ def write_exclusions(sample_paths: list[str], published: pd.DataFrame, out: str 
 def find_published(
     sample_paths: list[str], exclusions: list[str], dedupe: dict, out_dir: str | os.PathLike, near: bool
 ) -> dict:
-    """The job before planning that reads the published versions once: `already_published.parquet` (the new
-    records already published, empty unless dedupe exact), and for the near-duplicate search which samples of
-    this build are published and which published ones are gone (shardsmith.shards.neardup.Published)."""
+    """The published versions read at once, in one process: `already_published.parquet` (the new records
+    already published, empty unless dedupe exact), and for the near-duplicate search which samples of this
+    build are published and which published ones are gone (shardsmith.shards.neardup.Published). The
+    workflow's partitioned jobs (shardsmith.shards.published) give these tables row for row without holding
+    a version; this is the reference they are tested against, fine for a few million records."""
     from shardsmith.shards.neardup import excluded_keys, published_candidates, write_published
 
     out_dir = Path(out_dir)

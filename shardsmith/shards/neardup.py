@@ -224,8 +224,8 @@ def excluded_keys(exclusions: list[str]) -> pd.Index:
     return pd.Index(sorted(set(pd.concat(keys)))) if keys else pd.Index([])
 
 
-# The workflow's jobs (rules/shards.smk), in their order: find_published (shardsmith.shards.dedupe), then
-# train_near_cells, split_near_entries per group, find_near_pairs per bucket, decide_near_round per round and
+# The workflow's jobs (rules/shards.smk), in their order: the published lookups (shardsmith.shards.published),
+# then train_near_cells, split_near_entries per group, find_near_pairs per bucket, decide_near_round per round and
 # partition, decide_near_duplicates. `find_near_duplicates` runs them in one process.
 
 

@@ -6,14 +6,16 @@ published) go through `complete_versions`, `latest_version` and `read_complete`,
 partial version is never taken for a complete one.
 """
 
+import hashlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 from shardsmith.core.atomic import atomic_write_text
-from shardsmith.storage.s3 import S3Error, S3Settings, read_object, run, split_url
+from shardsmith.storage.s3 import S3Error, S3Settings, open_stream, read_object, run, split_url
 
 MARKER = "_COMPLETE.json"
 LATEST = "latest"
@@ -40,6 +42,10 @@ class Store:
         return f"{self.root}/{version}"
 
     def read(self, rel: str) -> bytes | None:
+        raise NotImplementedError
+
+    def copy_to(self, rel: str, out: BinaryIO) -> str | None:
+        """Stream an object into `out` without holding it; its sha256, or None where it does not exist."""
         raise NotImplementedError
 
     def candidates(self) -> list[str]:
@@ -79,6 +85,13 @@ class LocalStore(Store):
         except FileNotFoundError:
             return None
 
+    def copy_to(self, rel: str, out: BinaryIO) -> str | None:
+        try:
+            with open(Path(self.root, rel), "rb") as f:
+                return _copy_hashed(f, out)
+        except FileNotFoundError:
+            return None
+
     def candidates(self) -> list[str]:
         root = Path(self.root)
         return (
@@ -113,6 +126,16 @@ class S3Store(Store):
             if e.reason == "not_found":
                 return None
             raise
+
+    def copy_to(self, rel: str, out: BinaryIO) -> str | None:
+        try:
+            with open_stream(f"{self.root}/{rel}", self.s3) as f:
+                digest = _copy_hashed(f, out)
+        except S3Error as e:
+            if e.reason == "not_found":
+                return None
+            raise
+        return digest
 
     def listing(self, prefix_url: str, delimiter: bool = False) -> tuple[dict[str, dict], list[str]]:
         """({key below prefix: {size, etag}}, [sub-prefixes]) of an s3:// prefix ending in '/'."""
@@ -163,6 +186,14 @@ class S3Store(Store):
         # Marker first: from then on readers treat the version as absent, even if the rest of the delete dies.
         run(self.s3, "s3", "rm", "--only-show-errors", f"{self.where(version)}/{MARKER}")
         run(self.s3, "s3", "rm", "--only-show-errors", "--recursive", f"{self.where(version)}/", timeout=_NO_TIMEOUT)
+
+
+def _copy_hashed(src: BinaryIO, out: BinaryIO, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    while data := src.read(chunk):
+        digest.update(data)
+        out.write(data)
+    return digest.hexdigest()
 
 
 def open_store(dest: str, dataset: str, s3: S3Settings | None = None) -> Store:

@@ -1,0 +1,240 @@
+"""Records already published (scheduled refreshes), found by partitioned jobs: no job holds a version.
+
+`fetch_published` copies every complete version's manifest.parquet into the work folder once, streaming,
+checked against the sha256 its completion marker records (a damaged or replaced manifest stops the refresh),
+and lists the versions, oldest first. A record is looked up by three values: its source_id, its image's url
+(dedupe.image_urls; empty urls are not looked up) and its image's sha256, each hashed to 128 bits.
+`split_published` takes a slice of every manifest's row groups and writes each record's lookups to the
+bucket of their hash, one batch per bucket; `split_lookups` does the same for a group's samples. A bucket
+job (`match_published`) sees every record and sample of its hashes: the first published record of a value
+(oldest version, then manifest order) is the one that counts. A sample whose source_id it holds was
+published before; one whose url or sha256 it holds is a hit, sent to the sample's group; a published
+source_id that no sample kept by the other steps has, with a pHash, is `gone` (the near-duplicate search
+keeps it as a keeper only). Each group's job (`collect_published`) gathers its samples' rows from every
+bucket: its `old` rows (part, row, version), and, for samples whose source_id was never published, an
+exclusion when their url (else their sha256) was, naming the record. Which bucket a value lands in decides
+nothing, so any bucket count gives the tables of dedupe.find_published, row for row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shardsmith.core.atomic import atomic_open, atomic_write_text
+from shardsmith.shards.buckets import cut, group_of, read_batch, write_batches
+from shardsmith.shards.dedupe import (
+    EXCLUSION_COLUMNS,
+    NEAR_COLUMNS,
+    REASON,
+    STAGE,
+    PublishedManifestError,
+    image_urls,
+)
+from shardsmith.storage.s3 import S3Settings
+from shardsmith.storage.stores import complete_versions, open_store
+
+SOURCE_ID, URL, SHA256 = 0, 1, 2  # what a lookup value is
+WHAT = {URL: "url", SHA256: "image sha256"}  # as the exclusion's detail names it
+HASH_KEYS = ("shardsmith-pubA1", "shardsmith-pubB2")  # two 64-bit SipHashes: 128 bits, no collision at 5.85B
+ORDER_BITS = 40  # order = version index << 40 | row in that version's manifest
+VERSIONS = "versions.json"
+
+PUBLISHED = pa.schema(
+    [("kind", pa.int8()), ("h1", pa.uint64()), ("h2", pa.uint64()), ("order", pa.int64()),
+     ("key", pa.large_string()), ("version", pa.large_string()), ("width_before", pa.int64()),
+     ("height_before", pa.int64()), ("phash", pa.large_string()), ("phash_mirror", pa.large_string())]
+)  # fmt: skip
+LOOKUPS = pa.schema(
+    [("kind", pa.int8()), ("h1", pa.uint64()), ("h2", pa.uint64()), ("id", pa.int64()), ("kept", pa.bool_())]
+)
+MATCHES = pa.schema(
+    [("id", pa.int64()), ("kind", pa.int8()), ("kept", pa.bool_()), ("key", pa.large_string()),
+     ("version", pa.large_string())]
+)  # fmt: skip
+GONE = ["key", "version", "width_before", "height_before", "phash", "phash_mirror", "order"]
+OLD = ["part", "row", "version"]
+
+
+def value_hashes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two 64-bit hashes of each string (pandas' SipHash with two keys): one lookup value, 128 bits."""
+    return tuple(pd.util.hash_array(values, hash_key=k, categorize=False) for k in HASH_KEYS)
+
+
+def fetch_published(dest: str, dataset: str, s3: S3Settings, out_dir: str | os.PathLike) -> list[str]:
+    """Every complete version's manifest as `{index:05d}.parquet` in out_dir, oldest first, and versions.json
+    naming them; returns the versions. A manifest is streamed to disk, never held."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store = open_store(dest, dataset, s3)
+    versions = []
+    for version, marker in complete_versions(dest, dataset, s3).items():
+        entry = marker["files"].get("manifest.parquet")
+        if entry is None:
+            continue
+        with atomic_open(out_dir / f"{len(versions):05d}.parquet") as f:
+            digest = store.copy_to(f"{version}/manifest.parquet", f)
+            if digest != entry["sha256"]:
+                raise PublishedManifestError(
+                    f"{store.where(version)}/manifest.parquet is missing or differs from its {version} marker"
+                )
+        versions.append(version)
+    atomic_write_text(out_dir / VERSIONS, json.dumps({"versions": versions}) + "\n")
+    return versions
+
+
+def read_versions(manifest_dir: str | os.PathLike) -> list[str]:
+    return json.loads(Path(manifest_dir, VERSIONS).read_text())["versions"]
+
+
+def _published_rows(t: pd.DataFrame, version: str, order: np.ndarray) -> pa.Table:
+    """A manifest chunk's lookups: its source_ids (with the near-duplicate columns), urls and sha256s."""
+    for c in NEAR_COLUMNS:
+        if c not in t.columns:
+            t[c] = 0 if c.endswith("before") else ""
+    url = image_urls(t).to_numpy(object)
+    has_url = url != ""
+    values = [t["source_id"].astype(str).to_numpy(object), url[has_url], t["sha256"].astype(str).to_numpy(object)]
+    picks = [np.arange(len(t)), np.flatnonzero(has_url), np.arange(len(t))]
+    tables = []
+    for kind, (vals, pick) in enumerate(zip(values, picks, strict=True)):
+        h1, h2 = value_hashes(vals)
+        near = kind == SOURCE_ID
+        rows = {
+            "kind": np.full(len(pick), kind, np.int8), "h1": h1, "h2": h2, "order": order[pick],
+            "key": t["key"].astype(str).to_numpy(object)[pick], "version": np.full(len(pick), version, object),
+            "width_before": t["width_before"].fillna(0).to_numpy(np.int64)[pick] if near else None,
+            "height_before": t["height_before"].fillna(0).to_numpy(np.int64)[pick] if near else None,
+            "phash": t["phash"].fillna("").astype(str).to_numpy(object)[pick] if near else None,
+            "phash_mirror": t["phash_mirror"].fillna("").astype(str).to_numpy(object)[pick] if near else None,
+        }  # fmt: skip
+        tables.append(
+            pa.table(
+                {k: v if v is not None else pa.nulls(len(pick), PUBLISHED.field(k).type) for k, v in rows.items()}
+            ).cast(PUBLISHED)
+        )
+    return pa.concat_tables(tables)
+
+
+def split_published(
+    manifest_dir: str | os.PathLike, piece: int, pieces: int, buckets: int, out: str | os.PathLike
+) -> int:
+    """Piece `piece` of `pieces` of every version's manifest (its share of the row groups, about a group's
+    samples a version) as one batch per bucket; returns the records read."""
+    versions = read_versions(manifest_dir)
+    tables = []
+    for v, version in enumerate(versions):
+        f = pq.ParquetFile(Path(manifest_dir, f"{v:05d}.parquet"))
+        groups = f.num_row_groups
+        lo, hi = piece * groups // pieces, (piece + 1) * groups // pieces
+        row = sum(f.metadata.row_group(i).num_rows for i in range(lo))
+        present = set(f.schema_arrow.names)
+        columns = [c for c in ["key", "source_id", "url", "sha256", *NEAR_COLUMNS] if c in present]
+        for i in range(lo, hi):
+            t = f.read_row_group(i, columns=columns).to_pandas()
+            order = (np.int64(v) << np.int64(ORDER_BITS)) | np.arange(row, row + len(t), dtype=np.int64)
+            row += len(t)
+            tables.append(_published_rows(t, version, order))
+    table = pa.concat_tables(tables) if tables else PUBLISHED.empty_table()
+    bins = (table["h1"].to_numpy() % np.uint64(buckets)).astype(np.int64)
+    write_batches(out, PUBLISHED, cut(table, bins, buckets))
+    return int(np.sum(table["kind"].to_numpy() == SOURCE_ID))
+
+
+def split_lookups(
+    samples: list[str], first_part: int, buckets: int, exclusions: list[str], out: str | os.PathLike
+) -> int:
+    """The lookups of a group's samples (id = part << 32 | row), one batch per bucket; `kept` is False for a
+    sample another step left out (the exclusion tables), which then does not keep its published record
+    from being gone. Returns the samples."""
+    tables = []
+    for i, path in enumerate(samples):
+        t = pd.read_parquet(path, columns=["key", "source_id", "url", "sha256"])
+        ids = (np.int64(first_part + i) << np.int64(32)) | np.arange(len(t), dtype=np.int64)
+        kept = np.ones(len(t), bool)
+        if exclusions and len(t):
+            keys = t["key"].astype(str).tolist()
+            left_out = [pq.read_table(p, columns=["key"], filters=[("key", "in", keys)])["key"] for p in exclusions]
+            kept = ~t["key"].isin(set(pa.chunked_array(left_out).to_pylist())).to_numpy()
+        url = image_urls(t).to_numpy(object)
+        has_url = url != ""
+        values = [t["source_id"].astype(str).to_numpy(object), url[has_url], t["sha256"].astype(str).to_numpy(object)]
+        picks = [np.arange(len(t)), np.flatnonzero(has_url), np.arange(len(t))]
+        for kind, (vals, pick) in enumerate(zip(values, picks, strict=True)):
+            h1, h2 = value_hashes(vals)
+            tables.append(
+                pa.table(
+                    {"kind": np.full(len(pick), kind, np.int8), "h1": h1, "h2": h2, "id": ids[pick], "kept": kept[pick]}
+                ).cast(LOOKUPS)  # fmt: skip
+            )
+    table = pa.concat_tables(tables) if tables else LOOKUPS.empty_table()
+    bins = (table["h1"].to_numpy() % np.uint64(buckets)).astype(np.int64)
+    write_batches(out, LOOKUPS, cut(table, bins, buckets))
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in samples)
+
+
+def match_published(
+    published: list[str], lookups: list[str], bucket: int, groups: int, parts_per_group: int,
+    out_matches: str | os.PathLike, out_gone: str | os.PathLike, near: bool = True,
+) -> dict:  # fmt: skip
+    """A bucket's decisions: each sample's match with the first published record of its values (one batch
+    per group) and the published source_ids gone from the build (none without the near-duplicate search);
+    returns counts for the log."""
+    pub = pa.concat_tables([read_batch(p, bucket) for p in published] or [PUBLISHED.empty_table()]).to_pandas()
+    smp = pa.concat_tables([read_batch(p, bucket) for p in lookups] or [LOOKUPS.empty_table()]).to_pandas()
+    first = pub.sort_values("order", kind="stable").drop_duplicates(["kind", "h1", "h2"])
+    m = smp.merge(first[["kind", "h1", "h2", "key", "version"]], on=["kind", "h1", "h2"], how="inner")
+    m = m.sort_values(["id", "kind"], kind="stable")
+    matches = pa.Table.from_pandas(m[MATCHES.names], preserve_index=False).cast(MATCHES)
+    write_batches(out_matches, MATCHES, cut(matches, group_of(m["id"].to_numpy(), parts_per_group), groups))
+    sources = first[first["kind"] == SOURCE_ID]
+    kept = smp[(smp["kind"] == SOURCE_ID) & smp["kept"]][["h1", "h2"]].drop_duplicates()
+    present = sources.merge(kept, on=["h1", "h2"], how="left", indicator=True)["_merge"].eq("both").to_numpy()
+    hashed = (sources["phash"].fillna("") != "").to_numpy()
+    gone = sources[hashed & ~present & near].sort_values("order")[GONE]
+    with atomic_open(out_gone) as f:
+        gone.to_parquet(f, index=False)
+    return {"published": len(pub), "samples": len(smp), "matched": len(m), "gone": len(gone)}
+
+
+def collect_published(
+    matches: list[str], group: int, samples: list[str], first_part: int, out_old: str | os.PathLike,
+    out_exclusions: str | os.PathLike, exact: bool = True, near: bool = True,
+) -> dict:  # fmt: skip
+    """A group's rows from every bucket: `old` (part, row, version of samples whose source_id was published
+    and that no other step left out; for the near-duplicate search) and, with `exact` (publish.dedupe), the
+    exclusions of its new samples whose url, else sha256, was published."""
+    got = [read_batch(p, group) for p in matches]
+    m = (pa.concat_tables(got) if got else MATCHES.empty_table()).to_pandas()
+    m = m.sort_values(["id", "kind"], kind="stable")
+    published_ids = m.loc[m["kind"] == SOURCE_ID, "id"].unique()
+    old = m[(m["kind"] == SOURCE_ID) & m["kept"] & near]
+    ids = old["id"].to_numpy(np.int64)
+    old = pd.DataFrame({"part": ids >> np.int64(32), "row": ids & np.int64(0xFFFF_FFFF), "version": old["version"]})
+    hits = m[(m["kind"] != SOURCE_ID) & ~m["id"].isin(published_ids) & exact].drop_duplicates("id")  # url first
+    keys = {}
+    for part in sorted(set((hits["id"].to_numpy(np.int64) >> np.int64(32)).tolist())):
+        keys[part] = pd.read_parquet(samples[part - first_part], columns=["key"])["key"].astype(str).to_numpy(object)
+    rows = [
+        [keys[i >> 32][i & 0xFFFF_FFFF], STAGE, REASON, f"{WHAT[kind]} already published as {key} in version {version}"]
+        for i, kind, key, version in zip(
+            hits["id"].tolist(), hits["kind"].tolist(), hits["key"].tolist(), hits["version"].tolist(), strict=True
+        )
+    ]
+    for frame, path in ((old[OLD], out_old), (pd.DataFrame(rows, columns=EXCLUSION_COLUMNS), out_exclusions)):
+        with atomic_open(path) as f:
+            frame.reset_index(drop=True).to_parquet(f, index=False)
+    return {"kept_from_earlier_versions": len(published_ids), "excluded": len(rows)}
+
+
+def read_gone(paths: list[str]) -> pd.DataFrame:
+    """The buckets' gone records in published order (oldest version, then manifest order), as one table."""
+    frames = [pd.read_parquet(p) for p in paths]
+    gone = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=GONE)
+    return gone.sort_values("order", kind="stable").drop(columns="order").reset_index(drop=True)

@@ -1,0 +1,141 @@
+"""Records already published, found by partitioned jobs (shardsmith.shards.published): at any bucket and
+piece count, the same tables as dedupe.find_published, which holds every version at once."""
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from shardsmith.publish.dataset import publish
+from shardsmith.shards.dedupe import PublishedManifestError, find_published
+from shardsmith.shards.published import (
+    collect_published,
+    fetch_published,
+    match_published,
+    read_gone,
+    split_lookups,
+    split_published,
+)
+
+COLUMNS = ["key", "source_id", "url", "sha256", "width_before", "height_before", "phash", "phash_mirror"]
+
+
+def _record(rng, i: int, prefix: str) -> dict:
+    phash = "" if i % 11 == 0 else f"{int(rng.integers(0, 2**63)):016x}"  # older records: no pHash
+    return {"key": f"{prefix}{i:05d}", "source_id": f"m:{i}", "url": f"http://img/{i}.jpg", "sha256": f"s{i}",
+            "width_before": int(rng.integers(50, 900)), "height_before": int(rng.integers(50, 900)),
+            "phash": phash, "phash_mirror": phash}  # fmt: skip
+
+
+def _published_and_samples(tmp_path):
+    """Two versions (v2 re-publishing most of v1) of 600 records written in several row groups, and a build
+    of 3 parts of 260 samples: old records, new ones repeating a published url, sha256 or both, members of
+    a published source shard, records with no url, published ones gone, and a few left out by another step."""
+    rng = np.random.default_rng(4)
+    v1 = [_record(rng, i, "a") for i in range(400)]
+    v2 = [dict(r) for r in v1[50:]] + [_record(rng, i, "b") for i in range(400, 600)]
+    for r in v2[::37]:
+        r.update(url=f"http://shard/{r['key']}.tar", source_id=f"http://shard/{r['key']}.tar#x.jpg")
+    for r in v2[5::41]:
+        r["url"] = ""
+    dest = str(tmp_path / "fast")
+    for version, rows in (("v1", v1), ("v2", v2)):
+        (tmp_path / version).mkdir()
+        path = tmp_path / version / "manifest.parquet"
+        pq.write_table(pa.Table.from_pandas(pd.DataFrame(rows, columns=COLUMNS).assign(shard="x.tar")),
+                       path, row_group_size=64)  # fmt: skip
+        publish([str(path)], dest, "ds", version)
+    samples = []
+    published = v1 + v2
+    for part in range(3):
+        rows = []
+        for j in range(260):
+            n = part * 260 + j
+            if n % 3 == 0:  # an old record: published source_id
+                rows.append(dict(published[(n * 7) % len(published)]))
+                continue
+            r = _record(rng, 10_000 + n, f"n{part}-")
+            pick = published[(n * 13) % len(published)]
+            if n % 5 == 1:
+                r["url"] = pick["url"]  # the same image url (a shard member names its source_id)
+                r["source_id"] = pick["source_id"] if pick["source_id"].startswith("http://shard/") else r["source_id"]
+            if n % 7 == 2:
+                r["sha256"] = pick["sha256"]  # the same image bytes
+            if n % 17 == 3:
+                r["url"] = ""
+            rows.append(r)
+        frame = pd.DataFrame(rows, columns=COLUMNS)
+        frame["key"] = [f"p{part}-{j:04d}" for j in range(len(frame))]  # the build's own keys
+        path = tmp_path / f"src-{part:06d}.samples.parquet"
+        frame.to_parquet(path, index=False)
+        samples.append(str(path))
+    excluded = tmp_path / "low_similarity.parquet"
+    pd.DataFrame({"key": ["p0-0003", "p1-0000", "p2-0009"], "stage": "embed", "reason": "low_similarity",
+                  "detail": ""}).to_parquet(excluded, index=False)  # fmt: skip
+    return dest, samples, [str(excluded)]
+
+
+def _partitioned(tmp_path, dest, samples, exclusions, buckets: int, parts_per_group: int, exact=True, near=True):
+    """The rules' jobs in order: fetch, split_published per piece, split_lookups per group, match per bucket,
+    collect per group; the groups' tables concatenated as the later steps read them."""
+    work = tmp_path / f"b{buckets}-g{parts_per_group}"
+    versions = fetch_published(dest, "ds", {}, work / "manifests")
+    groups = -(-len(samples) // parts_per_group)
+    pub = [str(work / f"pub-{g}.arrow") for g in range(groups)]
+    look = [str(work / f"look-{g}.arrow") for g in range(groups)]
+    for g in range(groups):
+        split_published(work / "manifests", g, groups, buckets, pub[g])
+        first = g * parts_per_group
+        split_lookups(samples[first : first + parts_per_group], first, buckets, exclusions, look[g])
+    matches, gone = [], []
+    for b in range(buckets):
+        matches.append(str(work / f"match-{b}.arrow"))
+        gone.append(str(work / f"gone-{b}.parquet"))
+        match_published(pub, look, b, groups, parts_per_group, matches[-1], gone[-1], near=near)
+    old, excl = [], []
+    for g in range(groups):
+        first = g * parts_per_group
+        old.append(work / f"old-{g}.parquet")
+        excl.append(work / f"excl-{g}.parquet")
+        group = samples[first : first + parts_per_group]
+        collect_published(matches, g, group, first, old[-1], excl[-1], exact=exact, near=near)
+    cat = lambda paths: pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)  # noqa: E731
+    return versions, cat(excl), cat(old), read_gone(gone)
+
+
+@pytest.mark.parametrize(("buckets", "parts_per_group"), [(1, 3), (3, 1), (7, 2)])
+def test_partitioned_jobs_give_the_single_jobs_tables_row_for_row(tmp_path, buckets, parts_per_group):
+    dest, samples, exclusions = _published_and_samples(tmp_path)
+    single = tmp_path / "single"
+    find_published(samples, exclusions, {"dest": dest, "dataset": "ds", "s3": {}, "exact": True}, single, True)
+    want_excl = pd.read_parquet(single / "already_published.parquet")
+    want_old, want_gone = pd.read_parquet(single / "old.parquet"), pd.read_parquet(single / "gone.parquet")
+    # the case is not trivial: every kind of row is there
+    assert len(want_excl) > 20 and len(want_old) > 100 and len(want_gone) > 20
+    assert {d.split(" already")[0] for d in want_excl["detail"]} == {"url", "image sha256"}
+    versions, excl, old, gone = _partitioned(tmp_path, dest, samples, exclusions, buckets, parts_per_group)
+    assert versions == ["v1", "v2"]
+    pd.testing.assert_frame_equal(excl, want_excl, check_dtype=False)
+    pd.testing.assert_frame_equal(old, want_old, check_dtype=False)
+    pd.testing.assert_frame_equal(gone, want_gone, check_dtype=False)
+
+
+@pytest.mark.parametrize(("exact", "near"), [(False, True), (True, False)])
+def test_without_publish_dedupe_or_the_near_search_their_tables_are_empty_and_whole(tmp_path, exact, near):
+    dest, samples, exclusions = _published_and_samples(tmp_path)
+    single = tmp_path / "single"
+    find_published(samples, exclusions, {"dest": dest, "dataset": "ds", "s3": {}, "exact": exact}, single, near)
+    _, excl, old, gone = _partitioned(tmp_path, dest, samples, exclusions, 3, 2, exact=exact, near=near)
+    assert excl.empty != exact and old.empty != near and gone.empty != near
+    for got, name in ((excl, "already_published"), (old, "old"), (gone, "gone")):
+        want = pd.read_parquet(single / f"{name}.parquet")
+        assert len(got) == len(want) and (got.empty or got.equals(want.astype(got.dtypes.to_dict()))), name
+
+
+def test_a_replaced_manifest_stops_the_refresh_and_leaves_no_copy(tmp_path):
+    dest, samples, _ = _published_and_samples(tmp_path)
+    (tmp_path / "fast" / "ds" / "v2" / "manifest.parquet").write_bytes(b"replaced")
+    with pytest.raises(PublishedManifestError, match="v2/manifest.parquet is missing or differs from its v2 marker"):
+        fetch_published(dest, "ds", {}, tmp_path / "manifests")
+    assert sorted(p.name for p in (tmp_path / "manifests").iterdir()) == ["00000.parquet"]  # v1's, whole
