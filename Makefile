@@ -23,9 +23,10 @@ demo: demo-data demo-model
 	@$(SNAKEMAKE) --workflow-profile none --cores 1 --configfile config/demo.yaml --quiet all --report demo/report.html && echo "report: demo/report.html"
 	@$(PY) -m shardsmith summary demo/fast-storage/demo/$$(cat demo/fast-storage/demo/latest)
 
-# Three workers, a test file each at a time (pytest-xdist): the SLURM test, first, mostly waits for status polls.
+# Three workers, a test file each at a time (pytest-xdist), in the order tests/conftest.py gives: the SLURM
+# test first (it mostly waits for status polls), then the end-to-end runs.
 test: setup
-	$(PY) -m pytest -n 3 --dist loadfile
+	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 # Fetch again only the records whose download failed for a transient reason (docs/running.md: Retrying failed downloads).
 retry-failed: setup

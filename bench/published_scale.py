@@ -5,11 +5,12 @@ is the previous build of a refresh: 95% of the samples under their source_id (ol
 the same), a quarter of the rest's images (sha256) under other records (so 1.25% of the samples are left
 out as already published), and 5% x n records gone from the build, with pHashes. Snakemake runs
 fetch_published, split_published and split_lookups per group, match_published per bucket and
-collect_published per group (rules/shards.smk) with the default sizes; each job's peak memory and CPU come
-from the last line of its rule log. The counts are checked: every old record found, every planted
-exclusion made, every gone record listed. Each job kind is extrapolated to CC12M, LAION-400M and LAION-5B:
-a job per group or bucket reads a group's or a bucket's share whatever the dataset's size, so it stays as
-measured at the larger size; fetch_published copies the manifests: its CPU is fitted in their bytes.
+collect_published per group (rules/shards.smk; split_near_entries then enters each group's gone records) with
+the default sizes; each job's peak memory and CPU come from the last line of its rule log. The counts are
+checked: every old record found, every planted exclusion made, every gone record listed. Each job kind is
+extrapolated to CC12M, LAION-400M and LAION-5B: a job per group or bucket reads a group's or a bucket's share
+whatever the dataset's size, so it stays as measured at the larger size; fetch_published copies the
+manifests: its CPU is fitted in their bytes.
 
     python bench/published_scale.py --sizes 1000000 4000000 --out bench/results/published-scale.json
 """
@@ -98,8 +99,7 @@ def measure(n: int, root: Path, cores: int = 2) -> dict:
     per_group = max(1, NearSettings().bucket_samples // PART_SIZE)
     groups = math.ceil(len(parts) / per_group)
     plan = work / "plan" / "published"
-    targets = [str(plan / k / f"{g:05d}.parquet") for g in range(groups) for k in ("old", "already_published")]
-    targets += [str(plan / "gone" / f"{b:05d}.parquet") for b in range(layout.buckets)]
+    targets = [str(plan / k / f"{g:05d}.parquet") for g in range(groups) for k in ("old", "already_published", "gone")]
     cmd = [str(SNAKEMAKE), *targets, "-s", str(REPO / "Snakefile"), "--directory", str(root),
            "--configfile", str(root / "config.yaml"), "--cores", str(cores), "--workflow-profile", "none",
            "--rerun-triggers", "mtime", "--quiet", "rules"]  # fmt: skip

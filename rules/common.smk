@@ -138,18 +138,22 @@ def get_dedupe_settings():
     }
 
 
-def get_gone_tables(wildcards):
-    """The published records gone from the build, a table per bucket (none without publish.dest)."""
-    if get_dedupe_settings() is None:
-        return []
-    return expand(rules.match_published.output.gone, bucket=get_bucket_ids())
-
-
 def get_group_published(wildcards):
     """The group's samples already published (part, row, version); none without publish.dest."""
     if get_dedupe_settings() is None:
         return []
     return [rules.collect_published.output.old.format(group=wildcards.group)]
+
+
+def get_group_gone(wildcards):
+    """The published records gone from the build that the group's piece of the manifests holds."""
+    if get_dedupe_settings() is None:
+        return []
+    return [rules.collect_published.output.gone.format(group=wildcards.group)]
+
+
+def get_part_count(wildcards):
+    return len(get_part_ids())
 
 
 def get_all_published_records(wildcards):
@@ -162,6 +166,10 @@ def get_all_published_lookups(wildcards):
 
 def get_all_published_matches(wildcards):
     return expand(rules.match_published.output.matches, bucket=get_bucket_ids())
+
+
+def get_all_published_gone(wildcards):
+    return expand(rules.match_published.output.gone, bucket=get_bucket_ids())
 
 
 def get_exact_exclusions(wildcards):
@@ -241,17 +249,11 @@ def get_key_drop_tables(wildcards):
 
 
 def get_near_entries(wildcards):
-    return [
-        *expand(rules.split_near_entries.output.entries, group=get_group_ids()),
-        rules.train_near_cells.output.entries,
-    ]
+    return expand(rules.split_near_entries.output.entries, group=get_group_ids())
 
 
 def get_near_homes(wildcards):
-    return [
-        *expand(rules.split_near_entries.output.homes, group=get_group_ids()),
-        rules.train_near_cells.output.homes,
-    ]
+    return expand(rules.split_near_entries.output.homes, group=get_group_ids())
 
 
 def get_near_pairs(kind):

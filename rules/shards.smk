@@ -83,7 +83,7 @@ rule match_published:
         parts_plan=PARTS_PLANNED,
     output:
         matches=f"{WORK}/plan/published/matches/{{bucket}}.arrow",
-        gone=f"{WORK}/plan/published/gone/{{bucket}}.parquet",
+        gone=f"{WORK}/plan/published/matches/{{bucket}}.gone.arrow",
     log:
         f"{LOGS}/match_published/{{bucket}}.log",
     conda:
@@ -99,8 +99,10 @@ rule match_published:
 rule list_published_matches:
     input:
         matches=get_all_published_matches,
+        gone=get_all_published_gone,
     output:
         matches=f"{WORK}/plan/published/matches/matches.list",
+        gone=f"{WORK}/plan/published/matches/gone.list",
     log:
         f"{LOGS}/list_published_matches.log",
     localrule: True
@@ -113,11 +115,13 @@ rule list_published_matches:
 rule collect_published:
     input:
         matches=listed(get_all_published_matches, rules.list_published_matches.output.matches),
+        gone=listed(get_all_published_gone, rules.list_published_matches.output.gone),
         samples=get_group_samples,
         parts_plan=PARTS_PLANNED,
     output:
         old=f"{WORK}/plan/published/old/{{group}}.parquet",
         exclusions=f"{WORK}/plan/published/already_published/{{group}}.parquet",
+        gone=f"{WORK}/plan/published/gone/{{group}}.parquet",
     log:
         f"{LOGS}/collect_published/{{group}}.log",
     conda:
@@ -245,30 +249,13 @@ rule collect_dropped:
 
 # Near-duplicate images (shardsmith.shards.nearparts) among the samples kept so far: cells trained once, a map
 # per group, a job per bucket, and one decision over the pairs.
-rule list_gone_tables:
-    input:
-        gone=get_gone_tables,
-    output:
-        gone=f"{WORK}/plan/published/gone/gone.list",
-    log:
-        f"{LOGS}/list_gone_tables.log",
-    localrule: True
-    conda:
-        "../envs/shards.yaml"
-    script:
-        "../scripts/list_files.py"
-
-
 rule train_near_cells:
     input:
         samples=get_all_part_samples,
-        gone=listed(get_gone_tables, rules.list_gone_tables.output.gone),
         embeddings=get_near_embeddings,
         parts_plan=PARTS_PLANNED,
     output:
         cells=f"{WORK}/plan/near/cells.npz",
-        entries=f"{WORK}/plan/near/entries/published.arrow",
-        homes=f"{WORK}/plan/near/homes/published.arrow",
     log:
         f"{LOGS}/train_near_cells.log",
     conda:
@@ -286,6 +273,7 @@ rule split_near_entries:
         dropped=rules.collect_dropped.output[0],
         cells=rules.train_near_cells.output.cells,
         published=get_group_published,
+        gone=get_group_gone,
         embeddings=get_group_near_embeddings,
     output:
         entries=f"{WORK}/plan/near/entries/{{group}}.arrow",
@@ -296,6 +284,7 @@ rule split_near_entries:
         "../envs/shards.yaml"
     params:
         first_part=get_group_first_part,
+        parts=get_part_count,
     script:
         "../scripts/split_near_entries.py"
 

@@ -7,13 +7,14 @@ from shardsmith.shards.published import collect_published
 
 def main() -> None:
     n = collect_published(
-        listed_files(snakemake.input.matches), int(snakemake.wildcards.group), list(snakemake.input.samples),
-        snakemake.params.first_part, snakemake.output.old, snakemake.output.exclusions,
-        exact=snakemake.params.exact, near=snakemake.params.near,
+        listed_files(snakemake.input.matches), listed_files(snakemake.input.gone), int(snakemake.wildcards.group),
+        list(snakemake.input.samples), snakemake.params.first_part, snakemake.output.old,
+        snakemake.output.exclusions, snakemake.output.gone, exact=snakemake.params.exact, near=snakemake.params.near,
     )  # fmt: skip
     print(
         f"{n['kept_from_earlier_versions']} samples kept from published versions; "
-        f"{n['excluded']} new ones already published (url or sha256) left out"
+        f"{n['excluded']} new ones already published (url or sha256) left out; "
+        f"{n['gone']} published records no longer in the build"
     )
 
 

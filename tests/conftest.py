@@ -30,6 +30,7 @@ def parts(tmp_path_factory, tiny):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The SLURM test first: it mostly waits for the scheduler's status polls, so under `make test` (pytest-xdist,
-    one worker per test file) the rest of the suite runs beside it rather than after it."""
-    items.sort(key=lambda item: item.path.name != "test_cluster.py")  # stable: the rest keep their order
+    """The SLURM test first, then the end-to-end runs, then the rest: under `make test` (pytest-xdist, one worker
+    per test file, files in this order) the SLURM test's waits for status polls and the long runs overlap the
+    short tests instead of coming last."""
+    items.sort(key=lambda item: (item.path.name != "test_cluster.py", item.path.parent.name != "workflow"))

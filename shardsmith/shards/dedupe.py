@@ -12,6 +12,7 @@ import io
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
@@ -24,6 +25,7 @@ from shardsmith.storage.stores import complete_versions, open_store
 STAGE = DEDUPE
 REASON = "already_published"
 PUBLISHED_COLUMNS = ["version", "key", "source_id", "url", "sha256"]
+ORDER_BITS = 40  # a published record's order: the version's index << 40 | its row in that version's manifest
 # read too where a version has them (the near-duplicate step compares them; older versions lack the hashes)
 NEAR_COLUMNS = ["width_before", "height_before", "phash", "phash_mirror"]
 
@@ -34,7 +36,8 @@ class PublishedManifestError(RuntimeError):
 
 def published_records(dest: str, dataset: str, s3: S3Settings | None = None) -> pd.DataFrame:
     """key, source_id, url, sha256 (and NEAR_COLUMNS, empty where a version lacks them) of every sample in
-    every complete version, oldest version first.
+    every complete version, oldest version first, with each record's `order` (the version's index <<
+    ORDER_BITS | its row in the manifest).
 
     Each manifest is checked against the sha256 its completion marker records: a damaged or replaced
     manifest stops the refresh instead of letting duplicates through.
@@ -57,9 +60,11 @@ def published_records(dest: str, dataset: str, s3: S3Settings | None = None) -> 
         for c in NEAR_COLUMNS:
             if c not in df.columns:
                 df[c] = 0 if c.endswith("before") else ""
-        frames.append(df.assign(version=version)[PUBLISHED_COLUMNS + NEAR_COLUMNS])
+        order = (len(frames) << ORDER_BITS) + np.arange(len(df), dtype=np.int64)
+        frames.append(df.assign(version=version, order=order)[PUBLISHED_COLUMNS + NEAR_COLUMNS + ["order"]])
     if not frames:
-        return pd.DataFrame({c: pd.Series(dtype=str) for c in PUBLISHED_COLUMNS + NEAR_COLUMNS})
+        empty = {c: pd.Series(dtype=str) for c in PUBLISHED_COLUMNS + NEAR_COLUMNS}
+        return pd.DataFrame({**empty, "order": pd.Series(dtype=np.int64)})
     return pd.concat(frames, ignore_index=True)
 
 

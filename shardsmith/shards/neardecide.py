@@ -504,7 +504,9 @@ def finish(
         with ParquetAppender(out_table, NEAR_COLUMNS) as table, piece:
             for chunk in merged(tables):
                 ids, kept = chunk["id"].to_numpy(np.int64), chunk["kept"].to_numpy(np.int64)
-                parts = {"part": names[ids >> np.int64(32)], "kept_part": names[kept >> np.int64(32)]}
+                last = np.int64(len(part_ids))  # every published record gone from the build is after the last part
+                parts = {"part": names[np.minimum(ids >> np.int64(32), last)],
+                         "kept_part": names[np.minimum(kept >> np.int64(32), last)]}  # fmt: skip
                 table.append(chunk.assign(**parts)[NEAR_COLUMNS])
                 distinct.add(kept)
                 for sig, g in chunk.groupby("signal"):

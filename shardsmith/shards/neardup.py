@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open, atomic_write_text
 from shardsmith.core.errors import ConfigError
+from shardsmith.shards.dedupe import ORDER_BITS
 from shardsmith.shards.neardecide import (
     HOME_SCHEMA,
     NEAR_COLUMNS,
@@ -119,7 +119,7 @@ class Published:
     gone: pd.DataFrame
 
 
-GONE_COLUMNS = ["key", "version", "width_before", "height_before", "phash", "phash_mirror"]
+GONE_COLUMNS = ["key", "version", "width_before", "height_before", "phash", "phash_mirror", "order"]
 
 
 def published_candidates(sample_paths: list[str], excluded: set[str], published: pd.DataFrame | None) -> Published:
@@ -127,6 +127,8 @@ def published_candidates(sample_paths: list[str], excluded: set[str], published:
     and those no longer in it; a sample another stage left out counts as no longer in it."""
     if published is None or published.empty:
         return Published([], pd.DataFrame({"part": [], "row": [], "version": []}), pd.DataFrame(columns=GONE_COLUMNS))
+    if "order" not in published:  # records in their published order, as dedupe.published_records gives them
+        published = published.assign(order=np.arange(len(published), dtype=np.int64))
     first = published.drop_duplicates("source_id")
     versions = sorted(set(first["version"]))
     index = pd.Index(first["source_id"])
@@ -166,10 +168,19 @@ def part_candidates(
     return sample_id(part, rows), prio, _codes(t["phash"]), _codes(t["phash_mirror"]), rows
 
 
+def gone_ids(order: np.ndarray, part: int) -> np.ndarray:
+    """Ids of published records gone from the build, after every part (`part` = the parts' count), in their
+    published order (dedupe.published_records' `order`): the same ids whichever job makes their entries."""
+    order = np.asarray(order, np.int64)
+    version, row = order >> np.int64(ORDER_BITS), order & np.int64((1 << ORDER_BITS) - 1)
+    high = np.int64(part) + (version << np.int64(ORDER_BITS - 32)) + (row >> np.int64(32))
+    return (high << np.int64(32)) | (row & np.int64(0xFFFF_FFFF))
+
+
 def gone_candidates(gone: pd.DataFrame, part: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     area = gone["width_before"].to_numpy(np.int64) * gone["height_before"].to_numpy(np.int64)
     prio = priority(np.ones(len(gone), bool), area, np.zeros(len(gone), np.int64))
-    return sample_id(part, np.arange(len(gone))), prio, _codes(gone["phash"]), _codes(gone["phash_mirror"])
+    return gone_ids(gone["order"].to_numpy(np.int64), part), prio, _codes(gone["phash"]), _codes(gone["phash_mirror"])
 
 
 def train_part_cells(
@@ -230,29 +241,15 @@ def excluded_keys(exclusions: list[str]) -> pd.Index:
 
 
 def train_near_cells(
-    sample_paths: list[str], s: NearSettings, samples: int, published: Published, embedding_paths: list[str],
-    out_cells: str, out_published: str, out_homes: str, layout: Layout | None = None,
+    sample_paths: list[str], s: NearSettings, samples: int, embedding_paths: list[str], out_cells: str,
+    layout: Layout | None = None,
 ) -> Layout:  # fmt: skip
-    """The cells' centroids for a dataset of about `samples` samples (or as `layout` says), and the entries and
-    home rows of the published samples no longer in the build (the part after the last)."""
+    """The cells' centroids for a dataset of about `samples` samples (or as `layout` says), trained on a
+    strided sample of the build's hashes."""
     layout = layout or s.layout(samples)
     cells = train_part_cells(sample_paths, layout, s, embedding_paths)
     write_cells(out_cells, layout, cells[0], cells[1])
-    gone = published.gone
-    ids, prio, code, mirror = gone_candidates(gone, len(sample_paths))
-    entries = part_entries(ids, prio, code, mirror, layout, cells[0])
-    write_entries(out_published, entries, layout)
-    blank = np.full(len(gone), "", object)
-    fields = pd.DataFrame({"id": ids, "key": gone["key"].astype(str).to_numpy(), "version": gone["version"].to_numpy(),
-                           "source": blank, "source_id": blank, "url": blank})  # fmt: skip
-    _write_homes(out_homes, entries, fields, layout)
     return layout
-
-
-def _write_homes(path: str, entries: pa.Table, fields: pd.DataFrame, layout: Layout) -> None:
-    """Each sample's HOME row, in the batch of its home partition."""
-    ids, first = np.unique(entries["id"].to_numpy(), return_index=True)
-    _write_home_rows(path, ids, entries["home"].to_numpy()[first], fields, layout)
 
 
 def _write_home_rows(path: str, ids: np.ndarray, homes: np.ndarray, fields: pd.DataFrame, layout: Layout) -> None:
@@ -266,13 +263,14 @@ SPLIT_CHUNK = 50_000  # samples whose entries are made and sorted at once (4 + p
 
 def split_near_group(
     samples: list[str], first_part: int, dropped: list[np.ndarray], old_path: str | None, cells_path: str, out: str,
-    out_homes: str, embeddings: list[str],
+    out_homes: str, embeddings: list[str], gone: pd.DataFrame | None = None, parts: int = 0,
 ) -> int:  # fmt: skip
     """The near-duplicate entries of a group's parts, of their samples that the steps before kept (`dropped`: each
     part's rows left out), in one file, one batch per bucket, and their home rows (key, version, ledger fields),
-    one batch per partition; returns the samples compared. Entries are made SPLIT_CHUNK samples at a time into
-    pieces beside `out` (a `.spill-*` folder, removed after) and merged a bucket at a time: the job's memory
-    follows the chunk, not the group, at any probes."""
+    one batch per partition; returns the samples compared. `gone`: published records no longer in the build
+    (its piece of them, GONE_COLUMNS), entered too, as keepers only, after every one of the `parts` parts. Entries
+    are made SPLIT_CHUNK samples at a time into pieces beside `out` (a `.spill-*` folder, removed after) and
+    merged a bucket at a time: the job's memory follows the chunk, not the group, at any probes."""
     layout, phash, embedding = read_cells(cells_path)
     pieces, ids_seen, homes_seen, homes, n = [], [], [], [], 0
     with tempfile.TemporaryDirectory(prefix=".spill-", dir=Path(out).parent) as tmp:
@@ -293,7 +291,21 @@ def split_near_group(
                 homes_seen.append(table["home"].to_numpy()[first])
             homes.append(_home_fields(path, ids, rows, old))
             n += len(ids)
-        merge_entries(out, pieces, layout, n)
+        if gone is not None and len(gone):
+            ids, prio, code, mirror = gone_candidates(gone, parts)
+            for at in range(0, len(ids), SPLIT_CHUNK):
+                take = slice(at, at + SPLIT_CHUNK)
+                table = part_entries(ids[take], prio[take], code[take], mirror[take], layout, phash)
+                pieces.append(str(Path(tmp) / f"{len(pieces)}.arrow"))
+                write_entries(pieces[-1], table, layout)
+                first_ids, first = np.unique(table["id"].to_numpy(), return_index=True)
+                ids_seen.append(first_ids)
+                homes_seen.append(table["home"].to_numpy()[first])
+            blank = np.full(len(gone), "", object)
+            homes.append(pd.DataFrame({"id": ids, "key": gone["key"].astype(str).to_numpy(),
+                                       "version": gone["version"].astype(str).to_numpy(), "source": blank,
+                                       "source_id": blank, "url": blank}))  # fmt: skip
+        merge_entries(out, pieces, layout, n)  # the build's samples compared: published ones are not counted
     fields = pd.concat(homes, ignore_index=True) if homes else _no_homes()
     ids_all = np.concatenate(ids_seen) if ids_seen else np.empty(0, np.int64)
     homes_all = np.concatenate(homes_seen) if homes_seen else np.empty(0, np.int32)
@@ -350,16 +362,15 @@ def run_near_jobs(
         pub.old.to_parquet(f, index=False)
     n = sum(pq.ParquetFile(p).metadata.num_rows for p in sample_paths)
     cells = str(work / "cells.npz")
-    used = train_near_cells(sample_paths, s, n, pub, embedding_paths, cells, str(work / "gone.arrow"),
-                            str(work / "gone.homes.arrow"), layout)  # fmt: skip
+    used = train_near_cells(sample_paths, s, n, embedding_paths, cells, layout)
     entries, homes, compared = [], [], 0
     for i, path in enumerate(sample_paths):
         entries.append(str(work / f"{i}.entries.arrow"))
         homes.append(str(work / f"{i}.homes.arrow"))
         emb = embedding_paths[i : i + 1] if s.embedding_min_similarity is not None else []
-        compared += split_near_group([path], i, [dropped[i]], str(old), cells, entries[-1], homes[-1], emb)
-    entries.append(str(work / "gone.arrow"))
-    homes.append(str(work / "gone.homes.arrow"))
+        gone = pub.gone if i == len(sample_paths) - 1 else None  # the published records gone, with the last
+        compared += split_near_group([path], i, [dropped[i]], str(old), cells, entries[-1], homes[-1], emb,
+                                     gone, len(sample_paths))  # fmt: skip
     ins, outs = [], []
     for b in range(used.buckets):
         ins.append(str(work / f"{b}.in.arrow"))

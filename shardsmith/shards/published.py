@@ -32,24 +32,26 @@ from shardsmith.shards.buckets import cut, group_of, read_batch, write_batches
 from shardsmith.shards.dedupe import (
     EXCLUSION_COLUMNS,
     NEAR_COLUMNS,
+    ORDER_BITS,
     REASON,
     STAGE,
     PublishedManifestError,
     image_urls,
 )
+from shardsmith.shards.neardup import GONE_COLUMNS
 from shardsmith.storage.s3 import S3Settings
 from shardsmith.storage.stores import complete_versions, open_store
 
 SOURCE_ID, URL, SHA256 = 0, 1, 2  # what a lookup value is
 WHAT = {URL: "url", SHA256: "image sha256"}  # as the exclusion's detail names it
 HASH_KEYS = ("shardsmith-pubA1", "shardsmith-pubB2")  # two 64-bit SipHashes: 128 bits, no collision at 5.85B
-ORDER_BITS = 40  # order = version index << 40 | row in that version's manifest
 VERSIONS = "versions.json"
 
 PUBLISHED = pa.schema(
     [("kind", pa.int8()), ("h1", pa.uint64()), ("h2", pa.uint64()), ("order", pa.int64()),
      ("key", pa.large_string()), ("version", pa.large_string()), ("width_before", pa.int64()),
-     ("height_before", pa.int64()), ("phash", pa.large_string()), ("phash_mirror", pa.large_string())]
+     ("height_before", pa.int64()), ("phash", pa.large_string()), ("phash_mirror", pa.large_string()),
+     ("piece", pa.int32())]
 )  # fmt: skip
 LOOKUPS = pa.schema(
     [("kind", pa.int8()), ("h1", pa.uint64()), ("h2", pa.uint64()), ("id", pa.int64()), ("kept", pa.bool_())]
@@ -58,7 +60,11 @@ MATCHES = pa.schema(
     [("id", pa.int64()), ("kind", pa.int8()), ("kept", pa.bool_()), ("key", pa.large_string()),
      ("version", pa.large_string())]
 )  # fmt: skip
-GONE = ["key", "version", "width_before", "height_before", "phash", "phash_mirror", "order"]
+GONE = pa.schema(
+    [("key", pa.large_string()), ("version", pa.large_string()), ("width_before", pa.int64()),
+     ("height_before", pa.int64()), ("phash", pa.large_string()), ("phash_mirror", pa.large_string()),
+     ("order", pa.int64())]
+)  # fmt: skip
 OLD = ["part", "row", "version"]
 
 
@@ -93,7 +99,7 @@ def read_versions(manifest_dir: str | os.PathLike) -> list[str]:
     return json.loads(Path(manifest_dir, VERSIONS).read_text())["versions"]
 
 
-def _published_rows(t: pd.DataFrame, version: str, order: np.ndarray) -> pa.Table:
+def _published_rows(t: pd.DataFrame, version: str, order: np.ndarray, piece: int) -> pa.Table:
     """A manifest chunk's lookups: its source_ids (with the near-duplicate columns), urls and sha256s."""
     for c in NEAR_COLUMNS:
         if c not in t.columns:
@@ -113,6 +119,7 @@ def _published_rows(t: pd.DataFrame, version: str, order: np.ndarray) -> pa.Tabl
             "height_before": t["height_before"].fillna(0).to_numpy(np.int64)[pick] if near else None,
             "phash": t["phash"].fillna("").astype(str).to_numpy(object)[pick] if near else None,
             "phash_mirror": t["phash_mirror"].fillna("").astype(str).to_numpy(object)[pick] if near else None,
+            "piece": np.full(len(pick), piece, np.int32),
         }  # fmt: skip
         tables.append(
             pa.table(
@@ -140,7 +147,7 @@ def split_published(
             t = f.read_row_group(i, columns=columns).to_pandas()
             order = (np.int64(v) << np.int64(ORDER_BITS)) | np.arange(row, row + len(t), dtype=np.int64)
             row += len(t)
-            tables.append(_published_rows(t, version, order))
+            tables.append(_published_rows(t, version, order, piece))
     table = pa.concat_tables(tables) if tables else PUBLISHED.empty_table()
     bins = (table["h1"].to_numpy() % np.uint64(buckets)).astype(np.int64)
     write_batches(out, PUBLISHED, cut(table, bins, buckets))
@@ -184,8 +191,8 @@ def match_published(
     out_matches: str | os.PathLike, out_gone: str | os.PathLike, near: bool = True,
 ) -> dict:  # fmt: skip
     """A bucket's decisions: each sample's match with the first published record of its values (one batch
-    per group) and the published source_ids gone from the build (none without the near-duplicate search);
-    returns counts for the log."""
+    per group) and the published source_ids gone from the build (none without the near-duplicate search;
+    one batch per group: the piece of the manifests split_published read them from); returns counts."""
     pub = pa.concat_tables([read_batch(p, bucket) for p in published] or [PUBLISHED.empty_table()]).to_pandas()
     smp = pa.concat_tables([read_batch(p, bucket) for p in lookups] or [LOOKUPS.empty_table()]).to_pandas()
     first = pub.sort_values("order", kind="stable").drop_duplicates(["kind", "h1", "h2"])
@@ -197,19 +204,21 @@ def match_published(
     kept = smp[(smp["kind"] == SOURCE_ID) & smp["kept"]][["h1", "h2"]].drop_duplicates()
     present = sources.merge(kept, on=["h1", "h2"], how="left", indicator=True)["_merge"].eq("both").to_numpy()
     hashed = (sources["phash"].fillna("") != "").to_numpy()
-    gone = sources[hashed & ~present & near].sort_values("order")[GONE]
-    with atomic_open(out_gone) as f:
-        gone.to_parquet(f, index=False)
+    gone = sources[hashed & ~present & near].sort_values("order")
+    table = pa.Table.from_pandas(gone[GONE.names], preserve_index=False).cast(GONE)
+    write_batches(out_gone, GONE, cut(table, gone["piece"].to_numpy(np.int64), groups))  # by the piece read
     return {"published": len(pub), "samples": len(smp), "matched": len(m), "gone": len(gone)}
 
 
 def collect_published(
-    matches: list[str], group: int, samples: list[str], first_part: int, out_old: str | os.PathLike,
-    out_exclusions: str | os.PathLike, exact: bool = True, near: bool = True,
+    matches: list[str], gone: list[str], group: int, samples: list[str], first_part: int,
+    out_old: str | os.PathLike, out_exclusions: str | os.PathLike, out_gone: str | os.PathLike,
+    exact: bool = True, near: bool = True,
 ) -> dict:  # fmt: skip
     """A group's rows from every bucket: `old` (part, row, version of samples whose source_id was published
     and that no other step left out; for the near-duplicate search) and, with `exact` (publish.dedupe), the
-    exclusions of its new samples whose url, else sha256, was published."""
+    exclusions of its new samples whose url, else sha256, was published; and the published records gone
+    from the build that its piece of the manifests holds, in published order (for split_near_entries)."""
     got = [read_batch(p, group) for p in matches]
     m = (pa.concat_tables(got) if got else MATCHES.empty_table()).to_pandas()
     m = m.sort_values(["id", "kind"], kind="stable")
@@ -227,14 +236,22 @@ def collect_published(
             hits["id"].tolist(), hits["kind"].tolist(), hits["key"].tolist(), hits["version"].tolist(), strict=True
         )
     ]
-    for frame, path in ((old[OLD], out_old), (pd.DataFrame(rows, columns=EXCLUSION_COLUMNS), out_exclusions)):
+    got = [read_batch(p, group) for p in gone]
+    gone_rows = read_gone_table(pa.concat_tables(got) if got else GONE.empty_table())
+    excluded = pd.DataFrame(rows, columns=EXCLUSION_COLUMNS)
+    for frame, path in ((old[OLD], out_old), (excluded, out_exclusions), (gone_rows, out_gone)):
         with atomic_open(path) as f:
             frame.reset_index(drop=True).to_parquet(f, index=False)
-    return {"kept_from_earlier_versions": len(published_ids), "excluded": len(rows)}
+    return {"kept_from_earlier_versions": len(published_ids), "excluded": len(rows), "gone": len(gone_rows)}
+
+
+def read_gone_table(table: pa.Table) -> pd.DataFrame:
+    """Published records gone from the build (GONE_COLUMNS) in published order (oldest version, then
+    manifest order)."""
+    return table.to_pandas().sort_values("order", kind="stable")[GONE_COLUMNS].reset_index(drop=True)
 
 
 def read_gone(paths: list[str]) -> pd.DataFrame:
-    """The buckets' gone records in published order (oldest version, then manifest order), as one table."""
-    frames = [pd.read_parquet(p) for p in paths]
-    gone = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=GONE)
-    return gone.sort_values("order", kind="stable").drop(columns="order").reset_index(drop=True)
+    """The groups' gone tables as one, in published order."""
+    frames = [pq.read_table(p).cast(GONE) for p in paths]
+    return read_gone_table(pa.concat_tables(frames) if frames else GONE.empty_table())

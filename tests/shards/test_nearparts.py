@@ -12,7 +12,6 @@ from shardsmith.shards import neardup, nearparts
 from shardsmith.shards.neardup import (
     NearSettings,
     find_near_duplicates,
-    no_published,
     split_near_group,
     train_near_cells,
 )
@@ -165,8 +164,7 @@ def test_a_group_split_a_chunk_at_a_time_writes_the_same_files(monkeypatch, tmp_
     codes, _ = planted(rng, 3000, 100, (1, 8))
     paths = write_parts(tmp_path, codes, ~codes, 3)
     cells = str(tmp_path / "cells.npz")
-    train_near_cells(paths, NearSettings(), 3000, no_published(), [], cells, str(tmp_path / "gone.arrow"),
-                     str(tmp_path / "gone.homes.arrow"), Layout(cells=6, buckets=4))  # fmt: skip
+    train_near_cells(paths, NearSettings(), 3000, [], cells, Layout(cells=6, buckets=4))
     written = {}
     for chunk in (100_000, 7):
         monkeypatch.setattr(neardup, "SPLIT_CHUNK", chunk)

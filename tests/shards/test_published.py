@@ -91,17 +91,18 @@ def _partitioned(tmp_path, dest, samples, exclusions, buckets: int, parts_per_gr
     matches, gone = [], []
     for b in range(buckets):
         matches.append(str(work / f"match-{b}.arrow"))
-        gone.append(str(work / f"gone-{b}.parquet"))
+        gone.append(str(work / f"gone-{b}.arrow"))
         match_published(pub, look, b, groups, parts_per_group, matches[-1], gone[-1], near=near)
-    old, excl = [], []
+    old, excl, gone_pieces = [], [], []
     for g in range(groups):
         first = g * parts_per_group
         old.append(work / f"old-{g}.parquet")
         excl.append(work / f"excl-{g}.parquet")
+        gone_pieces.append(work / f"gone-{g}.parquet")
         group = samples[first : first + parts_per_group]
-        collect_published(matches, g, group, first, old[-1], excl[-1], exact=exact, near=near)
+        collect_published(matches, gone, g, group, first, old[-1], excl[-1], gone_pieces[-1], exact=exact, near=near)
     cat = lambda paths: pd.concat([pd.read_parquet(p) for p in paths], ignore_index=True)  # noqa: E731
-    return versions, cat(excl), cat(old), read_gone(gone)
+    return versions, cat(excl), cat(old), read_gone(gone_pieces)
 
 
 @pytest.mark.parametrize(("buckets", "parts_per_group"), [(1, 3), (3, 1), (7, 2)])
