@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +48,9 @@ def group_of(ids: np.ndarray, parts_per_group: int) -> np.ndarray:
     return (np.asarray(ids, np.int64) >> np.int64(32)) // parts_per_group
 
 
-def write_batches(path: str | os.PathLike, schema: pa.Schema, pieces: list[pa.Table], meta: dict | None = None) -> None:
+def write_batches(
+    path: str | os.PathLike, schema: pa.Schema, pieces: Iterable[pa.Table], meta: dict | None = None
+) -> None:
     """An Arrow IPC file with one record batch per piece, in order (empty ones too): reader i reads batch i."""
     schema = schema.with_metadata({k: json.dumps(v) for k, v in (meta or {}).items()})
     with atomic_open(path) as f, pa.ipc.new_file(f, schema) as w:
@@ -86,12 +88,17 @@ def split_keys(samples: list[str], first_part: int, buckets: int, out: str | os.
     return table.num_rows
 
 
+SPILL_FILES = 512  # files a job keeps open while spilling: each holds a contiguous range of buckets
+
+
 def split_exclusions(tables: list[str], buckets: int, out: str | os.PathLike, tmp: str | None = None) -> int:
     """Every row of the exclusion tables, numbered below zero in order, one batch per bucket (spilled to disk
-    on the way, so the job holds one bucket at a time); returns the rows."""
+    on the way, in at most SPILL_FILES files of consecutive buckets, so the job holds one file's rows at a
+    time and keeps that many open at any bucket count); returns the rows."""
     total = sum(num_rows(p) for p in tables)
+    files = min(buckets, SPILL_FILES)
     with spill_folder(tmp) as spill_dir:
-        spill = Spill(spill_dir if buckets > 1 else None, buckets, EXCLUDED)
+        spill = Spill(spill_dir if files > 1 else None, files, EXCLUDED)
         at = -total
         for path in tables:
             for batch in pq.ParquetFile(path).iter_batches(
@@ -102,9 +109,16 @@ def split_exclusions(tables: list[str], buckets: int, out: str | os.PathLike, tm
                 at += t.num_rows
                 rows = pa.table({"key": t["key"], "id": ids, "stage": t["stage"], "reason": t["reason"],
                                  "detail": t["detail"]}).cast(EXCLUDED)  # fmt: skip
-                spill.add(rows, key_bins(rows["key"], buckets))
+                spill.add(rows, key_bins(rows["key"], buckets) * files // buckets)
         spill.close()
-        write_batches(out, EXCLUDED, [spill.read(b) for b in range(buckets)], {"rows": total})
+
+        def pieces() -> Iterator[pa.Table]:
+            for f in range(files):  # file f holds buckets ceil(f x buckets / files) up to the next file's first
+                lo, hi = -(-f * buckets // files), -(-(f + 1) * buckets // files)
+                rows = spill.read(f)
+                yield from cut(rows, key_bins(rows["key"], buckets) - lo, hi - lo)
+
+        write_batches(out, EXCLUDED, pieces(), {"rows": total})
     return total
 
 

@@ -25,7 +25,6 @@ from shardsmith.storage.stores import complete_versions, open_store
 STAGE = DEDUPE
 REASON = "already_published"
 PUBLISHED_COLUMNS = ["version", "key", "source_id", "url", "sha256"]
-ORDER_BITS = 40  # a published record's order: the version's index << 40 | its row in that version's manifest
 # read too where a version has them (the near-duplicate step compares them; older versions lack the hashes)
 NEAR_COLUMNS = ["width_before", "height_before", "phash", "phash_mirror"]
 
@@ -37,11 +36,13 @@ class PublishedManifestError(RuntimeError):
 def published_records(dest: str, dataset: str, s3: S3Settings | None = None) -> pd.DataFrame:
     """key, source_id, url, sha256 (and NEAR_COLUMNS, empty where a version lacks them) of every sample in
     every complete version, oldest version first, with each record's `order` (the version's index <<
-    ORDER_BITS | its row in the manifest).
+    neardup.ORDER_BITS | its row in the manifest).
 
     Each manifest is checked against the sha256 its completion marker records: a damaged or replaced
     manifest stops the refresh instead of letting duplicates through.
     """
+    from shardsmith.shards.neardup import ORDER_BITS
+
     store = open_store(dest, dataset, s3)
     frames = []
     for version, marker in complete_versions(dest, dataset, s3).items():

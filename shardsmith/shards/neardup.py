@@ -31,7 +31,6 @@ import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open, atomic_write_text
 from shardsmith.core.errors import ConfigError
-from shardsmith.shards.dedupe import ORDER_BITS
 from shardsmith.shards.neardecide import (
     HOME_SCHEMA,
     NEAR_COLUMNS,
@@ -120,6 +119,7 @@ class Published:
 
 
 GONE_COLUMNS = ["key", "version", "width_before", "height_before", "phash", "phash_mirror", "order"]
+ORDER_BITS = 40  # a published record's `order`: its version's index << 40 | its row in that version's manifest
 
 
 def published_candidates(sample_paths: list[str], excluded: set[str], published: pd.DataFrame | None) -> Published:

@@ -32,13 +32,12 @@ from shardsmith.shards.buckets import cut, group_of, read_batch, write_batches
 from shardsmith.shards.dedupe import (
     EXCLUSION_COLUMNS,
     NEAR_COLUMNS,
-    ORDER_BITS,
     REASON,
     STAGE,
     PublishedManifestError,
     image_urls,
 )
-from shardsmith.shards.neardup import GONE_COLUMNS
+from shardsmith.shards.neardup import GONE_COLUMNS, ORDER_BITS
 from shardsmith.storage.s3 import S3Settings
 from shardsmith.storage.stores import complete_versions, open_store
 

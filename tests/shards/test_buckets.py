@@ -5,9 +5,12 @@ import json
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
-from shardsmith.shards.buckets import read_batch, shard_ranges
+from shardsmith.formats.tables import key_bins
+from shardsmith.shards import buckets as bucket_module
+from shardsmith.shards.buckets import read_batch, shard_ranges, split_exclusions
 from shardsmith.shards.plan import plan_shards
 
 
@@ -53,6 +56,25 @@ def test_the_same_shards_and_ledger_with_one_bucket_or_many_and_every_sample_acc
     assert all(len(p) == 25 for p in planned[:-1])
     first = dropped[dropped["reason"] == "low_similarity"]
     assert not first.empty and "ignored" not in " ".join(first["detail"])
+
+
+@pytest.mark.parametrize("files", [1, 3, 512])
+def test_exclusions_spilled_in_fewer_files_than_buckets_land_each_in_its_bucket_in_table_order(
+    tmp_path, monkeypatch, files
+):
+    """At LAION-5B's 62,400 buckets a file per bucket would pass any open-files limit: the spill keeps at most
+    SPILL_FILES, each a run of consecutive buckets, and every bucket's batch still holds its rows in order."""
+    monkeypatch.setattr(bucket_module, "SPILL_FILES", files)
+    _, _, ex = parts(tmp_path, np.random.default_rng(2))
+    out = tmp_path / "excluded.arrow"
+    assert split_exclusions([ex, ex], 13, out, str(tmp_path / "scratch")) == 42
+    rows = pd.concat([pd.read_parquet(ex)] * 2, ignore_index=True).assign(id=np.arange(-42, 0))
+    rows["bucket"] = key_bins(pa.array(rows["key"]), 13)
+    for b in range(13):
+        got = read_batch(out, b).to_pandas()
+        want = rows[rows["bucket"] == b]
+        assert got["key"].tolist() == want["key"].tolist() and got["id"].tolist() == want["id"].tolist(), b
+    assert not list((tmp_path / "scratch").iterdir())  # the spill folder is gone
 
 
 def test_shard_ranges_cut_the_kept_samples_in_order_and_name_the_rows_left_out_between():
