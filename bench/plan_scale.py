@@ -457,10 +457,15 @@ def main() -> None:
     extrapolated = {name: extrapolate(results, n, plans, splits) for name, n in TARGETS.items()}
     report = {"bench": "plan_scale", "part_size": PART_SIZE, "sizes": results, "plan_shards_alone": plans,
               "split_near_entries_alone": splits, "extrapolated": extrapolated}  # fmt: skip
+    write_report(report, args.out)
+
+
+def write_report(report: dict, out: str | None) -> None:
+    """The results as JSON on stdout, and in `out` when given."""
     text = json.dumps(report, indent=1)
     print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    if out:
+        Path(out).write_text(text + "\n")
 
 
 if __name__ == "__main__":

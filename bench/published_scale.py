@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plan_scale import PART_SIZE, REPO, SNAKEMAKE, TARGETS, generate, job_figures, prepare_run
+from plan_scale import PART_SIZE, REPO, SNAKEMAKE, TARGETS, generate, job_figures, prepare_run, write_report
 
 sys.path.insert(0, str(REPO))
 from shardsmith.shards.neardup import NearSettings
@@ -171,10 +171,7 @@ def main() -> None:
         "bench": "published_scale", "part_size": PART_SIZE, "sizes": results,
         "extrapolated": {name: extrapolate(results, n) for name, n in TARGETS.items()},
     }  # fmt: skip
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    write_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ holds old plus new records, with no image published twice across versions.
 import hashlib
 import io
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from shardsmith.core.atomic import atomic_open
 from shardsmith.core.ledger import DEDUPE, EXCLUSION_COLUMNS
 from shardsmith.formats.tables import num_rows
 from shardsmith.storage.s3 import S3Settings
-from shardsmith.storage.stores import complete_versions, open_store
+from shardsmith.storage.stores import Store, complete_versions, open_store
 
 STAGE = DEDUPE
 REASON = "already_published"
@@ -33,6 +34,22 @@ class PublishedManifestError(RuntimeError):
     pass
 
 
+def published_manifests(dest: str, dataset: str, s3: S3Settings | None = None) -> Iterator[tuple[Store, str, str]]:
+    """(store, version, the sha256 its marker records for manifest.parquet) of every complete version that has
+    one, oldest first."""
+    store = open_store(dest, dataset, s3)
+    for version, marker in complete_versions(dest, dataset, s3).items():
+        entry = marker["files"].get("manifest.parquet")
+        if entry is not None:
+            yield store, version, entry["sha256"]
+
+
+def manifest_error(store: Store, version: str) -> PublishedManifestError:
+    return PublishedManifestError(
+        f"{store.where(version)}/manifest.parquet is missing or differs from its {version} marker"
+    )
+
+
 def published_records(dest: str, dataset: str, s3: S3Settings | None = None) -> pd.DataFrame:
     """key, source_id, url, sha256 (and NEAR_COLUMNS, empty where a version lacks them) of every sample in
     every complete version, oldest version first, with each record's `order` (the version's index <<
@@ -43,17 +60,11 @@ def published_records(dest: str, dataset: str, s3: S3Settings | None = None) -> 
     """
     from shardsmith.shards.neardup import ORDER_BITS
 
-    store = open_store(dest, dataset, s3)
     frames = []
-    for version, marker in complete_versions(dest, dataset, s3).items():
-        entry = marker["files"].get("manifest.parquet")
-        if entry is None:
-            continue
+    for store, version, sha256 in published_manifests(dest, dataset, s3):
         data = store.read(f"{version}/manifest.parquet")
-        if data is None or hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise PublishedManifestError(
-                f"{store.where(version)}/manifest.parquet is missing or differs from its {version} marker"
-            )
+        if data is None or hashlib.sha256(data).hexdigest() != sha256:
+            raise manifest_error(store, version)
         present = set(pq.read_schema(io.BytesIO(data)).names)
         df = pd.read_parquet(
             io.BytesIO(data), columns=[c for c in PUBLISHED_COLUMNS[1:] + NEAR_COLUMNS if c in present]

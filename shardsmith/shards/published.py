@@ -34,12 +34,12 @@ from shardsmith.shards.dedupe import (
     NEAR_COLUMNS,
     REASON,
     STAGE,
-    PublishedManifestError,
     image_urls,
+    manifest_error,
+    published_manifests,
 )
 from shardsmith.shards.neardup import GONE_COLUMNS, ORDER_BITS
 from shardsmith.storage.s3 import S3Settings
-from shardsmith.storage.stores import complete_versions, open_store
 
 SOURCE_ID, URL, SHA256 = 0, 1, 2  # what a lookup value is
 WHAT = {URL: "url", SHA256: "image sha256"}  # as the exclusion's detail names it
@@ -77,18 +77,11 @@ def fetch_published(dest: str, dataset: str, s3: S3Settings, out_dir: str | os.P
     naming them; returns the versions. A manifest is streamed to disk, never held."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    store = open_store(dest, dataset, s3)
     versions = []
-    for version, marker in complete_versions(dest, dataset, s3).items():
-        entry = marker["files"].get("manifest.parquet")
-        if entry is None:
-            continue
+    for store, version, sha256 in published_manifests(dest, dataset, s3):
         with atomic_open(out_dir / f"{len(versions):05d}.parquet") as f:
-            digest = store.copy_to(f"{version}/manifest.parquet", f)
-            if digest != entry["sha256"]:
-                raise PublishedManifestError(
-                    f"{store.where(version)}/manifest.parquet is missing or differs from its {version} marker"
-                )
+            if store.copy_to(f"{version}/manifest.parquet", f) != sha256:
+                raise manifest_error(store, version)
         versions.append(version)
     atomic_write_text(out_dir / VERSIONS, json.dumps({"versions": versions}) + "\n")
     return versions
