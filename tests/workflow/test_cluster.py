@@ -164,7 +164,7 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
         if want["cpus"]:
             assert int(record["ProcCnt"]) == want["cpus"], (rule, record)
         shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
-        comment = re.search(r"\bComment=(\S+)", shown)  # kept for MinJobAge=600 s; squeue -o %k shows it
+        comment = re.search(r"\bComment=(\S+)", shown)  # kept for MinJobAge=7200 s; squeue -o %k shows it
         assert comment and comment.group(1).startswith(f"rule_{rule}"), shown
         if rule in ("download_part", "embed_part", "write_shard"):  # one job per part or shard
             assert re.fullmatch(rf"rule_{rule}_wildcards_[\w-]*\d{{6}}", comment.group(1)), comment.group(1)
