@@ -3,10 +3,13 @@
     python bench/memory_scale.py [--samples 100000 400000 1600000] [--part-size 5000]
 
 These three see every sample of a dataset (the per-part and per-shard jobs see one part or shard, and
-e2e_bench measures them). For each size it writes processed-part sample tables as download_part leaves them
-(realistic keys, URLs and sha256s; 1% of keys repeated in a later part), then runs the job functions, each
-in a fresh interpreter, and records its peak RSS. The issue's target is memory per job under 1 GiB at the
-default part size and flat as the dataset grows; the slope (bytes per added sample) says how flat.
+e2e_bench measures them). index_shards and validate_dataset now work from pieces (bench/index_scale.py
+measures them at LAION counts); here validate_dataset runs its check without the buckets' sums, the
+manifest's keys sorted into bins on disk. For each size it writes processed-part sample tables as
+download_part leaves them (realistic keys, URLs and sha256s; 1% of keys repeated in a later part), then
+runs the job functions, each in a fresh interpreter, and records its peak RSS. The issue's target is memory
+per job under 1 GiB at the default part size and flat as the dataset grows; the slope (bytes per added
+sample) says how flat.
 Raw figures go to bench/results/memory-scale.json.
 """
 
@@ -22,11 +25,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench.e2e_bench import save_result  # noqa: E402
+from bench.index_scale import index_jobs  # noqa: E402
 from shardsmith.core.ledger import REJECT_COLUMNS  # noqa: E402
+from shardsmith.formats.index import write_manifest_piece  # noqa: E402
 from shardsmith.formats.parts import SAMPLE_COLUMNS  # noqa: E402
 
 
@@ -45,7 +51,7 @@ def write_parts(folder: Path, samples: int, part_size: int, rng: np.random.Gener
                 "url": np.char.add("https://images.example.com/photos/2024/", np.char.add(i.astype(str), ".jpg")),
                 "width_before": rng.integers(200, 6000, n), "height_before": rng.integers(200, 6000, n),
                 "width": rng.integers(64, 512, n), "height": rng.integers(64, 512, n),
-                "bytes": rng.integers(10_000, 90_000, n),
+                "bytes": rng.integers(10_000, 90_000, n), "bytes_before": rng.integers(10_000, 900_000, n),
                 "sha256": [f"{x:064x}" for x in rng.integers(0, 2**62, n)], "caption_length": rng.integers(5, 300, n),
                 "caption_field": "caption", "passthrough": rng.random(n) < 0.3,
                 "phash": [f"{x:016x}" for x in rng.integers(0, 2**63, n)],
@@ -91,11 +97,14 @@ def measure(folder: Path, samples: int, part_size: int, per_shard: int) -> dict:
     names = sorted(p.name.split(".")[0] for p in plan.glob("*.samples.parquet"))
     infos = []
     for n in names:  # what write_shard leaves (no tars are written: the index jobs do not read them)
-        rows = len(pd.read_parquet(plan / f"{n}.samples.parquet", columns=["key"]))
+        table = pq.read_table(plan / f"{n}.samples.parquet")
+        rows = table.num_rows
         info = folder / f"{n}.json"
+        counts = write_manifest_piece(table, f"{n}.tar", folder / f"{n}.manifest.parquet")
         info.write_text(
             json.dumps(
                 {"shard": f"{n}.tar", "nsamples": rows, "filesize": rows * 4096, "md5sum": "0" * 32, "sha256": "0" * 64}
+                | counts
             )
         )
         (folder / f"{n}.report.json").write_text(
@@ -111,22 +120,15 @@ def measure(folder: Path, samples: int, part_size: int, per_shard: int) -> dict:
             )
         )
         infos.append(str(info))
-    plans = [str(plan / f"{n}.samples.parquet") for n in names]
+    plans = [str(folder / f"{n}.manifest.parquet") for n in names]  # the manifest's pieces, as write_shard leaves them
     status = [p.replace(".samples.", ".status.") for p in parts]
     rejected = [*(p.replace(".samples.", ".rejected.") for p in parts), str(plan / "dropped.parquet")]
     index = folder / "index"
     reports = [str(folder / f"{n}.report.json") for n in names]
     args.write_text(
-        json.dumps({"infos": infos, "plans": plans, "status": status, "rejected": rejected, "reports": reports})
+        json.dumps({"infos": infos, "manifests": plans, "status": status, "rejected": rejected, "reports": reports})
     )
-    out["index_shards"] = peak_rss_mib(
-        f"{load}from shardsmith.formats.index import build_index\n"
-        f"build_index('ds', a['infos'], a['plans'], a['status'], a['rejected'], {str(index)!r})"
-    )
-    out["validate_dataset"] = peak_rss_mib(
-        f"{load}from shardsmith.shards.validate import check_dataset\n"
-        f"check_dataset(a['reports'], {str(index / 'sizes.json')!r}, {str(index / 'manifest.parquet')!r}, 1)"
-    )
+    out |= index_jobs(args, index, peak_rss_mib, by_bucket=False)
     stats = json.loads((index / "stats.json").read_text())
     assert stats["input_records"] == samples == stats["published"] + stats["rejected"], stats
     out["duplicates_dropped"] = stats["rejected_by_reason"].get("shard/duplicate_key", 0)

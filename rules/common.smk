@@ -248,6 +248,15 @@ def get_key_drop_tables(wildcards):
     return expand(rules.find_duplicate_keys.output[0], bucket=get_bucket_ids())
 
 
+def get_planned_keys(wildcards):
+    """What planning kept, by bucket (the key tables' footers), and the near-duplicates it left out after:
+    validate_dataset checks the shards' keys against them."""
+    keys = {"key_drops": listed(get_key_drop_tables, rules.list_key_drops.output.drops)(wildcards)}
+    if config["dedupe"]["near"] != "off":
+        keys["near_dropped"] = rules.decide_near_duplicates.output.dropped
+    return keys
+
+
 def get_near_entries(wildcards):
     return expand(rules.split_near_entries.output.entries, group=get_group_ids())
 
@@ -454,8 +463,8 @@ def get_shard_inputs(wildcards):
     }
 
 
-def get_shard_plans(wildcards):
-    return [shard_plan_path(s) for s in get_shard_ids()]
+def get_manifest_pieces(wildcards):
+    return expand(rules.write_shard.output.manifest, shard=get_shard_ids())
 
 
 def get_shards(wildcards):

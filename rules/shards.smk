@@ -445,6 +445,8 @@ rule write_shard:
         report=f"{WORK}/validate/{DATASET}-{{shard}}.json",
         # where each member landed, recorded as written: the loaders' indexes are made from it
         members=f"{WORK}/shards/{DATASET}-{{shard}}.members.parquet",
+        # the shard's rows of the manifest: index_shards links them into manifest.parquet/
+        manifest=f"{WORK}/shards/{DATASET}-{{shard}}.manifest.parquet",
         # NVIDIA DALI's index (shardsmith.formats.dali) and Megatron-Energon's (shardsmith.formats.energon), checked
         # against the shard as re-read, with it
         dali_index=f"{OUT}/{DATASET}-{{shard}}.idx",
@@ -465,13 +467,14 @@ rule index_shards:
     input:
         unpack(get_ledger_inputs),
         infos=get_shard_infos,
-        plans=get_shard_plans,
+        manifests=get_manifest_pieces,
         plan_dir=rules.plan_shards.output[0],
     output:
         sizes=f"{OUT}/{INDEX_FILES['sizes']}",
         wids=f"{OUT}/{INDEX_FILES['wids']}",
-        manifest=f"{OUT}/{INDEX_FILES['manifest']}",
-        rejected=f"{OUT}/{INDEX_FILES['rejected']}",
+        # folders of parquet pieces, a shard's or a part's each, linked from where their jobs wrote them
+        manifest=directory(f"{OUT}/{INDEX_FILES['manifest']}"),
+        rejected=directory(f"{OUT}/{INDEX_FILES['rejected']}"),
         stats=f"{OUT}/{INDEX_FILES['stats']}",
     log:
         f"{LOGS}/index_shards.log",
@@ -510,9 +513,9 @@ rule write_energon_meta:
 # Each shard is validated by the job that wrote it (write_shard); this checks the dataset as a whole.
 rule validate_dataset:
     input:
+        unpack(get_planned_keys),
         reports=get_validation_reports,
         sizes=rules.index_shards.output.sizes,
-        manifest=rules.index_shards.output.manifest,
         energon_info=rules.write_energon_meta.output.info,  # .nv-meta/ is checked against sizes.json
         plan_dir=PLANNED,
     output:

@@ -10,7 +10,7 @@ def main() -> None:
     stats = build_index(
         snakemake.params.layout["dataset"],
         shard_infos=list(snakemake.input.infos),
-        shard_plans=list(snakemake.input.plans),
+        manifest_pieces=list(snakemake.input.manifests),
         status_paths=list(snakemake.input.status),
         rejected_paths=list(snakemake.input.rejected),
         out_dir=Path(snakemake.output.sizes).parent,

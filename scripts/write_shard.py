@@ -20,7 +20,7 @@ def main() -> None:
     rows = shard_rows(ranges, {name(p): p for p in snakemake.input.samples})
     with atomic_open(out.plan) as f:
         rows.to_parquet(f, index=False)
-    info = write_shard(out.plan, parts, out.tar, out.info, out.members)
+    info = write_shard(out.plan, parts, out.tar, out.info, out.members, out.manifest)
     print(f"{info['shard']}: {info['nsamples']} samples, {info['filesize']} bytes")
     members = read_members(out.members)
     dali.write_index(out.dali_index, members)

@@ -1,4 +1,12 @@
-"""Index files next to the shards: sizes.json, the wids index, manifest.parquet, rejected.parquet, stats.json.
+"""Index files next to the shards: sizes.json, the wids index, manifest.parquet/, rejected.parquet/, stats.json.
+
+All are made from pieces the jobs that held the rows wrote, so the index job's work grows with shards and
+parts, never with samples. The manifest and the ledger are folders of parquet files (a table in pieces, as
+Spark and Dask write `x.parquet/`; pandas, pyarrow, DuckDB and polars read the folder as one table): one
+file per shard (write_manifest_piece, in write_shard), one per ledger piece (a part's rejections, a planning
+group's drops), hard-linked into place. A single file would cost one job a pass over every row: ~1.6 h,
+and a file of hundreds of GB, at LAION-5B. sizes.json, the wids index and stats.json are JSON, one entry
+or count per shard and per reason: they are written from the shards' info files.
 
 The ledger must add up: every input record is either a published sample or a rejection row, and this
 module refuses to write an index where it does not.
@@ -9,18 +17,21 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from shardsmith.core.atomic import atomic_write_text
+from shardsmith.core.atomic import atomic_open, atomic_write_text
 from shardsmith.core.ledger import REJECT_COLUMNS
-from shardsmith.formats.tables import ParquetAppender, num_rows
+from shardsmith.formats.tables import assemble_folder, num_rows, table_files
 
 MANIFEST_COLUMNS = [
     "key", "shard", "source_id", "source", "url", "width_before", "height_before", "width", "height",
     "bytes", "sha256", "caption_length", "phash", "phash_mirror",
 ]  # fmt: skip
+_INTS = {"width_before", "height_before", "width", "height", "bytes", "caption_length"}
+MANIFEST_SCHEMA = pa.schema([(c, pa.int64() if c in _INTS else pa.string()) for c in MANIFEST_COLUMNS])
+REJECT_SCHEMA = pa.schema([(c, pa.string()) for c in REJECT_COLUMNS])
 
 # The index files by role: their names, the workflow's outputs (rules/shards.smk: index_shards) and what
 # build_index writes.
@@ -50,7 +61,27 @@ def _counts(table: pa.Table, columns: list[str]) -> Counter:
 
 def rejected_by_source(rejected_path: str | os.PathLike) -> dict[str, int]:
     """Rejections per source, from a ledger (for a stats.json written before it counted them)."""
-    return dict(sorted(_counts(pq.ParquetFile(rejected_path).read(columns=["source"]), ["source"]).items()))
+    counts: Counter = Counter()
+    for f in table_files(rejected_path):
+        counts.update(_counts(pq.ParquetFile(f).read(columns=["source"]), ["source"]))
+    return dict(sorted(counts.items()))
+
+
+def write_manifest_piece(plan: pa.Table, shard: str, path: str | os.PathLike) -> dict:
+    """A shard's rows of the manifest, from its plan; returns what stats.json counts of them (samples per
+    source, images passed through unchanged), for the shard's info file.
+
+    Built from buffers and counted in Python (a shard is small): pa.array() and Arrow's group_by import
+    pandas, ~0.3 s more for each write_shard job."""
+    n, name = plan.num_rows, shard.encode()
+    offsets = pa.py_buffer((np.arange(n + 1, dtype=np.int32) * len(name)).tobytes())
+    column = pa.Array.from_buffers(pa.string(), n, [None, offsets, pa.py_buffer(name * n)])
+    piece = plan.replace_schema_metadata(None).append_column("shard", column).select(MANIFEST_COLUMNS)
+    with atomic_open(path) as f:
+        pq.write_table(piece.cast(MANIFEST_SCHEMA), f)
+    by_source = Counter(plan.column("source").to_pylist())
+    passthrough = sum(map(bool, plan.column("passthrough").to_pylist()))
+    return {"published_by_source": dict(sorted(by_source.items())), "passthrough": passthrough}
 
 
 def wids_index(dataset: str, infos: list[dict]) -> dict:
@@ -69,15 +100,16 @@ def wids_index(dataset: str, infos: list[dict]) -> dict:
 def build_index(
     dataset: str,
     shard_infos: list[str],
-    shard_plans: list[str],
+    manifest_pieces: list[str],
     status_paths: list[str],
     rejected_paths: list[str],
     out_dir: str | os.PathLike,
 ) -> dict:
     """Write the index files into out_dir; returns the stats. Raises LedgerMismatch if counts do not add up.
 
-    Streamed: the manifest and the ledger are written one shard plan or ledger table at a time (in shard
-    and part order), so memory does not grow with the dataset; the counts are summed on the way.
+    `manifest_pieces`: each shard's (write_manifest_piece), in shard order; `rejected_paths`: the ledger's
+    pieces in ledger order (the parts', then planning's). Rows are counted from the pieces' footers; only the
+    ledger's source, stage and reason columns are read, for its counts by reason.
     """
     out_dir = Path(out_dir)
     infos = [json.loads(Path(p).read_text()) for p in shard_infos]
@@ -87,44 +119,43 @@ def build_index(
     by_source_rejected: Counter = Counter()
     by_stage: Counter = Counter()
     by_reason: Counter = Counter()
-    passthrough = 0
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with (
-        ParquetAppender(out_dir / INDEX_FILES["manifest"], MANIFEST_COLUMNS) as manifest,
-        ParquetAppender(out_dir / INDEX_FILES["rejected"], REJECT_COLUMNS) as rejected,
-    ):
-        for path in shard_plans:  # in Arrow: counted by group_by, not row by row in Python
-            plan = pq.ParquetFile(path).read(columns=[c for c in MANIFEST_COLUMNS if c != "shard"] + ["passthrough"])
-            shard = pa.array([Path(path).name.split(".")[0] + ".tar"] * plan.num_rows, pa.string())
-            manifest.append(plan.append_column("shard", shard).select(MANIFEST_COLUMNS))
-            by_source.update(_counts(plan, ["source"]))
-            passthrough += int(pc.sum(plan.column("passthrough").cast(pa.int64())).as_py() or 0)
-        for path in rejected_paths:
-            table = pq.ParquetFile(path).read(columns=REJECT_COLUMNS)
-            rejected.append(table)
-            for (source, stage, reason), n in _counts(table, ["source", "stage", "reason"]).items():
-                by_source_rejected[source] += n
-                by_stage[stage] += n
-                by_reason[f"{stage}/{reason}"] += n
-        published = int(sum(sizes.values()))
-        if published != manifest.rows:
-            raise LedgerMismatch(f"shards hold {published} samples but the shard plans list {manifest.rows}")
-        if inputs != published + rejected.rows:
-            raise LedgerMismatch(
-                f"ledger does not add up: {inputs} input records != {published} published + {rejected.rows} rejected"
-            )
+    for i in infos:
+        by_source.update(i["published_by_source"])
+    for path in rejected_paths:  # in Arrow: counted by group_by, not row by row in Python
+        for (source, stage, reason), n in _counts(
+            pq.read_table(path, columns=["source", "stage", "reason"]), ["source", "stage", "reason"]
+        ).items():
+            by_source_rejected[source] += n
+            by_stage[stage] += n
+            by_reason[f"{stage}/{reason}"] += n
+    published = int(sum(sizes.values()))
+    listed = sum(num_rows(p) for p in manifest_pieces)
+    if published != listed:
+        raise LedgerMismatch(f"shards hold {published} samples but the shard plans list {listed}")
+    rejected = sum(num_rows(p) for p in rejected_paths)
+    if inputs != published + rejected:
+        raise LedgerMismatch(
+            f"ledger does not add up: {inputs} input records != {published} published + {rejected} rejected"
+        )
+    manifest = [(Path(i["shard"]).with_suffix(".parquet").name, p) for i, p in zip(infos, manifest_pieces, strict=True)]
+    assemble_folder(manifest, out_dir / INDEX_FILES["manifest"], MANIFEST_SCHEMA)
+    # pieces without rows are left out (one kept when all are empty, for the columns): the ledger's files do
+    # not depend on which steps ran with nothing to reject
+    kept = [p for p in rejected_paths if num_rows(p)] or rejected_paths[:1]
+    ledger = [(f"{n:06d}.parquet", p) for n, p in enumerate(kept)]
+    assemble_folder(ledger, out_dir / INDEX_FILES["rejected"], REJECT_SCHEMA)
     stats = {
         "dataset": dataset,
         "input_records": inputs,
         "published": published,
-        "rejected": rejected.rows,
+        "rejected": rejected,
         "shards": len(infos),
         "bytes": int(sum(i["filesize"] for i in infos)),
         "rejected_by_stage": dict(sorted(by_stage.items())),
         "rejected_by_reason": dict(sorted(by_reason.items())),
         "published_by_source": {k: int(v) for k, v in sorted(by_source.items())},
         "rejected_by_source": dict(sorted(by_source_rejected.items())),
-        "passed_through_unchanged": passthrough,
+        "passed_through_unchanged": sum(i["passthrough"] for i in infos),
     }
     atomic_write_text(out_dir / INDEX_FILES["sizes"], dumps(sizes))
     atomic_write_text(out_dir / INDEX_FILES["wids"], dumps(wids_index(dataset, infos)))

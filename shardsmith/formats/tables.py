@@ -35,9 +35,116 @@ def key_hashes(keys: Iterable[str]) -> np.ndarray:
     )
 
 
+# Key digests: a 64-bit hash of each key computed on Arrow's string buffers (no Python string per key), and
+# their sum mod 2**64, which is the same however the keys are split into pieces and in whatever order they
+# come. Sums of the planned keys (per bucket) and of the keys the loader read (per shard) must agree.
+_DIGEST_SEED = 0x5EED_5A4D  # fixed: digests are compared across jobs and runs
+_MASK = (1 << 64) - 1
+
+
+def _coefficients(n: int) -> np.ndarray:
+    return np.random.default_rng(_DIGEST_SEED).integers(0, 2**64, size=max(n, 1), dtype=np.uint64, endpoint=False)
+
+
+def _digest(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Each string's digest: a random linear form of its bytes and length (position i weighted by the i-th
+    fixed coefficient), then splitmix64's finaliser, so that equal sums of digests mean equal multisets but
+    for a 2**-64 chance."""
+    lengths = np.diff(offsets)
+    start = offsets[0]
+    body = data[start : offsets[-1]].astype(np.uint64)
+    coef = _coefficients(int(lengths.max()) + 1 if len(lengths) else 1)
+    with np.errstate(over="ignore"):
+        position = np.arange(len(body), dtype=np.int64) - np.repeat(offsets[:-1] - start, lengths)
+        sums = np.concatenate([np.zeros(1, np.uint64), np.cumsum(body * coef[position], dtype=np.uint64)])
+        z = sums[offsets[1:] - start] - sums[offsets[:-1] - start] + lengths.astype(np.uint64) * coef[0]
+        z ^= z >> np.uint64(30)
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        z ^= z >> np.uint64(27)
+        z *= np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return z
+
+
+def key_digest_sum(keys: pa.Array | pa.ChunkedArray | list[str]) -> int:
+    """The sum mod 2**64 of the keys' digests (see _digest): Arrow strings read from their buffers, a list of
+    Python strings joined (pa.array would import pandas into jobs that otherwise never load it)."""
+    if isinstance(keys, list):
+        encoded = [k.encode() for k in keys]
+        data = np.frombuffer(b"".join(encoded), np.uint8)
+        offsets = np.concatenate([np.zeros(1, np.int64), np.cumsum([len(e) for e in encoded], dtype=np.int64)])
+        return int(np.sum(_digest(data, offsets), dtype=np.uint64)) if encoded else 0
+    total = 0
+    chunks = keys.chunks if isinstance(keys, pa.ChunkedArray) else [keys]
+    for chunk in chunks:
+        chunk = chunk.cast(pa.large_string())
+        if len(chunk) == 0:
+            continue
+        _, offsets, data = chunk.buffers()
+        offsets = np.frombuffer(offsets, np.int64)[chunk.offset : chunk.offset + len(chunk) + 1]
+        total += int(np.sum(_digest(np.frombuffer(data, np.uint8), offsets), dtype=np.uint64))
+    return total & _MASK
+
+
 def num_rows(path: str | os.PathLike) -> int:
-    """Rows of a parquet file, from its footer."""
-    return pq.ParquetFile(path).metadata.num_rows
+    """Rows of a parquet file, or of a table written in pieces (a folder of them), from the footers."""
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in table_files(path))
+
+
+def table_files(path: str | os.PathLike) -> list[str]:
+    """The parquet files of a table: the file itself, or a folder's `*.parquet` files in name order (a table
+    written in pieces, as index_shards writes manifest.parquet/ and rejected.parquet/)."""
+    if os.path.isdir(path):
+        return sorted(str(p) for p in Path(path).glob("*.parquet") if p.is_file())
+    return [str(path)]
+
+
+def assemble_folder(pieces: list[tuple[str, str | os.PathLike]], folder: str | os.PathLike, schema: pa.Schema) -> int:
+    """A table as a folder of parquet pieces, `{name: piece}`, replacing `folder` whole; returns its rows.
+
+    A piece that already has `schema` is hard-linked (no byte of it read, so the folder costs a link per
+    piece however many rows it holds), or copied where the folder is on another file system; any other piece
+    is rewritten with the schema, so every file of the folder reads the same. The folder is filled under a
+    temporary name (`.{name}.{random}.partial`, which a later run cleans if this one is killed) and renamed
+    into place: readers see the old table or the new one, never a part of it.
+    """
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    rows = 0
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())
+        for name, piece in pieces:
+            f = pq.ParquetFile(piece)
+            rows += f.metadata.num_rows
+            if f.schema_arrow.remove_metadata().equals(schema):
+                try:
+                    os.link(piece, tmp / name)
+                except OSError:  # another file system, or links refused
+                    shutil.copyfile(piece, tmp / name)
+            else:
+                table = f.read(columns=schema.names).replace_schema_metadata(None)
+                pq.write_table(table.cast(schema), tmp / name)
+        old = None
+        if folder.exists() or folder.is_symlink():  # a single file from an earlier layout, or the last folder
+            old = folder.parent / f".{folder.name}.{os.urandom(4).hex()}.deleting"
+            os.rename(folder, old)
+        os.rename(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        if old.is_dir():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
+    return rows
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 class Spill:

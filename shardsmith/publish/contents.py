@@ -29,8 +29,21 @@ def conflict(where: str, version: str) -> PublishConflict:
     )
 
 
+def files_of(paths: list[str]) -> list[str]:
+    """The paths, a folder given as the files below it (the manifest and the ledger are folders of pieces),
+    but for hidden ones (Snakemake's `.snakemake_timestamp` in a directory output; readers skip them too)."""
+    files = []
+    for p in paths:
+        if os.path.isdir(p):
+            below = (f for f in Path(p).rglob("*") if f.is_file())
+            files += sorted(str(f) for f in below if not any(s.startswith(".") for s in f.relative_to(p).parts))
+        else:
+            files.append(p)
+    return files
+
+
 def publish_names(paths: list[str], names_from: str | os.PathLike | None = None) -> dict[str, str]:
-    """{name in the version: path} of the files to publish, sorted by name.
+    """{name in the version: path} of the files to publish (a folder's: each file below it), sorted by name.
 
     A file's name is its basename, or with `names_from` its path relative to that folder when it lies
     inside it: `.nv-meta/index.sqlite` is published as that sub-folder and file of the version (on S3, that
@@ -38,7 +51,7 @@ def publish_names(paths: list[str], names_from: str | os.PathLike | None = None)
     """
     base = Path(os.path.abspath(names_from)) if names_from is not None else None
     named: dict[str, str] = {}
-    for p in paths:
+    for p in files_of(paths):
         where = Path(os.path.abspath(p))
         name = where.relative_to(base).as_posix() if base is not None and where.is_relative_to(base) else where.name
         if name in named:

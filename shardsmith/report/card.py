@@ -247,7 +247,7 @@ def _rejections_section(stats: dict) -> list[str]:
         )
         out += [
             "",
-            "Every rejected record is listed in `rejected.parquet` "
+            "Every rejected record is listed in `rejected.parquet/` "
             "(source, source id, URL, key, stage, reason, detail).",
         ]
     else:
@@ -293,11 +293,12 @@ def _files_section(shards: list[str], embedded: bool) -> list[str]:
         ],
         ["`wids-index.json`", "wids shard index: url, nsamples, md5sum, filesize per shard"],
         [
-            "`manifest.parquet`",
+            "`manifest.parquet/`",
             "one row per sample: key, shard, source, URL, sizes, bytes, sha256, caption length, "
-            "perceptual hash (pHash, and of the mirror image)",
+            "perceptual hash (pHash, and of the mirror image); a parquet file per shard, read as one table "
+            '(`pd.read_parquet("manifest.parquet")`)',
         ],
-        ["`rejected.parquet`", "one row per rejected record, with stage, reason and detail"],
+        ["`rejected.parquet/`", "one row per rejected record, with stage, reason and detail (parquet files)"],
         ["`stats.json`", "the counts above"],
         ["`validation.json`", "what validation checked, and with which loader"],
     ]

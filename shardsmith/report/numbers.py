@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_write_text
 from shardsmith.core.ledger import LAST_STAGES, STAGE_ORDER
+from shardsmith.formats.tables import table_files
 
 if TYPE_CHECKING:  # imported where tables need it: write_card (numbers only) starts 0.3 s sooner
     import pandas as pd
@@ -64,7 +65,7 @@ def read_columns(paths: str | list[str], columns: list[str], max_rows: int = MAX
     import pandas as pd
 
     paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    files = [pq.ParquetFile(p) for p in paths]
+    files = [pq.ParquetFile(f) for p in paths for f in table_files(p)]
     total = sum(f.metadata.num_rows for f in files)
     step = max(1, math.ceil(total / max_rows))
     frames, seen = [], 0
@@ -85,7 +86,8 @@ def rejection_summary(rejected_path: str, examples: int = EXAMPLES_PER_REASON) -
     by_source_stage: Counter = Counter()
     first: dict[str, list[dict]] = {}
     cols = ["source", "source_id", "url", "stage", "reason", "detail"]
-    for batch in pq.ParquetFile(rejected_path).iter_batches(columns=cols, batch_size=65536):
+    batches = (b for f in table_files(rejected_path) for b in pq.ParquetFile(f).iter_batches(65536, columns=cols))
+    for batch in batches:
         df = batch.to_pandas()
         df["sr"] = df["stage"] + "/" + df["reason"]
         by_reason.update(df["sr"].value_counts().to_dict())

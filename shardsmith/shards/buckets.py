@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from shardsmith.core.atomic import atomic_open, atomic_write_text
 from shardsmith.core.ledger import REJECT_COLUMNS, SHARD
 from shardsmith.formats.names import shard_name
-from shardsmith.formats.tables import Spill, key_bins, num_rows, spill_folder
+from shardsmith.formats.tables import Spill, key_bins, key_digest_sum, num_rows, spill_folder
 
 STAGE = SHARD
 KEYS = pa.schema([("key", pa.large_string()), ("id", pa.int64()), ("source_id", pa.large_string())])
@@ -152,8 +152,23 @@ def bucket_drops(key_paths: list[str], excluded_path: str, bucket: int, parts_pe
     keys = pa.concat_tables([read_batch(p, bucket) for p in key_paths]) if key_paths else KEYS.empty_table()
     drops = decide_bucket(keys, read_batch(excluded_path, bucket))
     table = pa.Table.from_pandas(drops, preserve_index=False).cast(DROPS) if len(drops) else DROPS.empty_table()
-    write_batches(out, DROPS, cut(table, group_of(drops["id"].to_numpy(), parts_per_group), len(key_paths)))
+    meta = kept_keys(keys, drops["id"].to_numpy(np.int64), bucket)
+    write_batches(out, DROPS, cut(table, group_of(drops["id"].to_numpy(), parts_per_group), len(key_paths)), meta)
     return len(drops)
+
+
+def kept_keys(keys: pa.Table, dropped: np.ndarray, bucket: int) -> dict:
+    """The bucket's keys that stay (count and digest sum: formats.tables.key_digest_sum), for validate_dataset
+    to check the shards against; they must be distinct, which this bucket alone can tell (a key's rows are all
+    in its bucket)."""
+    kept = (
+        keys["key"].filter(pc.invert(pc.is_in(keys["id"], pa.array(dropped, pa.int64()))))
+        if len(dropped)
+        else keys["key"]
+    )
+    if pc.count_distinct(kept).as_py() != len(kept):
+        raise RuntimeError(f"bucket {bucket}: a key stays more than once after the dedupe; this is a bug")
+    return {"kept": len(kept), "key_sum": key_digest_sum(kept)}
 
 
 def ledger_piece(drops: pd.DataFrame, samples: dict[int, str]) -> pd.DataFrame:

@@ -28,51 +28,77 @@ REASON = "already_published"
 PUBLISHED_COLUMNS = ["version", "key", "source_id", "url", "sha256"]
 # read too where a version has them (the near-duplicate step compares them; older versions lack the hashes)
 NEAR_COLUMNS = ["width_before", "height_before", "phash", "phash_mirror"]
+# a version's manifest: one file, or (newer versions) a folder of one piece per shard, read in name order
+MANIFEST = "manifest.parquet"
 
 
 class PublishedManifestError(RuntimeError):
     pass
 
 
-def published_manifests(dest: str, dataset: str, s3: S3Settings | None = None) -> Iterator[tuple[Store, str, str]]:
-    """(store, version, the sha256 its marker records for manifest.parquet) of every complete version that has
-    one, oldest first."""
+def _is_piece(name: str) -> bool:
+    folder, _, piece = name.rpartition("/")
+    return folder == MANIFEST and piece.endswith(".parquet")
+
+
+def manifest_files(marker: dict) -> list[tuple[str, str]]:
+    """(name in the version, sha256 its marker records) of a version's manifest files, in manifest order: the
+    single `manifest.parquet`, or the `*.parquet` pieces of a `manifest.parquet/` folder in name order (as
+    formats.tables.table_files reads a table written in pieces); none where the version has no manifest."""
+    files = marker["files"]
+    names = [MANIFEST] if MANIFEST in files else sorted(n for n in files if _is_piece(n))
+    return [(n, files[n]["sha256"]) for n in names]
+
+
+def published_manifests(
+    dest: str, dataset: str, s3: S3Settings | None = None
+) -> Iterator[tuple[Store, str, list[tuple[str, str]]]]:
+    """(store, version, its manifest_files) of every complete version that has a manifest, oldest first.
+
+    A version listing both a manifest file and pieces (possible on S3 only) stops the refresh: reading
+    either would guess which records it published."""
     store = open_store(dest, dataset, s3)
     for version, marker in complete_versions(dest, dataset, s3).items():
-        entry = marker["files"].get("manifest.parquet")
-        if entry is not None:
-            yield store, version, entry["sha256"]
+        if MANIFEST in marker["files"] and any(map(_is_piece, marker["files"])):
+            raise PublishedManifestError(
+                f"{store.where(version)} holds both a {MANIFEST} file and a {MANIFEST}/ folder of pieces"
+            )
+        if files := manifest_files(marker):
+            yield store, version, files
 
 
-def manifest_error(store: Store, version: str) -> PublishedManifestError:
-    return PublishedManifestError(
-        f"{store.where(version)}/manifest.parquet is missing or differs from its {version} marker"
-    )
+def manifest_error(store: Store, version: str, name: str = MANIFEST) -> PublishedManifestError:
+    return PublishedManifestError(f"{store.where(version)}/{name} is missing or differs from its {version} marker")
+
+
+def _read_manifest_file(store: Store, version: str, name: str, sha256: str) -> pd.DataFrame:
+    """One manifest file's PUBLISHED_COLUMNS and NEAR_COLUMNS (empty where it lacks them), checked against
+    its marker."""
+    data = store.read(f"{version}/{name}")
+    if data is None or hashlib.sha256(data).hexdigest() != sha256:
+        raise manifest_error(store, version, name)
+    present = set(pq.read_schema(io.BytesIO(data)).names)
+    df = pd.read_parquet(io.BytesIO(data), columns=[c for c in PUBLISHED_COLUMNS[1:] + NEAR_COLUMNS if c in present])
+    for c in NEAR_COLUMNS:
+        if c not in df.columns:
+            df[c] = 0 if c.endswith("before") else ""
+    return df
 
 
 def published_records(dest: str, dataset: str, s3: S3Settings | None = None) -> pd.DataFrame:
     """key, source_id, url, sha256 (and NEAR_COLUMNS, empty where a version lacks them) of every sample in
     every complete version, oldest version first, with each record's `order` (the version's index <<
-    neardup.ORDER_BITS | its row in the manifest).
+    neardup.ORDER_BITS | its row in the version's manifest, its files read as one table).
 
-    Each manifest is checked against the sha256 its completion marker records: a damaged or replaced
+    Each manifest file is checked against the sha256 its completion marker records: a damaged or replaced
     manifest stops the refresh instead of letting duplicates through.
     """
     from shardsmith.shards.neardup import ORDER_BITS
 
     frames = []
-    for store, version, sha256 in published_manifests(dest, dataset, s3):
-        data = store.read(f"{version}/manifest.parquet")
-        if data is None or hashlib.sha256(data).hexdigest() != sha256:
-            raise manifest_error(store, version)
-        present = set(pq.read_schema(io.BytesIO(data)).names)
-        df = pd.read_parquet(
-            io.BytesIO(data), columns=[c for c in PUBLISHED_COLUMNS[1:] + NEAR_COLUMNS if c in present]
-        )
-        for c in NEAR_COLUMNS:
-            if c not in df.columns:
-                df[c] = 0 if c.endswith("before") else ""
-        order = (len(frames) << ORDER_BITS) + np.arange(len(df), dtype=np.int64)
+    for v, (store, version, files) in enumerate(published_manifests(dest, dataset, s3)):
+        df = pd.concat([_read_manifest_file(store, version, n, sha) for n, sha in files], ignore_index=True)
+        order = (v << ORDER_BITS) + np.arange(len(df), dtype=np.int64)
         frames.append(df.assign(version=version, order=order)[PUBLISHED_COLUMNS + NEAR_COLUMNS + ["order"]])
     if not frames:
         empty = {c: pd.Series(dtype=str) for c in PUBLISHED_COLUMNS + NEAR_COLUMNS}

@@ -1,10 +1,11 @@
 """Records already published (scheduled refreshes), found by partitioned jobs: no job holds a version.
 
-`fetch_published` copies every complete version's manifest.parquet into the work folder once, streaming,
-checked against the sha256 its completion marker records (a damaged or replaced manifest stops the refresh),
-and lists the versions, oldest first. A record is looked up by three values: its source_id, its image's url
+`fetch_published` copies every complete version's manifest (its manifest.parquet, or the pieces of a
+manifest.parquet/ folder: dedupe.manifest_files) into the work folder once, streaming, each file checked
+against the sha256 its completion marker records (a damaged or replaced one stops the refresh), and lists
+the versions, oldest first. A record is looked up by three values: its source_id, its image's url
 (dedupe.image_urls; empty urls are not looked up) and its image's sha256, each hashed to 128 bits.
-`split_published` takes a slice of every manifest's row groups and writes each record's lookups to the
+`split_published` takes a slice of every version's row groups and writes each record's lookups to the
 bucket of their hash, one batch per bucket; `split_lookups` does the same for a group's samples. A bucket
 job (`match_published`) sees every record and sample of its hashes: the first published record of a value
 (oldest version, then manifest order) is the one that counts. A sample whose source_id it holds was
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +29,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardsmith.core.atomic import atomic_open, atomic_write_text
+from shardsmith.core.atomic import atomic_open, atomic_write_text, sha256_file
 from shardsmith.shards.buckets import cut, group_of, read_batch, write_batches
 from shardsmith.shards.dedupe import (
     EXCLUSION_COLUMNS,
+    MANIFEST,
     NEAR_COLUMNS,
     REASON,
     STAGE,
@@ -40,6 +43,7 @@ from shardsmith.shards.dedupe import (
 )
 from shardsmith.shards.neardup import GONE_COLUMNS, ORDER_BITS
 from shardsmith.storage.s3 import S3Settings
+from shardsmith.storage.stores import Store
 
 SOURCE_ID, URL, SHA256 = 0, 1, 2  # what a lookup value is
 WHAT = {URL: "url", SHA256: "image sha256"}  # as the exclusion's detail names it
@@ -73,22 +77,68 @@ def value_hashes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def fetch_published(dest: str, dataset: str, s3: S3Settings, out_dir: str | os.PathLike) -> list[str]:
-    """Every complete version's manifest as `{index:05d}.parquet` in out_dir, oldest first, and versions.json
-    naming them; returns the versions. A manifest is streamed to disk, never held."""
+    """Every complete version's manifest files in out_dir, oldest first (version v's in `{v:05d}/`, see
+    version_folder), and versions.json naming the versions with each file's row groups and rows; returns the
+    versions. A file is streamed to disk, never held."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    versions = []
-    for store, version, sha256 in published_manifests(dest, dataset, s3):
-        with atomic_open(out_dir / f"{len(versions):05d}.parquet") as f:
-            if store.copy_to(f"{version}/manifest.parquet", f) != sha256:
-                raise manifest_error(store, version)
+    versions, row_groups, rows = [], [], []
+    for store, version, files in published_manifests(dest, dataset, s3):
+        groups, counts = _fetch_version(store, version, files, version_folder(out_dir, len(versions)))
         versions.append(version)
-    atomic_write_text(out_dir / VERSIONS, json.dumps({"versions": versions}) + "\n")
+        row_groups.append(groups)
+        rows.append(counts)
+    listing = {"versions": versions, "row_groups": row_groups, "rows": rows}
+    atomic_write_text(out_dir / VERSIONS, json.dumps(listing) + "\n")
     return versions
 
 
-def read_versions(manifest_dir: str | os.PathLike) -> list[str]:
-    return json.loads(Path(manifest_dir, VERSIONS).read_text())["versions"]
+def version_folder(manifest_dir: str | os.PathLike, v: int) -> Path:
+    """Where fetch_published copies the v-th version's manifest files, `{i:06d}.parquet` in manifest order."""
+    return Path(manifest_dir, f"{v:05d}")
+
+
+def _file_name(i: int) -> str:
+    return f"{i:06d}.parquet"
+
+
+def _fetch_version(
+    store: Store, version: str, files: list[tuple[str, str]], folder: Path
+) -> tuple[list[int], list[int]]:
+    """A version's manifest files copied into `folder`, all or none: they land in a temporary folder beside
+    it (`.{name}.{random}.partial`, cleaned after a kill) renamed into place once each matched its marker.
+    Returns each file's row groups and rows."""
+    tmp = folder.parent / f".{folder.name}.{os.urandom(4).hex()}.partial"
+    tmp.mkdir()
+    try:
+        groups, counts = [], []
+        pieces = files[0][0] != MANIFEST
+        if pieces:  # a folder of pieces (one per shard: 117,000 at LAION-5B) copied at once, then each checked
+            store.copy_folder(f"{version}/{MANIFEST}", tmp / "pieces")
+        for i, (name, sha256) in enumerate(files):
+            path = tmp / _file_name(i)
+            if pieces:
+                got = tmp / "pieces" / name.split("/", 1)[1]
+                if not got.is_file() or sha256_file(got) != sha256:
+                    raise manifest_error(store, version, name)
+                os.rename(got, path)
+            else:
+                with open(path, "wb") as f:
+                    if store.copy_to(f"{version}/{name}", f) != sha256:
+                        raise manifest_error(store, version, name)
+                    f.flush()
+                    os.fsync(f.fileno())
+            meta = pq.ParquetFile(path).metadata
+            groups.append(meta.num_row_groups)
+            counts.append(meta.num_rows)
+        shutil.rmtree(tmp / "pieces", ignore_errors=True)  # files below the folder its marker does not list
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.rename(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return groups, counts
 
 
 def _published_rows(t: pd.DataFrame, version: str, order: np.ndarray, piece: int) -> pa.Table:
@@ -121,25 +171,43 @@ def _published_rows(t: pd.DataFrame, version: str, order: np.ndarray, piece: int
     return pa.concat_tables(tables)
 
 
+def _file_rows(path: Path, version: str, v: int, piece: int, start: int, end: int, row: int) -> list[pa.Table]:
+    """The lookups of row groups start..end of one of version v's manifest files, whose first row is the
+    version's row `row`."""
+    with pq.ParquetFile(path) as f:
+        row += sum(f.metadata.row_group(j).num_rows for j in range(start))
+        present = set(f.schema_arrow.names)
+        columns = [c for c in ["key", "source_id", "url", "sha256", *NEAR_COLUMNS] if c in present]
+        tables = []
+        for j in range(start, end):
+            t = f.read_row_group(j, columns=columns).to_pandas()
+            order = (np.int64(v) << np.int64(ORDER_BITS)) | np.arange(row, row + len(t), dtype=np.int64)
+            row += len(t)
+            tables.append(_published_rows(t, version, order, piece))
+    return tables
+
+
 def split_published(
     manifest_dir: str | os.PathLike, piece: int, pieces: int, buckets: int, out: str | os.PathLike
 ) -> int:
     """Piece `piece` of `pieces` of every version's manifest (its share of the row groups, about a group's
-    samples a version) as one batch per bucket; returns the records read."""
-    versions = read_versions(manifest_dir)
+    samples a version) as one batch per bucket; returns the records read. A version's files are one sequence
+    of row groups, its rows numbered on across them (the `order` one file of those rows gives), and only the
+    files holding the piece's share are opened."""
+    listing = json.loads(Path(manifest_dir, VERSIONS).read_text())
+    if "row_groups" not in listing:  # copied before versions could be folders of pieces (a refresh's params change)
+        raise ValueError(f"{manifest_dir} was fetched by an older shardsmith: rerun with --forcerun fetch_published")
     tables = []
-    for v, version in enumerate(versions):
-        f = pq.ParquetFile(Path(manifest_dir, f"{v:05d}.parquet"))
-        groups = f.num_row_groups
-        lo, hi = piece * groups // pieces, (piece + 1) * groups // pieces
-        row = sum(f.metadata.row_group(i).num_rows for i in range(lo))
-        present = set(f.schema_arrow.names)
-        columns = [c for c in ["key", "source_id", "url", "sha256", *NEAR_COLUMNS] if c in present]
-        for i in range(lo, hi):
-            t = f.read_row_group(i, columns=columns).to_pandas()
-            order = (np.int64(v) << np.int64(ORDER_BITS)) | np.arange(row, row + len(t), dtype=np.int64)
-            row += len(t)
-            tables.append(_published_rows(t, version, order, piece))
+    for v, version in enumerate(listing["versions"]):
+        groups, counts = listing["row_groups"][v], listing["rows"][v]
+        total = sum(groups)
+        lo, hi = piece * total // pieces, (piece + 1) * total // pieces
+        first, row = 0, 0  # the version's index of file i's first row group, and of its first row
+        for i, (n, rows) in enumerate(zip(groups, counts)):
+            if max(lo, first) < min(hi, first + n):
+                path = version_folder(manifest_dir, v) / _file_name(i)
+                tables += _file_rows(path, version, v, piece, max(lo - first, 0), min(hi - first, n), row)
+            first, row = first + n, row + rows
     table = pa.concat_tables(tables) if tables else PUBLISHED.empty_table()
     bins = (table["h1"].to_numpy() % np.uint64(buckets)).astype(np.int64)
     write_batches(out, PUBLISHED, cut(table, bins, buckets))

@@ -25,11 +25,12 @@ import tarfile
 from pathlib import Path
 from types import ModuleType
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_write_text
 from shardsmith.formats import dali, energon
-from shardsmith.formats.tables import repeated_keys
+from shardsmith.formats.tables import key_digest_sum, repeated_keys, table_files
 from shardsmith.formats.tario import TarMember
 
 MEMBER_NAME = re.compile(r"^[A-Za-z0-9_-]+\.(jpg|txt|json)$")
@@ -255,21 +256,47 @@ def validate_shard(
         "loader": loader,
         "groups": len(rows),
         "passed": len(samples),
+        "key_sum": key_digest_sum(keys),  # the keys as the loader read them, for the dataset-wide check
         "decoded": decoded,
         "problems": problems,
     }
 
 
+def planned_keys(drop_paths: list[str], near_dropped: str | None) -> tuple[int, int]:
+    """(count, digest sum mod 2**64) of the keys planning kept: every bucket's (buckets.kept_keys, in the
+    footers of find_duplicate_keys' files), less the near-duplicates left out after (their ledger piece);
+    what the shards' keys must add up to. No sample is read but those near-duplicates."""
+    count = total = 0
+    for path in drop_paths:
+        with pa.OSFile(str(path)) as src:  # the schema leads the file: its footer (a block per group) is not read
+            src.seek(8)  # past the IPC file's magic and padding, to the stream's schema message
+            meta = pa.ipc.open_stream(src).schema.metadata or {}
+        if b"kept" not in meta:
+            raise ValidationFailed(f"{path} records no kept keys: rerun with --forcerun find_duplicate_keys")
+        count += json.loads(meta[b"kept"])
+        total += json.loads(meta[b"key_sum"])
+    if near_dropped is not None:
+        gone = pq.ParquetFile(near_dropped).read(columns=["key"])["key"]  # read_table would import pandas
+        count -= len(gone)
+        total -= key_digest_sum(gone)
+    return count, total % (1 << 64)
+
+
 def check_dataset(
     reports: list[str],
     sizes_path: str,
-    manifest_path: str,
+    manifest_path: str | None,
     min_shards: int,
     tmp: str | None = None,
     energon_dir: str | None = None,
+    planned: tuple[int, int] | None = None,
 ) -> dict:
     """Combine the shard reports with dataset-wide checks; raise ValidationFailed with a readable report.
 
+    Keys unique across the dataset: with `planned` (count and digest sum of the keys planning kept, by bucket:
+    buckets.planned_keys), the keys the loader read in every shard must add up to exactly those, which holds
+    only if no key is published twice and none is lost; memory and time grow with shards, not samples.
+    Without it, the manifest's keys are sorted into bins on disk under `tmp` (every sample read).
     `energon_dir`: the dataset folder whose `.nv-meta/` is checked against sizes.json (shardsmith.formats.energon).
     """
     shard_reports = [json.loads(Path(p).read_text()) for p in reports]
@@ -280,9 +307,17 @@ def check_dataset(
             problems.append(f"{r['shard']}: sizes.json says {sizes.get(r['shard'])}, the loader read {r['passed']}")
     if set(sizes) != {r["shard"] for r in shard_reports}:
         problems.append("sizes.json does not list exactly the shards that were validated")
-    dupes = repeated_keys([manifest_path], tmp=tmp)  # keys sorted into bins on disk under tmp: not all held
-    if dupes:
-        problems.append(f"{len(dupes)} keys occur in more than one sample (e.g. {dupes[:3]})")
+    if planned is not None:
+        count, key_sum = sum(r["passed"] for r in shard_reports), sum(r["key_sum"] for r in shard_reports) % (1 << 64)
+        if (count, key_sum) != tuple(planned):
+            problems.append(
+                f"the shards' {count} keys are not the {planned[0]} keys planning kept (their digests differ): a key "
+                "published twice, or a sample lost or changed between planning and the shards; rebuild the shards"
+            )
+    elif manifest_path is not None:
+        dupes = repeated_keys(table_files(manifest_path), tmp=tmp)  # keys in bins on disk under tmp: not all held
+        if dupes:
+            problems.append(f"{len(dupes)} keys occur in more than one sample (e.g. {dupes[:3]})")
     if len(shard_reports) < min_shards:
         problems.append(
             f"{len(shard_reports)} shards, fewer than validate.min_shards={min_shards}: OpenCLIP needs at least "

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open, atomic_write_text
+from shardsmith.formats.index import write_manifest_piece
 from shardsmith.formats.parts import sample_span
 from shardsmith.formats.tario import MEMBER_ORDER, HashingWriter, ShardWriter, TarMember, read_at
 
@@ -32,7 +33,12 @@ def read_members(path: str | os.PathLike) -> list[TarMember]:
 
 
 def write_shard(
-    plan_path: str, part_tars: dict[str, str], out_tar: str, out_info: str, out_members: str | None = None
+    plan_path: str,
+    part_tars: dict[str, str],
+    out_tar: str,
+    out_info: str,
+    out_members: str | None = None,
+    out_manifest: str | None = None,
 ) -> dict:
     """Copy the planned samples from the processed part tars into one deterministic shard.
 
@@ -40,8 +46,10 @@ def write_shard(
     samples that lie one after another in a part (the usual case: nothing dropped between them) are copied
     as byte ranges; the rest member by member. Either way the bytes are the same. `out_members` gets where
     each member landed in the shard (write_members), known as it is written: the loaders' indexes need it.
+    `out_manifest` gets the shard's piece of the dataset's manifest (index_shards links the pieces together).
     """
-    plan = pq.ParquetFile(plan_path).read().to_pylist()
+    table = pq.ParquetFile(plan_path).read()
+    plan = table.to_pylist()
     members: list[TarMember] = []
     with contextlib.ExitStack() as stack:
         out = HashingWriter(stack.enter_context(atomic_open(out_tar)), ("md5", "sha256"))  # hashed as written
@@ -86,6 +94,8 @@ def write_shard(
         "md5sum": digests["md5"],
         "sha256": digests["sha256"],
     }
+    if out_manifest is not None:  # the shard's rows of the dataset's manifest, and what stats.json counts of them
+        info |= write_manifest_piece(table, info["shard"], out_manifest)
     atomic_write_text(out_info, json.dumps(info, indent=1, sort_keys=True) + "\n")
     if out_members is not None:
         write_members(out_members, members)

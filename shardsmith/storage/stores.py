@@ -48,6 +48,11 @@ class Store:
         """Stream an object into `out` without holding it; its sha256, or None where it does not exist."""
         raise NotImplementedError
 
+    def copy_folder(self, rel: str, out_dir: str | os.PathLike) -> None:
+        """The files below the folder `rel` into out_dir, under their names below it; files missing there are
+        missing here. On S3 one `aws s3 cp --recursive` (parallel transfers), not a CLI start per file."""
+        raise NotImplementedError
+
     def candidates(self) -> list[str]:
         """Names of version folders or prefixes, complete or not."""
         raise NotImplementedError
@@ -91,6 +96,14 @@ class LocalStore(Store):
                 return _copy_hashed(f, out)
         except FileNotFoundError:
             return None
+
+    def copy_folder(self, rel: str, out_dir: str | os.PathLike) -> None:
+        folder = Path(self.root, rel)
+        for src in sorted(folder.rglob("*")) if folder.is_dir() else []:
+            if src.is_file():
+                dst = Path(out_dir, src.relative_to(folder))
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, dst)
 
     def candidates(self) -> list[str]:
         root = Path(self.root)
@@ -149,6 +162,10 @@ class S3Store(Store):
         }
         prefixes = [p["Prefix"][len(prefix) :].rstrip("/") for p in data.get("CommonPrefixes") or []]
         return objects, prefixes
+
+    def copy_folder(self, rel: str, out_dir: str | os.PathLike) -> None:
+        run(self.s3, "s3", "cp", "--recursive", "--only-show-errors", f"{self.root}/{rel}/", str(out_dir),
+            timeout=_NO_TIMEOUT)  # fmt: skip
 
     def candidates(self) -> list[str]:
         return sorted(self.listing(self.root + "/", delimiter=True)[1])

@@ -3,8 +3,10 @@ stats.json from built shards, and a ledger that must add up."""
 
 import hashlib
 import json
+import os
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
 from shardsmith.core.ledger import REJECT_COLUMNS
@@ -61,3 +63,25 @@ def test_build_index_refuses_shards_that_disagree_with_their_plans(built):
     args = index_args(built)
     with pytest.raises(LedgerMismatch, match="shards hold 8 samples"):
         build_index(**{**args, "shard_infos": args["shard_infos"][:2]})
+
+
+def test_the_manifest_and_the_ledger_are_folders_of_the_pieces_linked_not_read(built):
+    """A file per shard and per ledger piece with rows, in order; the jobs' pieces are linked (the index job
+    never reads a manifest row), a planning piece with the shards' `id` column rewritten without it."""
+    out, args = built["out"], index_args(built)
+    empty = built["work"] / "empty.rejected.parquet"
+    pd.DataFrame(columns=REJECT_COLUMNS).to_parquet(empty)
+    build_index(**{**args, "rejected_paths": [str(empty), *args["rejected_paths"], str(empty)]})
+    pieces = sorted(p.name for p in (out / "manifest.parquet").iterdir())
+    assert pieces == [f"{n}.parquet" for n in built["names"]]
+    for n, piece in zip(built["names"], args["manifest_pieces"], strict=True):
+        assert (out / "manifest.parquet" / f"{n}.parquet").stat().st_ino == os.stat(piece).st_ino
+    with_rows = [p for p in args["rejected_paths"] if len(pd.read_parquet(p))]
+    ledger = sorted((out / "rejected.parquet").iterdir())
+    assert [p.name for p in ledger] == [f"{i:06d}.parquet" for i in range(len(with_rows))]  # no empty piece
+    for got, want in zip(ledger, with_rows, strict=True):
+        assert pd.read_parquet(got).equals(pd.read_parquet(want, columns=REJECT_COLUMNS))
+        assert pq.read_schema(got).names == REJECT_COLUMNS  # the planning piece's `id` is not published
+    again = build_index(**args)  # the same without the empty pieces: the same files
+    assert sorted(p.name for p in (out / "rejected.parquet").iterdir()) == [p.name for p in ledger]
+    assert again["rejected"] == 4

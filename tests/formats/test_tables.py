@@ -113,3 +113,55 @@ def test_keys_spilled_into_a_scratch_folder_that_is_gone_make_it_and_leave_it_em
     scratch = tmp_path / "work" / "tmp"  # cleaned away between runs: the job that spills makes it again
     assert repeated_keys(write_tables(tmp_path, ["a", "b", "c"], ["a", "d"]), tmp=scratch) == ["a"]
     assert scratch.is_dir() and not any(scratch.iterdir())
+
+
+def test_key_digest_sums_do_not_depend_on_how_the_keys_are_split_or_ordered():
+    keys = [f"laion-{i:09d}" for i in range(1000)] + ["", "a", "ab", "ba", "é-ü"]
+    whole = tables.key_digest_sum(keys)
+    assert tables.key_digest_sum(pa.array(keys)) == whole  # Arrow buffers and Python strings agree
+    assert tables.key_digest_sum(pa.chunked_array([pa.array(keys[:7]), pa.array(keys[7:])])) == whole
+    assert tables.key_digest_sum(pa.array(keys[::-1], pa.large_string())) == whole
+    assert tables.key_digest_sum(pa.array(keys).slice(3, 50)) == tables.key_digest_sum(keys[3:53])  # an offset
+    assert 0 <= whole < 2**64 and tables.key_digest_sum([]) == 0
+    # a key twice, a key lost, two keys swapped for others of the same bytes: every one changes the sum
+    assert tables.key_digest_sum([*keys, keys[5]]) != whole
+    assert tables.key_digest_sum(keys[1:]) != whole
+    assert tables.key_digest_sum(["ab", "ab"]) != tables.key_digest_sum(["ab", "ba"])
+    assert tables.key_digest_sum(["a", "b"]) != tables.key_digest_sum(["ab"])
+
+
+def piece(path, n: int, large: bool = False):
+    kind = pa.large_string() if large else pa.string()
+    pq.write_table(pa.table({"key": pa.array([f"{path.stem}-{i}" for i in range(n)], kind)}), path)
+    return path
+
+
+def test_a_table_in_pieces_is_linked_into_a_folder_that_replaces_the_last_whole(tmp_path):
+    schema = pa.schema([("key", pa.string())])
+    a, b = piece(tmp_path / "a.parquet", 3), piece(tmp_path / "b.parquet", 0)
+    c = piece(tmp_path / "c.parquet", 2, large=True)  # another type: rewritten with the schema
+    folder = tmp_path / "out" / "manifest.parquet"
+    folder.parent.mkdir()
+    folder.write_bytes(b"a single file from an earlier layout")
+    assert tables.assemble_folder([("x-0.parquet", a), ("x-1.parquet", b), ("x-2.parquet", c)], folder, schema) == 5
+    assert sorted(p.name for p in folder.iterdir()) == ["x-0.parquet", "x-1.parquet", "x-2.parquet"]
+    assert (folder / "x-0.parquet").stat().st_ino == a.stat().st_ino  # linked, not read
+    assert pq.read_schema(folder / "x-2.parquet").field("key").type == pa.string()
+    assert pq.read_table(folder)["key"].to_pylist() == ["a-0", "a-1", "a-2", "c-0", "c-1"]
+    assert tables.table_files(folder) == [str(folder / f"x-{i}.parquet") for i in range(3)]
+    assert tables.num_rows(folder) == 5
+    assert tables.assemble_folder([("y.parquet", c)], folder, schema) == 2  # the last folder replaced whole
+    assert [p.name for p in folder.iterdir()] == ["y.parquet"]
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["manifest.parquet"]  # no temporary name left
+
+
+def test_a_failed_assembly_leaves_the_last_folder_and_no_temporary_name(tmp_path):
+    schema = pa.schema([("key", pa.string())])
+    folder = tmp_path / "rejected.parquet"
+    tables.assemble_folder([("0.parquet", piece(tmp_path / "a.parquet", 1))], folder, schema)
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet")
+    with pytest.raises(pa.ArrowInvalid):
+        tables.assemble_folder([("0.parquet", piece(tmp_path / "b.parquet", 4)), ("1.parquet", bad)], folder, schema)
+    assert pq.read_table(folder)["key"].to_pylist() == ["a-0"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.parquet", "b.parquet", "bad.parquet", "rejected.parquet"]

@@ -40,3 +40,16 @@ def test_a_file_outside_names_from_keeps_its_basename_and_unsafe_names_are_refus
     (tmp_path / "out" / "sub" / MARKER).write_text("{}")
     with pytest.raises(ValueError, match="written by publishing"):  # not even in a sub-folder
         file_table([str(tmp_path / "out" / "sub" / MARKER)], names_from=tmp_path / "out")
+
+
+def test_a_folder_is_published_as_its_files_but_not_the_hidden_ones(tmp_path):
+    """manifest.parquet/ is a directory output: Snakemake leaves .snakemake_timestamp in it, which no reader
+    of the table reads and no version should hold."""
+    out = tmp_path / "out"
+    folder = out / "manifest.parquet"
+    (folder / ".cache").mkdir(parents=True)
+    for name in ("ds-000001.parquet", "ds-000000.parquet", ".snakemake_timestamp", ".cache/x"):
+        (folder / name).write_bytes(name.encode())
+    (out / "sizes.json").write_text("{}")
+    table = file_table([str(folder), str(out / "sizes.json")], names_from=out)
+    assert list(table) == ["manifest.parquet/ds-000000.parquet", "manifest.parquet/ds-000001.parquet", "sizes.json"]

@@ -8,10 +8,11 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from shardsmith.formats.tables import key_bins
+from shardsmith.formats.tables import key_bins, key_digest_sum
 from shardsmith.shards import buckets as bucket_module
 from shardsmith.shards.buckets import read_batch, shard_ranges, split_exclusions
 from shardsmith.shards.plan import plan_shards
+from shardsmith.shards.validate import planned_keys
 
 
 def parts(tmp_path, rng, n_parts: int = 6) -> tuple[list[str], list[str], str]:
@@ -110,3 +111,31 @@ def test_the_shard_list_names_its_parts_and_ranges(tmp_path):
         rows = pd.read_parquet(tmp_path / "plan" / f"{name}.samples.parquet")
         assert len(rows) == sum(end - first - len(gone) for _, first, end, gone in ranges)
         assert list(dict.fromkeys(rows["part"])) == listed
+
+
+@pytest.mark.parametrize("buckets", [1, 4, 13])
+def test_the_buckets_record_exactly_the_keys_the_shards_get(tmp_path, buckets):
+    """Each bucket job's footer holds the count and digest sum of the keys it keeps; summed over the buckets
+    they are the planned shards' keys, which validate_dataset checks the written shards against."""
+    paths, ids, ex = parts(tmp_path, np.random.default_rng(2))
+    work = tmp_path / f"b{buckets}"
+    work.mkdir()
+    keys = [str(work / f"{i}.keys.arrow") for i in range(len(paths))]
+    for i, (path, out) in enumerate(zip(paths, keys, strict=True)):
+        bucket_module.split_keys([path], i, buckets, out)
+    split_exclusions([ex], buckets, work / "excluded.arrow", tmp=str(work))
+    drops = [str(work / f"{b}.drops.arrow") for b in range(buckets)]
+    for b, out in enumerate(drops):
+        bucket_module.bucket_drops(keys, str(work / "excluded.arrow"), b, 1, out)
+    plan_shards(paths, ids, "ds", 25, tmp_path / "plan", exclusions=[ex], buckets=buckets)
+    shards = sorted((tmp_path / "plan").glob("*.samples.parquet"))
+    published = pd.concat([pd.read_parquet(p) for p in shards])["key"].tolist()
+    assert planned_keys(drops, None) == (len(published), key_digest_sum(published))
+    assert planned_keys(drops, None) != (len(published), key_digest_sum(published[1:] + published[:1] * 2))
+
+
+def test_a_bucket_that_kept_a_key_twice_stops_the_plan():
+    keys = pa.table({"key": ["a", "b", "a"], "id": [0, 1, 2], "source_id": ["x", "y", "z"]})
+    assert bucket_module.kept_keys(keys, np.array([2]), 0) == {"kept": 2, "key_sum": key_digest_sum(["a", "b"])}
+    with pytest.raises(RuntimeError, match="bucket 5: a key stays more than once"):
+        bucket_module.kept_keys(keys, np.array([1]), 5)

@@ -1,6 +1,8 @@
 """Dedupe against published versions (shardsmith.shards.dedupe): new records repeating a published URL or image are
 excluded, old ones stay, and published manifests are read from every complete version and checked."""
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -9,9 +11,11 @@ from shardsmith.shards.dedupe import (
     PublishedManifestError,
     already_published,
     find_published,
+    published_manifests,
     published_records,
     write_exclusions,
 )
+from shardsmith.shards.neardup import ORDER_BITS
 
 
 def frame(rows, columns=("key", "source_id", "url", "sha256")):
@@ -98,6 +102,47 @@ def test_published_manifests_are_read_from_every_complete_version_and_checked(tm
 
     (tmp_path / "fast" / "ds" / "v1" / "manifest.parquet").write_bytes(b"replaced")
     with pytest.raises(PublishedManifestError, match="v1/manifest.parquet is missing or differs from its v1 marker"):
+        published_records(dest, "ds")
+
+
+def _folder_version(tmp_path, dest: str, version: str, pieces: list[list[tuple]]) -> None:
+    """A version whose manifest is a manifest.parquet/ folder, one piece per shard, published as the index is."""
+    out = tmp_path / version
+    (out / "manifest.parquet").mkdir(parents=True)
+    files = [_manifest(out / "manifest.parquet" / f"ds-{i:06d}.parquet", rows) for i, rows in enumerate(pieces)]
+    publish(files, dest, "ds", version, names_from=out)
+
+
+def test_a_manifest_in_pieces_is_read_as_one_table_in_name_order_and_each_piece_checked(tmp_path):
+    dest = str(tmp_path / "fast")
+    (tmp_path / "v1").mkdir()
+    publish([_manifest(tmp_path / "v1" / "manifest.parquet", [("a", "m:1", "u1", "s1")])], dest, "ds", "v1")
+    pieces = [[("a", "m:1", "u1", "s1"), ("b", "m:2", "u2", "s2")], [], [("c", "m:3", "u3", "s3")]]
+    _folder_version(tmp_path, dest, "v2", pieces)
+    assert [(v, [n for n, _ in files]) for _, v, files in published_manifests(dest, "ds")] == [
+        ("v1", ["manifest.parquet"]),
+        ("v2", [f"manifest.parquet/ds-{i:06d}.parquet" for i in range(3)]),
+    ]
+    got = published_records(dest, "ds")
+    assert got[["version", "key"]].values.tolist() == [["v1", "a"], ["v2", "a"], ["v2", "b"], ["v2", "c"]]
+    assert got["order"].tolist() == [0, 1 << ORDER_BITS, (1 << ORDER_BITS) + 1, (1 << ORDER_BITS) + 2]
+
+    (tmp_path / "fast" / "ds" / "v2" / "manifest.parquet" / "ds-000002.parquet").write_bytes(b"replaced")
+    with pytest.raises(
+        PublishedManifestError, match="v2/manifest.parquet/ds-000002.parquet is missing or differs from its v2 marker"
+    ):
+        published_records(dest, "ds")
+
+
+def test_a_version_listing_a_manifest_file_and_pieces_stops_the_refresh(tmp_path):
+    """Possible on S3 only (a key and a prefix may share a name): neither reading could be trusted."""
+    dest = str(tmp_path / "fast")
+    _folder_version(tmp_path, dest, "v1", [[("a", "m:1", "u1", "s1")]])
+    marker = tmp_path / "fast" / "ds" / "v1" / "_COMPLETE.json"
+    data = json.loads(marker.read_text())
+    data["files"]["manifest.parquet"] = data["files"]["manifest.parquet/ds-000000.parquet"]
+    marker.write_text(json.dumps(data))
+    with pytest.raises(PublishedManifestError, match="v1 holds both a manifest.parquet file and a manifest.parquet/"):
         published_records(dest, "ds")
 
 

@@ -83,6 +83,7 @@ def make_built(tmp_path) -> dict:
             {k: p["tar"] for k, p in parts.items()},
             str(out / f"{n}.tar"),
             str(work / f"{n}.info.json"),
+            out_manifest=str(work / f"{n}.manifest.parquet"),
         )
         for n in names
     ]
@@ -98,7 +99,7 @@ def index_args(b: dict, **override) -> dict:
     args = {
         "dataset": "ds",
         "shard_infos": [str(b["work"] / f"{n}.info.json") for n in b["names"]],
-        "shard_plans": [str(b["work"] / "plan" / f"{n}.samples.parquet") for n in b["names"]],
+        "manifest_pieces": [str(b["work"] / f"{n}.manifest.parquet") for n in b["names"]],
         "status_paths": [p["status"] for p in b["parts"].values()],
         "rejected_paths": [
             *(p["rejected"] for p in b["parts"].values()),

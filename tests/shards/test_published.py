@@ -1,5 +1,6 @@
 """Records already published, found by partitioned jobs (shardsmith.shards.published): at any bucket and
-piece count, the same tables as dedupe.find_published, which holds every version at once."""
+piece count, the same tables as dedupe.find_published, which holds every version at once, whether a version's
+manifest is one file or a folder of pieces."""
 
 import numpy as np
 import pandas as pd
@@ -8,8 +9,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardsmith.publish.dataset import publish
-from shardsmith.shards.dedupe import PublishedManifestError, find_published
+from shardsmith.shards.buckets import read_batch
+from shardsmith.shards.dedupe import PublishedManifestError, find_published, published_records
 from shardsmith.shards.published import (
+    SOURCE_ID,
     collect_published,
     fetch_published,
     match_published,
@@ -19,6 +22,7 @@ from shardsmith.shards.published import (
 )
 
 COLUMNS = ["key", "source_id", "url", "sha256", "width_before", "height_before", "phash", "phash_mirror"]
+V2_PIECES = [150, 0, 200, 1, 199]  # v2's 550 records as a manifest.parquet/ folder: pieces across row groups, one empty
 
 
 def _record(rng, i: int, prefix: str) -> dict:
@@ -28,10 +32,30 @@ def _record(rng, i: int, prefix: str) -> dict:
             "phash": phash, "phash_mirror": phash}  # fmt: skip
 
 
-def _published_and_samples(tmp_path):
-    """Two versions (v2 re-publishing most of v1) of 600 records written in several row groups, and a build
-    of 3 parts of 260 samples: old records, new ones repeating a published url, sha256 or both, members of
-    a published source shard, records with no url, published ones gone, and a few left out by another step."""
+def _publish(tmp_path, dest: str, version: str, rows: list[dict], pieces: list[int] | None) -> None:
+    """A version whose manifest holds `rows` in row groups of 64: one manifest.parquet, or with `pieces` (row
+    counts) a manifest.parquet/ folder of that many files, `ds-{i:06d}.parquet`, published as the index is."""
+    out = tmp_path / version
+    table = pa.Table.from_pandas(pd.DataFrame(rows, columns=COLUMNS).assign(shard="x.tar"))
+    if pieces is None:
+        out.mkdir()
+        pq.write_table(table, out / "manifest.parquet", row_group_size=64)
+        publish([str(out / "manifest.parquet")], dest, "ds", version)
+        return
+    assert sum(pieces) == len(rows)
+    (out / "manifest.parquet").mkdir(parents=True)
+    files, starts = [], np.cumsum([0, *pieces])
+    for i, n in enumerate(pieces):
+        files.append(str(out / "manifest.parquet" / f"ds-{i:06d}.parquet"))
+        pq.write_table(table.slice(starts[i], n), files[-1], row_group_size=64)
+    publish(files, dest, "ds", version, names_from=out)
+
+
+def _published_and_samples(tmp_path, v2_pieces: list[int] | None = None):
+    """Two versions (v2 re-publishing most of v1; with `v2_pieces` as a folder of pieces) of 600 records
+    written in several row groups, and a build of 3 parts of 260 samples: old records, new ones repeating a
+    published url, sha256 or both, members of a published source shard, records with no url, published ones
+    gone, and a few left out by another step."""
     rng = np.random.default_rng(4)
     v1 = [_record(rng, i, "a") for i in range(400)]
     v2 = [dict(r) for r in v1[50:]] + [_record(rng, i, "b") for i in range(400, 600)]
@@ -40,12 +64,8 @@ def _published_and_samples(tmp_path):
     for r in v2[5::41]:
         r["url"] = ""
     dest = str(tmp_path / "fast")
-    for version, rows in (("v1", v1), ("v2", v2)):
-        (tmp_path / version).mkdir()
-        path = tmp_path / version / "manifest.parquet"
-        pq.write_table(pa.Table.from_pandas(pd.DataFrame(rows, columns=COLUMNS).assign(shard="x.tar")),
-                       path, row_group_size=64)  # fmt: skip
-        publish([str(path)], dest, "ds", version)
+    _publish(tmp_path, dest, "v1", v1, None)
+    _publish(tmp_path, dest, "v2", v2, v2_pieces)
     samples = []
     published = v1 + v2
     for part in range(3):
@@ -105,9 +125,10 @@ def _partitioned(tmp_path, dest, samples, exclusions, buckets: int, parts_per_gr
     return versions, cat(excl), cat(old), read_gone(gone_pieces)
 
 
+@pytest.mark.parametrize("v2_pieces", [None, V2_PIECES], ids=["file", "folder"])
 @pytest.mark.parametrize(("buckets", "parts_per_group"), [(1, 3), (3, 1), (7, 2)])
-def test_partitioned_jobs_give_the_single_jobs_tables_row_for_row(tmp_path, buckets, parts_per_group):
-    dest, samples, exclusions = _published_and_samples(tmp_path)
+def test_partitioned_jobs_give_the_single_jobs_tables_row_for_row(tmp_path, buckets, parts_per_group, v2_pieces):
+    dest, samples, exclusions = _published_and_samples(tmp_path, v2_pieces)
     single = tmp_path / "single"
     find_published(samples, exclusions, {"dest": dest, "dataset": "ds", "s3": {}, "exact": True}, single, True)
     want_excl = pd.read_parquet(single / "already_published.parquet")
@@ -134,9 +155,48 @@ def test_without_publish_dedupe_or_the_near_search_their_tables_are_empty_and_wh
         assert len(got) == len(want) and (got.empty or got.equals(want.astype(got.dtypes.to_dict()))), name
 
 
-def test_a_replaced_manifest_stops_the_refresh_and_leaves_no_copy(tmp_path):
-    dest, samples, _ = _published_and_samples(tmp_path)
-    (tmp_path / "fast" / "ds" / "v2" / "manifest.parquet").write_bytes(b"replaced")
-    with pytest.raises(PublishedManifestError, match="v2/manifest.parquet is missing or differs from its v2 marker"):
+def _batches(path, buckets: int) -> pd.DataFrame:
+    return pa.concat_tables([read_batch(path, b) for b in range(buckets)]).to_pandas()
+
+
+@pytest.mark.parametrize("pieces", [1, 2, 5])
+def test_a_version_in_pieces_gives_its_records_the_order_of_one_file(tmp_path, pieces):
+    """The same records published as one manifest.parquet and as a folder of pieces: split_published reads
+    them in the same order with the same numbers (which record of a value counts, which id a gone one gets)."""
+    got = {}
+    for layout, v2_pieces in (("file", None), ("folder", V2_PIECES)):
+        (tmp_path / layout).mkdir()
+        dest, _, _ = _published_and_samples(tmp_path / layout, v2_pieces)
+        manifests = tmp_path / layout / "manifests"
+        assert fetch_published(dest, "ds", {}, manifests) == ["v1", "v2"]
+        for p in range(pieces):
+            split_published(manifests, p, pieces, 3, tmp_path / layout / f"pub-{p}.arrow")
+        records = pd.concat([_batches(tmp_path / layout / f"pub-{p}.arrow", 3) for p in range(pieces)])
+        got[layout] = records.drop(columns="piece").sort_values(["order", "kind"]).reset_index(drop=True)
+        want = published_records(dest, "ds")  # the in-process reference reads the pieces as one table too
+        sources = got[layout][got[layout]["kind"] == SOURCE_ID]
+        assert sources[["key", "version", "order"]].values.tolist() == want[["key", "version", "order"]].values.tolist()
+    assert len(got["file"]) > 1000
+    pd.testing.assert_frame_equal(got["folder"], got["file"])
+
+
+@pytest.mark.parametrize(
+    ("v2_pieces", "replaced"),
+    [(None, "manifest.parquet"), (V2_PIECES, "manifest.parquet/ds-000002.parquet")],
+    ids=["file", "folder"],
+)
+def test_a_replaced_manifest_stops_the_refresh_and_leaves_no_copy(tmp_path, v2_pieces, replaced):
+    dest, samples, _ = _published_and_samples(tmp_path, v2_pieces)
+    (tmp_path / "fast" / "ds" / "v2" / replaced).write_bytes(b"replaced")
+    with pytest.raises(PublishedManifestError, match=f"v2/{replaced} is missing or differs from its v2 marker"):
         fetch_published(dest, "ds", {}, tmp_path / "manifests")
-    assert sorted(p.name for p in (tmp_path / "manifests").iterdir()) == ["00000.parquet"]  # v1's, whole
+    # v1's whole; of v2 not even the pieces before the replaced one (nor its temporary folder)
+    assert sorted(p.name for p in (tmp_path / "manifests").iterdir()) == ["00000"]
+    assert sorted(p.name for p in (tmp_path / "manifests" / "00000").iterdir()) == ["000000.parquet"]
+
+
+def test_manifests_copied_by_an_older_release_are_refused_with_the_remedy(tmp_path):
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests" / "versions.json").write_text('{"versions": ["v1"]}\n')
+    with pytest.raises(ValueError, match="fetched by an older shardsmith: rerun with --forcerun fetch_published"):
+        split_published(tmp_path / "manifests", 0, 1, 3, tmp_path / "pub.arrow")

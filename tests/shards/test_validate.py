@@ -12,6 +12,7 @@ import pytest
 from workflow_helpers import REPO
 
 from shardsmith.cli.demo import jpeg, photo
+from shardsmith.formats.tables import key_digest_sum
 from shardsmith.formats.tario import ShardWriter
 from shardsmith.shards.validate import ValidationFailed, check_dataset, spread, validate_shard, write_json
 
@@ -63,6 +64,7 @@ def test_a_good_shard_passes_with_openclips_loader(tmp_path):
         "passed": 5,
         "decoded": 5,
         "problems": [],
+        "key_sum": key_digest_sum([f"s{i:04d}" for i in range(5)]),  # the keys as read, for the dataset check
     }
 
 
@@ -169,6 +171,22 @@ def test_too_few_shards_for_openclip_fails(tmp_path):
         check_dataset(*files, min_shards=2)
 
 
+def keyed(shard: str, keys: list[str]) -> dict:
+    return {**report(shard, len(keys)), "key_sum": key_digest_sum(keys)}
+
+
+def test_the_shards_keys_must_be_the_keys_planning_kept(tmp_path):
+    """Checked by bucket: the digests of the keys the loader read in every shard add up to the planned ones."""
+    a, b = [f"k{i}" for i in range(3)], ["k3", "k4"]
+    planned = (5, key_digest_sum(a + b))
+    reports, sizes, _ = dataset_files(tmp_path, {"a.tar": 3, "b.tar": 2}, [keyed("a.tar", a), keyed("b.tar", b)])
+    assert check_dataset(reports, sizes, None, 1, planned=planned)["ok"]
+    for other in (["k3", "k1"], ["k3", "k5"], ["k3"]):  # a key in two shards, a sample changed, a sample lost
+        files = dataset_files(tmp_path, {"a.tar": 3, "b.tar": len(other)}, [keyed("a.tar", a), keyed("b.tar", other)])
+        with pytest.raises(ValidationFailed, match=r"are not the 5 keys planning kept \(their digests differ\)"):
+            check_dataset(files[0], files[1], None, 1, planned=planned)
+
+
 def test_a_key_in_two_shards_fails_the_dataset(tmp_path):
     files = dataset_files(tmp_path, {"a.tar": 3, "b.tar": 2}, [report("a.tar", 3), report("b.tar", 2)])
     pd.DataFrame({"key": ["k0", "k1", "k2", "k3", "k1"]}).to_parquet(files[2])
@@ -206,9 +224,10 @@ def test_validating_a_shard_and_the_dataset_imports_neither_torch_nor_pandas(tmp
     tar, plan, _ = make_shard(tmp_path, "ds-000000", good(3))
     reports, sizes, manifest = dataset_files(tmp_path, {"ds-000000.tar": 3}, [report("ds-000000.tar", 3)])
     code = (
-        "import sys; from shardsmith.shards.validate import validate_shard, check_dataset; "
+        "import sys; from shardsmith.shards.validate import validate_shard, check_dataset, planned_keys; "
         f"r = validate_shard({tar!r}, {plan!r}, 512, 25_000_000); "
         f"check_dataset({reports!r}, {sizes!r}, {manifest!r}, 1); "
+        f"planned_keys([], {manifest!r}); "
         "print(r['passed'], r['loader'], 'torch' in sys.modules, 'pandas' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)

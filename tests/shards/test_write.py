@@ -42,6 +42,8 @@ def test_write_shard_info_matches_the_file(built):
         assert info == {
             "shard": f"{n}.tar", "nsamples": 4, "filesize": len(data),
             "md5sum": hashlib.md5(data).hexdigest(), "sha256": hashlib.sha256(data).hexdigest(),
+            # what stats.json counts of the shard's rows (make_built passes out_manifest)
+            "published_by_source": {"src": 4}, "passthrough": info["passthrough"],
         }  # fmt: skip
         assert json.loads((built["work"] / f"{n}.info.json").read_text()) == info
 
@@ -177,7 +179,8 @@ import sys
 from shardsmith.shards.write import write_shard
 from shardsmith.report.card import card_text
 from shardsmith.formats.build import build_info
-info = write_shard({plan!r}, {parts!r}, {str(out / f"{n}.tar")!r}, {str(out / "info.json")!r})
+info = write_shard({plan!r}, {parts!r}, {str(out / f"{n}.tar")!r}, {str(out / "info.json")!r},
+                   out_manifest={str(out / "piece.parquet")!r})
 stats = {stats!r}
 card_text({{"dataset": "ds", "samples_per_shard": 4}}, stats, {{info["shard"]: info["nsamples"]}},
           "open_clip_train.data", versions={{}})
@@ -214,12 +217,13 @@ def test_shard_written_from_real_stages_holds_the_processed_members(tmp_path):
         {part: str(w / f"{part}.tar")},
         str(w / f"{name}.tar"),
         str(w / "info.json"),
+        out_manifest=str(w / "manifest.parquet"),
     )
     assert sorted(tar_members(w / f"{name}.tar")) == sorted(tar_members(w / f"{part}.tar"))
     names = [n for n, _ in tar_members(w / f"{name}.tar")]
     assert names == [f"photos-p{i}.{e}" for i in range(3) for e in ("jpg", "txt", "json")]
     stats = build_index(
-        "ds", [str(w / "info.json")], [str(w / "plan" / f"{name}.samples.parquet")], [str(w / "status.parquet")],
+        "ds", [str(w / "info.json")], [str(w / "manifest.parquet")], [str(w / "status.parquet")],
         [str(w / "rejected.parquet"), str(w / "plan" / "dropped.parquet")], tmp_path / "out",
     )  # fmt: skip
     assert (stats["input_records"], stats["published"], stats["rejected"]) == (4, 3, 1)

@@ -19,3 +19,30 @@ def test_readers_see_only_complete_versions(tmp_path):
     (tmp_path / "fast" / "ds" / "latest").write_text("v3\n")  # a pointer at a partial version is refused
     with pytest.raises(PublishError, match="no _COMPLETE.json"):
         latest_version(dest, "ds")
+
+
+@pytest.mark.parametrize("where", ["mounted", "s3"])
+def test_a_folder_is_copied_whole_in_one_call(where, tmp_path, request):
+    """copy_folder: every file below a version's folder (the manifest's pieces), on S3 in one CLI run."""
+    from shardsmith.storage.stores import open_store
+
+    out = tmp_path / "out"
+    (out / "manifest.parquet").mkdir(parents=True)
+    files = [str(out / "sizes.json")]
+    (out / "sizes.json").write_text("{}")
+    for i in range(3):
+        (out / "manifest.parquet" / f"ds-{i:06d}.parquet").write_bytes(bytes([i]) * (100 + i))
+        files.append(str(out / "manifest.parquet" / f"ds-{i:06d}.parquet"))
+    if where == "s3":
+        s3, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket")
+        dest = f"s3://{bucket}/fast"
+    else:
+        s3, dest = None, str(tmp_path / "fast")
+    publish(files, dest, "ds", "v1", s3=s3, names_from=out)
+    store = open_store(dest, "ds", s3)
+    store.copy_folder("v1/manifest.parquet", tmp_path / "got")
+    got = sorted(p.name for p in (tmp_path / "got").iterdir())
+    assert got == [f"ds-{i:06d}.parquet" for i in range(3)]
+    assert all((tmp_path / "got" / n).read_bytes() == (out / "manifest.parquet" / n).read_bytes() for n in got)
+    store.copy_folder("v1/no-such-folder", tmp_path / "none")  # nothing there: nothing copied, no error
+    assert not (tmp_path / "none").exists() or not any((tmp_path / "none").iterdir())

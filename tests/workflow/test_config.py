@@ -79,9 +79,9 @@ def test_a_config_with_only_dataset_paths_and_a_source_builds_with_the_documente
 
 def test_the_same_config_as_json_builds_the_same_bytes(builds):
     yaml_out, json_out = builds / "yaml" / "results" / DATASET, builds / "json" / "results" / DATASET
-    names = sorted(p.name for p in yaml_out.iterdir() if p.is_file())
-    assert {"README.md", f"{DATASET}-000000.tar", "manifest.parquet"} <= set(names)
-    assert sorted(p.name for p in json_out.iterdir() if p.is_file()) == names
+    names = sorted(str(p.relative_to(yaml_out)) for p in yaml_out.rglob("*") if p.is_file())
+    assert {"README.md", f"{DATASET}-000000.tar", f"manifest.parquet/{DATASET}-000000.parquet"} <= set(names)
+    assert sorted(str(p.relative_to(json_out)) for p in json_out.rglob("*") if p.is_file()) == names
     assert {n: sha256(json_out / n) for n in names} == {n: sha256(yaml_out / n) for n in names}
 
 

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.workflow
 PUBLISHED_FILES = {
     "sizes.json",
     "wids-index.json",
-    "manifest.parquet",
-    "rejected.parquet",
+    "manifest.parquet/demo-000000.parquet",  # the manifest and the ledger are folders of parquet pieces
+    "rejected.parquet/000000.parquet",
     "stats.json",
     "validation.json",
     *energon.META_FILES,
@@ -309,6 +309,11 @@ def test_planning_in_buckets_killed_mid_job_gives_the_one_bucket_build_on_rerun(
     _tables_are_whole(root / "work")
     run_workflow(root, config, "--unlock")
     run_workflow(root, config, "--rerun-incomplete")
-    for name in [*json.loads((out_dir(root1) / "sizes.json").read_text()), "rejected.parquet", "manifest.parquet"]:
+    pieces = [
+        p.relative_to(out_dir(root1)) for t in ("rejected", "manifest") for p in out_dir(root1).glob(f"{t}.parquet/*")
+    ]
+    assert pieces and sorted(p.relative_to(out_dir(root)) for t in ("rejected", "manifest")
+                             for p in out_dir(root).glob(f"{t}.parquet/*")) == sorted(pieces)  # fmt: skip
+    for name in [*json.loads((out_dir(root1) / "sizes.json").read_text()), *pieces]:
         assert sha256(out_dir(root) / name) == sha256(out_dir(root1) / name), name
     assert find_leftovers([root]) == []

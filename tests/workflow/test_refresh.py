@@ -117,6 +117,7 @@ def refreshed(s3_server, tmp_path_factory):
     run(s3_server, "s3", "mb", f"s3://{bucket}")
     config = demo_config(data, root, version="auto")
     config["sources"][2]["path"] = str(data / "shards" / "legacy-*.tar")  # a glob, so new shards join
+    config["dedupe"]["buckets"] = 3  # the published records looked up by 3 bucket jobs (tests/shards: 1 vs many)
     config["publish"] = {"dest": f"s3://{bucket}/datasets"}
     config["s3"] = {"endpoint_url": s3_server.endpoint_url, "region": s3_server.region, "aws_cli": s3_server.aws_cli}
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -156,7 +157,14 @@ def refreshed(s3_server, tmp_path_factory):
 
 
 def published_table(r, version, name) -> pd.DataFrame:
-    return pd.read_parquet(io.BytesIO(read_object(f"{r['dest']}/demo/{version}/{name}", r["s3"])))
+    """A table the version publishes as a folder of parquet pieces, read whole (the pieces in name order)."""
+    marker = json.loads(read_object(f"{r['dest']}/demo/{version}/{MARKER}", r["s3"]))
+    pieces = sorted(n for n in marker["files"] if n.startswith(f"{name}/"))
+    assert pieces, f"{version} has no {name}/ pieces"
+    url = f"{r['dest']}/demo/{version}"
+    return pd.concat(
+        [pd.read_parquet(io.BytesIO(read_object(f"{url}/{p}", r["s3"]))) for p in pieces], ignore_index=True
+    )
 
 
 def test_the_refresh_runs_only_the_new_and_grown_parts(refreshed):
@@ -211,7 +219,8 @@ def test_build_metadata_is_published_with_each_version(refreshed):
     marker = json.loads(read_object(f"{r['dest']}/demo/{r['v2']}/{MARKER}", r["s3"]))
     assert build["config_fingerprint"].startswith("sha256:") and "paths" not in build["config"]
     assert {"python", "snakemake", "pandas", "pyarrow", "webdataset"} <= set(build["packages"])
-    assert {"build.json", "README.md", "manifest.parquet", "sizes.json", "wids-index.json"} <= set(marker["files"])
+    assert {"build.json", "README.md", "sizes.json", "wids-index.json"} <= set(marker["files"])
+    assert {n.split("/")[0] for n in marker["files"]} >= {"manifest.parquet", "rejected.parquet"}
     assert marker["previous"] == r["v1"]
 
 

@@ -83,9 +83,14 @@ def files(folder) -> dict[str, str]:
 def test_every_output_file_is_byte_identical(two_builds):
     a, b = two_builds
     out_a, out_b = files(a / "output" / "demo"), files(b / "output" / "demo")
-    assert {"manifest.parquet", "rejected.parquet", "sizes.json", "wids-index.json", "build.json", "README.md"} <= set(
-        out_a
-    )
+    assert {
+        "manifest.parquet/demo-000000.parquet",
+        "rejected.parquet/000000.parquet",
+        "sizes.json",
+        "wids-index.json",
+        "build.json",
+        "README.md",
+    } <= set(out_a)
     assert {".nv-meta/index.sqlite", ".nv-meta/index.uuid", "demo-000000.idx", "demo-000000.tar.idx"} <= set(out_a)
     assert sum(name.endswith(".tar") for name in out_a) >= 2
     assert out_a == out_b

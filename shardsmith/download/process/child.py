@@ -16,6 +16,8 @@ import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open
 from shardsmith.core.errors import Rejection
@@ -25,6 +27,7 @@ from shardsmith.core.memory import keep_freed_heap, return_large_buffers
 from shardsmith.download.process.captions import CaptionSettings, pick_caption
 from shardsmith.download.process.resize import ImageResult, ResizeSettings, process_image
 from shardsmith.download.rawcache import iter_raw
+from shardsmith.formats.index import REJECT_SCHEMA
 from shardsmith.formats.parts import SAMPLE_COLUMNS, placed_columns
 from shardsmith.formats.tario import ShardWriter
 
@@ -190,7 +193,9 @@ class PartProcessor:
         with atomic_open(out_samples) as f:
             pd.DataFrame(samples, columns=SAMPLE_COLUMNS).to_parquet(f, index=False)
         with atomic_open(out_rejected) as f:
-            pd.DataFrame(rejected, columns=REJECT_COLUMNS).to_parquet(f, index=False)
+            # with the ledger's own types: index_shards then links the file into rejected.parquet/ unread
+            ledger = pa.Table.from_pandas(pd.DataFrame(rejected, columns=REJECT_COLUMNS), preserve_index=False)
+            pq.write_table(ledger.replace_schema_metadata(None).cast(REJECT_SCHEMA), f)
         return len(samples), len(rejected)
 
     def abort(self) -> None:
