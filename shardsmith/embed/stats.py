@@ -11,6 +11,7 @@ import json
 import os
 import re
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import pandas as pd
 
 from shardsmith.core.atomic import atomic_open, atomic_write_text
 from shardsmith.core.ledger import EMBED, EXCLUSION_COLUMNS
+from shardsmith.formats.tables import ParquetAppender
 
 STAGE = EMBED
 QUANTILES = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999)
@@ -77,29 +79,31 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 def low_similarity_exclusions(part_scores: list[str], model: str, min_similarity: float | None) -> pd.DataFrame:
     """Exclusion rows (key, stage, reason, detail) for samples scoring below min_similarity; none when unset."""
+    frames = list(_low_similarity(part_scores, model, min_similarity))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=EXCLUSION_COLUMNS)
+
+
+def _low_similarity(part_scores: list[str], model: str, min_similarity: float | None) -> Iterator[pd.DataFrame]:
+    """A part's exclusion rows at a time, built by column (no Python object per row but its detail text)."""
+    if min_similarity is None:
+        return
     col = score_columns(model)["similarity"]
-    rows = []
-    if min_similarity is not None:
-        for path in part_scores:
-            scores = pd.read_parquet(path, columns=["key", col])
-            low = scores[scores[col] < min_similarity]
-            rows += [
-                {
-                    "key": k,
-                    "stage": STAGE,
-                    "reason": "low_similarity",
-                    "detail": f"{col} {s:.4f} < min_similarity {min_similarity}",
-                }
-                for k, s in zip(low["key"], low[col])
-            ]
-    return pd.DataFrame(rows, columns=EXCLUSION_COLUMNS)
+    for path in part_scores:
+        scores = pd.read_parquet(path, columns=["key", col])
+        low = scores[scores[col] < min_similarity]
+        detail = [f"{col} {s:.4f} < min_similarity {min_similarity}" for s in low[col].tolist()]
+        yield pd.DataFrame(
+            {"key": low["key"].to_numpy(), "stage": STAGE, "reason": "low_similarity", "detail": detail},
+            columns=EXCLUSION_COLUMNS,
+        )
 
 
 def write_exclusions(part_scores: list[str], model: str, min_similarity: float | None, out: str) -> int:
-    table = low_similarity_exclusions(part_scores, model, min_similarity)
-    with atomic_open(out) as f:
-        table.to_parquet(f, index=False)
-    return len(table)
+    """The exclusion table, written a part at a time: memory follows a part, not the samples left out."""
+    with ParquetAppender(out, EXCLUSION_COLUMNS) as table:
+        for frame in _low_similarity(part_scores, model, min_similarity):
+            table.append(frame)
+    return table.rows
 
 
 def _part_id(path: str) -> str:

@@ -112,3 +112,16 @@ def test_summary_and_exclusion_modules_do_not_import_torch():
     code = "import sys, shardsmith.embed.stats; assert 'torch' not in sys.modules, 'torch imported'"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_exclusions_are_written_a_part_at_a_time_and_parts_with_none_below_add_nothing(parts, tmp_path):
+    part_scores = [p["out_scores"] for p in parts.values()]
+    lowest = min(float(pd.read_parquet(p)[SIM].min()) for p in part_scores)
+    out = tmp_path / "none.parquet"
+    assert embed_stats.write_exclusions(part_scores, NAME, lowest, str(out)) == 0  # nothing strictly below
+    assert list(pd.read_parquet(out).columns) == ["key", "stage", "reason", "detail"]
+    first = pd.read_parquet(part_scores[0])
+    threshold = float(first[SIM].max()) + 1e-6  # every sample of the first part, maybe some of the others
+    n = embed_stats.write_exclusions(part_scores, NAME, threshold, str(out))
+    got = pd.read_parquet(out)
+    assert n == len(got) >= len(first) and list(got["key"][: len(first)]) == list(first["key"])  # in part order
