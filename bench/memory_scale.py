@@ -3,7 +3,7 @@
     python bench/memory_scale.py [--samples 100000 400000 1600000] [--part-size 5000]
 
 These three see every sample of a dataset (the per-part and per-shard jobs see one part or shard, and
-e2e_bench measures them). index_shards and validate_dataset now work from pieces (bench/index_scale.py
+e2e_bench measures them). index_shards and validate_dataset work from pieces (bench/index_scale.py
 measures them at LAION counts); here validate_dataset runs its check without the buckets' sums, the
 manifest's keys sorted into bins on disk. For each size it writes processed-part sample tables as
 download_part leaves them (realistic keys, URLs and sha256s; 1% of keys repeated in a later part), then

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-_UMASK = os.umask(0)  # reading the umask means setting it: put it back at once
-os.umask(_UMASK)
+UMASK = os.umask(0)  # reading the umask means setting it: put it back at once
+os.umask(UMASK)
 
 
 @contextlib.contextmanager
@@ -25,7 +25,7 @@ def atomic_path(path: str | os.PathLike, fsync: bool = True) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; readers (training jobs) may be other users
+    os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp makes 0600; readers (training jobs) may be other users
     try:
         yield Path(tmp)
         if fsync:

@@ -132,7 +132,8 @@ def build_index(
     listed = sum(num_rows(p) for p in manifest_pieces)
     if published != listed:
         raise LedgerMismatch(f"shards hold {published} samples but the shard plans list {listed}")
-    rejected = sum(num_rows(p) for p in rejected_paths)
+    ledger_rows = {p: num_rows(p) for p in rejected_paths}  # footers read once
+    rejected = sum(ledger_rows.values())
     if inputs != published + rejected:
         raise LedgerMismatch(
             f"ledger does not add up: {inputs} input records != {published} published + {rejected} rejected"
@@ -141,7 +142,7 @@ def build_index(
     assemble_folder(manifest, out_dir / INDEX_FILES["manifest"], MANIFEST_SCHEMA)
     # pieces without rows are left out (one kept when all are empty, for the columns): the ledger's files do
     # not depend on which steps ran with nothing to reject
-    kept = [p for p in rejected_paths if num_rows(p)] or rejected_paths[:1]
+    kept = [p for p in rejected_paths if ledger_rows[p]] or rejected_paths[:1]
     ledger = [(f"{n:06d}.parquet", p) for n, p in enumerate(kept)]
     assemble_folder(ledger, out_dir / INDEX_FILES["rejected"], REJECT_SCHEMA)
     stats = {

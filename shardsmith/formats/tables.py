@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardsmith.core.atomic import atomic_open
+from shardsmith.core.atomic import UMASK, atomic_open
 
 if TYPE_CHECKING:  # imported where used: jobs that never need pandas start 0.3 s sooner without it
     import pandas as pd
@@ -113,7 +113,7 @@ def assemble_folder(pieces: list[tuple[str, str | os.PathLike]], folder: str | o
     rows = 0
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
     try:
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes 0700; readers (training jobs) may be other users
         for name, piece in pieces:
             f = pq.ParquetFile(piece)
             rows += f.metadata.num_rows
@@ -139,12 +139,6 @@ def assemble_folder(pieces: list[tuple[str, str | os.PathLike]], folder: str | o
         else:
             old.unlink()
     return rows
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 class Spill:
