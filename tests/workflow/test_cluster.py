@@ -30,6 +30,7 @@ PID_FILES = [Path("/run/munge/munged.pid"), Path("/run/slurm/slurmctld.pid"), Pa
 JOBCOMP_LOG = Path("/var/log/slurm/jobcomp.log")  # JobCompLoc in tools/slurm/slurm.conf.template
 SBIN_PATH = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
 SUBMITTED = re.compile(r"submitted with SLURM jobid (\d+) \(log: \S*/rule_(\w+)/")
+RUN_LIMIT_S = 1800  # the cluster run, from the end of the local one
 RULE_HEADER = re.compile(r"^(?:local)?(?:rule|checkpoint) (\w+):$", re.M)
 
 
@@ -113,6 +114,9 @@ def expected_request(rule: str) -> dict:
     }
 
 
+# Every level of the DAG costs at least one status poll (the plugin's interval grows by 10 s while no job ends):
+# about 7 minutes alone on 2 cores, over 15 on a 2-core CI machine running two other test workers beside it.
+@pytest.mark.timeout(RUN_LIMIT_S + 300)
 def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
     data = tmp_path / "data"
     make_demo(data)
@@ -126,7 +130,7 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
     cluster = start_on_cluster(cluster_root, demo_config(data, cluster_root, **settings))
     try:  # the local reference run meanwhile: the cluster run mostly waits for status polls
         local = run_workflow(local_root, demo_config(data, local_root, **settings))
-        cluster.wait(timeout=1800)
+        cluster.wait(timeout=RUN_LIMIT_S)
     finally:
         if cluster.poll() is None:
             cluster.terminate()  # snakemake cancels its SLURM jobs

@@ -5,7 +5,7 @@
 #
 #   bash tools/slurm/start.sh
 #
-# The node declares max(real, SLURM_TEST_CPUS=16) CPUs, max(real, SLURM_TEST_MEM_MB=65536) MB and two GPUs
+# The node declares max(real, SLURM_TEST_CPUS=32) CPUs, max(real, SLURM_TEST_MEM_MB=65536) MB and two GPUs
 # (see slurm.conf.template for why). Prints the daemons' PIDs; exits non-zero if SLURM does not come up,
 # 3 if /etc/slurm/slurm.conf exists and was not written by this script.
 set -euo pipefail
@@ -28,7 +28,7 @@ if [ -e /etc/slurm/slurm.conf ] && ! grep -q '^ClusterName=shardsmith-test$' /et
 fi
 
 HOST="$(hostname -s)"
-CPUS="$(nproc)"; CPUS=$(( CPUS > ${SLURM_TEST_CPUS:-16} ? CPUS : ${SLURM_TEST_CPUS:-16} ))
+CPUS="$(nproc)"; CPUS=$(( CPUS > ${SLURM_TEST_CPUS:-32} ? CPUS : ${SLURM_TEST_CPUS:-32} ))
 MEM="$(slurmd -C | grep -o 'RealMemory=[0-9]*' | cut -d= -f2)"
 MEM=$(( MEM > ${SLURM_TEST_MEM_MB:-65536} ? MEM : ${SLURM_TEST_MEM_MB:-65536} ))
 
