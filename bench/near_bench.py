@@ -218,10 +218,8 @@ def step_child(folder: str, bin_size: int) -> dict:
 
     paths = sorted(str(p) for p in Path(folder).glob("*.samples.parquet"))
     t = time.perf_counter()
-    with tempfile.TemporaryDirectory() as scratch:
-        near, compared = find_near_duplicates(
-            paths, [Path(p).name.split(".")[0] for p in paths], NearSettings(bin_size=bin_size), scratch=scratch
-        )
+    parts = [Path(p).name.split(".")[0] for p in paths]
+    near, compared = find_near_duplicates(paths, parts, NearSettings(bin_size=bin_size))
     wall = time.perf_counter() - t
     return {
         "samples": compared,

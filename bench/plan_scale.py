@@ -17,6 +17,9 @@ is fitted linearly in what it grows with. Also measured alone: plan_shards at th
 (measure_plan) and split_near_entries on one group at a few probe counts (measure_split).
 
     python bench/plan_scale.py --sizes 5000000 20000000 --out bench/results/plan-scale.json
+
+A 20M run takes hours on 2 cores: with `--work DIR --resume` the runs stay in DIR/plan-scale, and the same
+command run again after a stop goes on from the jobs that finished (sizes done are read back).
 """
 
 from __future__ import annotations
@@ -176,20 +179,28 @@ def prepare_run(root: Path, paths: list[str], settings: dict) -> None:
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def measure(n: int, root: Path, cores: int = 2) -> dict:
-    """The planning rules of a workflow run by Snakemake over n generated samples (see the module)."""
-    if root.exists():
-        shutil.rmtree(root)
+def measure(n: int, root: Path, cores: int = 2, resume: bool = False) -> dict:
+    """The planning rules of a workflow run by Snakemake over n generated samples (see the module). With
+    `resume`, a root whose tables were generated (generated.json) is run on: Snakemake does the jobs left
+    (a 20M run takes hours; stopped, it goes on from its finished jobs), and wall and CPU add up over runs."""
     work = root / "work" / "bench"
-    paths, planted = generate(work / "processed", n, PART_SIZE)
-    publish_overlap(root / "fast-storage", n)
-    prepare_run(root, paths, {"samples_per_shard": SAMPLES_PER_SHARD})
+    ready, runs_file = root / "generated.json", root / "runs.json"
+    if resume and ready.exists():
+        planted = planted_pairs(n)
+    else:
+        if root.exists():
+            shutil.rmtree(root)
+        paths, planted = generate(work / "processed", n, PART_SIZE)
+        publish_overlap(root / "fast-storage", n)
+        prepare_run(root, paths, {"samples_per_shard": SAMPLES_PER_SHARD})
+        ready.write_text(json.dumps({"samples": n}) + "\n")
     cmd = [str(SNAKEMAKE), str(work / "plan" / "shards"), "-s", str(REPO / "Snakefile"), "--directory", str(root),
            "--configfile", str(root / "config.yaml"), "--cores", str(cores), "--workflow-profile", "none",
-           "--rerun-triggers", "mtime", "--quiet", "rules"]  # fmt: skip
+           "--rerun-triggers", "mtime", "--rerun-incomplete", "--quiet", "rules"]  # fmt: skip
+    subprocess.run([*cmd, "--unlock"], capture_output=True)  # a stopped run's lock
     probe = (  # snakemake's own and its jobs' CPU: every process it waited for
         "import resource, subprocess, sys, time; t = time.perf_counter();"
-        "p = subprocess.run(sys.argv[2:], stdout=open(sys.argv[1], 'w'), stderr=subprocess.STDOUT);"
+        "p = subprocess.run(sys.argv[2:], stdout=open(sys.argv[1], 'a'), stderr=subprocess.STDOUT);"
         "r = resource.getrusage(resource.RUSAGE_CHILDREN);"
         "print(p.returncode, time.perf_counter() - t, r.ru_utime + r.ru_stime)"
     )
@@ -197,9 +208,13 @@ def measure(n: int, root: Path, cores: int = 2) -> dict:
         [sys.executable, "-c", probe, str(root / "snakemake.out"), *cmd], capture_output=True, text=True
     )
     code, wall, cpu_all = got.stdout.split()
+    runs = json.loads(runs_file.read_text()) if runs_file.exists() else []
+    runs.append({"wall_s": float(wall), "cpu_s": float(cpu_all)})
+    runs_file.write_text(json.dumps(runs) + "\n")
     if code != "0":
         raise RuntimeError(f"snakemake failed:\n{(root / 'snakemake.out').read_text()[-4000:]}")
-    return analyse(root, n, planted, float(wall), float(cpu_all))
+    result = analyse(root, n, planted, sum(r["wall_s"] for r in runs), sum(r["cpu_s"] for r in runs))
+    return {**result, "runs": len(runs)}
 
 
 def analyse(root: Path, n: int, planted, wall: float | None = None, cpu_all: float | None = None) -> dict:
@@ -446,18 +461,40 @@ def main() -> None:
     ap.add_argument("--split-probes", type=int, nargs="*", default=[4, 26],
                     help="split_near_entries alone on one group at these probes (measure_split)")  # fmt: skip
     ap.add_argument("--out", default=None)
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the runs in WORK/plan-scale and go on from where a stopped bench left them")  # fmt: skip
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="plan-scale-", dir=args.work))
+    if args.resume and not args.work:
+        ap.error("--resume needs --work (the folder the runs are kept in)")
+    work = (
+        Path(args.work) / "plan-scale" if args.resume else Path(tempfile.mkdtemp(prefix="plan-scale-", dir=args.work))
+    )
+    work.mkdir(parents=True, exist_ok=True)
     try:
-        results = [measure(n, work / str(n)) for n in args.sizes]
+        results = [sized(n, work, args.resume) for n in args.sizes]
         plans = [measure_plan(p, work / f"plan-{p}") for p in args.plan_parts]
         splits = [measure_split(p, work / f"split-{p}") for p in args.split_probes]
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    except BaseException:
+        if not args.resume:
+            shutil.rmtree(work, ignore_errors=True)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
     extrapolated = {name: extrapolate(results, n, plans, splits) for name, n in TARGETS.items()}
     report = {"bench": "plan_scale", "part_size": PART_SIZE, "sizes": results, "plan_shards_alone": plans,
               "split_near_entries_alone": splits, "extrapolated": extrapolated}  # fmt: skip
     write_report(report, args.out)
+
+
+def sized(n: int, work: Path, resume: bool) -> dict:
+    """measure() at n; with `resume`, its result is kept beside the run and read back by a resumed bench."""
+    done = work / f"{n}.json"
+    if resume and done.exists():
+        return json.loads(done.read_text())
+    result = measure(n, work / str(n), resume=resume)
+    if resume:
+        done.write_text(json.dumps(result) + "\n")
+        shutil.rmtree(work / str(n), ignore_errors=True)  # its tables: tens of GB at 20M
+    return result
 
 
 def write_report(report: dict, out: str | None) -> None:

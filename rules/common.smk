@@ -116,12 +116,23 @@ def get_all_part_tars(wildcards):
     return expand(rules.download_part.output.processed, part=get_part_ids())
 
 
+def low_similarity_on():
+    return config["embed"]["enabled"] and config["embed"]["min_similarity"] is not None
+
+
 def get_exclusions(wildcards):
-    """Tables of samples to leave out of the shards (key, stage, reason, detail), from optional stages."""
-    tables = []
-    if config["embed"]["enabled"] and config["embed"]["min_similarity"] is not None:
-        tables.append(rules.exclude_low_similarity.output[0])
-    return tables
+    """Tables of samples to leave out of the shards (key, stage, reason, detail), from optional stages: one
+    a group, in group order (so in part order)."""
+    if not low_similarity_on():
+        return []
+    return expand(rules.exclude_low_similarity.output[0], group=get_group_ids())
+
+
+def get_group_exclusions(wildcards):
+    """The exclusion tables of the group's own parts."""
+    if not low_similarity_on():
+        return []
+    return [rules.exclude_low_similarity.output[0].format(group=wildcards.group)]
 
 
 def get_dedupe_settings():
@@ -380,6 +391,10 @@ def get_all_part_scores(wildcards):
     return expand(rules.embed_part.output.scores, part=get_part_ids())
 
 
+def get_group_scores(wildcards):
+    return expand(rules.embed_part.output.scores, part=get_group_parts(wildcards))
+
+
 def get_shard_embed_inputs(wildcards):
     """The shard's plan and the scores and embeddings of only the parts it draws from."""
     plan = get_shard_plan(wildcards)
@@ -400,11 +415,7 @@ def get_embed_summary_inputs(wildcards):
         "scores": expand(rules.write_shard_scores.output.scores, shard=shards),
         "sums": expand(rules.write_shard_scores.output.sums, shard=shards),
         "infos": expand(rules.embed_part.output.info, part=get_part_ids()),
-        "exclusions": (
-            [rules.exclude_low_similarity.output[0]]
-            if config["embed"]["min_similarity"] is not None
-            else []
-        ),
+        "exclusions": get_exclusions(wildcards),
         "embeddings": expand(rules.write_shard_embeddings.output[0], shard=shards) if save else [],
     }
 

@@ -25,13 +25,14 @@ rule embed_part:
         "../scripts/embed_part.py"
 
 
+# One job per group of parts (the groups of planning): each writes its parts' samples below min_similarity.
 rule exclude_low_similarity:
     input:
-        get_all_part_scores,
+        get_group_scores,
     output:
-        f"{WORK}/embed/excluded.parquet",
+        f"{WORK}/embed/excluded/{{group}}.parquet",
     log:
-        f"{LOGS}/exclude_low_similarity.log",
+        f"{LOGS}/exclude_low_similarity/{{group}}.log",
     conda:
         "../envs/shards.yaml"
     params:

@@ -45,7 +45,7 @@ rule split_published:
 rule split_lookups:
     input:
         samples=get_group_samples,
-        exclusions=get_exclusions,
+        exclusions=get_group_exclusions,
         parts_plan=PARTS_PLANNED,
     output:
         f"{WORK}/plan/published/lookups/{{group}}.arrow",
@@ -318,7 +318,6 @@ rule find_near_pairs:
         mem_mb=lambda wc, attempt: 2000 * attempt,
     params:
         near=config["dedupe"],
-        scratch=SCRATCH,
         partitions=get_plan_buckets,
     script:
         "../scripts/find_near_pairs.py"

@@ -14,7 +14,6 @@ def main() -> None:
         near["phash_max_distance"],
         near["embedding_min_similarity"],
         near["bin_size"],
-        snakemake.params.scratch,
     )
     write_pairs(snakemake.output.incoming, snakemake.output.outgoing, pairs, snakemake.params.partitions)
     print(f"bucket {snakemake.wildcards.bucket}: {len(pairs)} pairs")

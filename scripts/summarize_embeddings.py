@@ -11,7 +11,7 @@ def main() -> None:
         shard_sums_paths=list(snakemake.input.sums),
         part_infos=list(snakemake.input.infos),
         model=snakemake.params.model,
-        exclusions=snakemake.input.exclusions[0] if snakemake.input.exclusions else None,
+        exclusions=list(snakemake.input.exclusions),
         min_similarity=snakemake.params.min_similarity,
         shard_embeddings_paths=list(snakemake.input.embeddings),
         resize=snakemake.params.resize,

@@ -19,7 +19,7 @@ import pandas as pd
 
 from shardsmith.core.atomic import atomic_open, atomic_write_text
 from shardsmith.core.ledger import EMBED, EXCLUSION_COLUMNS
-from shardsmith.formats.tables import ParquetAppender
+from shardsmith.formats.tables import ParquetAppender, num_rows
 
 STAGE = EMBED
 QUANTILES = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999)
@@ -231,7 +231,7 @@ def summarize(
     shard_sums_paths: list[str],
     part_infos: list[str],
     model: str,
-    exclusions: str | None = None,
+    exclusions: list[str] = (),
     min_similarity: float | None = None,
     shard_embeddings_paths: list[str] = (),
     resize: dict | None = None,
@@ -248,7 +248,7 @@ def summarize(
     if n != len(scores):
         raise ValueError(f"shard sums cover {n} samples but the shard score tables hold {len(scores)}")
     infos = sorted((json.loads(Path(p).read_text()) for p in part_infos), key=lambda i: i["part"])
-    excluded = len(pd.read_parquet(exclusions)) if exclusions else 0
+    excluded = sum(num_rows(p) for p in exclusions)  # from the footers: one table a group of parts
     embedded = sum(i["samples"] for i in infos)
 
     def mean_vector(field: str) -> list[float]:

@@ -352,7 +352,7 @@ def decide_near_duplicates(
 
 def run_near_jobs(
     sample_paths: list[str], part_ids: list[str], s: NearSettings, dropped: list[np.ndarray], pub: Published,
-    embedding_paths: list[str], scratch: str | None, layout: Layout | None, work: Path, out_dir: Path,
+    embedding_paths: list[str], layout: Layout | None, work: Path, out_dir: Path,
 ) -> dict:  # fmt: skip
     """The near-duplicate jobs in their order, in this process, a group a part, their files under `work`;
     the tables into `out_dir` (decide_near_duplicates); returns the counts. `layout`: cells and buckets as
@@ -376,7 +376,7 @@ def run_near_jobs(
         ins.append(str(work / f"{b}.in.arrow"))
         outs.append(str(work / f"{b}.out.arrow"))
         similarity = s.embedding_min_similarity if embedding_paths else None
-        pairs = bucket_pairs(entries, b, s.phash_max_distance, similarity, s.bin_size, scratch)
+        pairs = bucket_pairs(entries, b, s.phash_max_distance, similarity, s.bin_size)
         write_pairs(ins[-1], outs[-1], pairs, used.buckets)
     messages: list[str] = []
     for r in range(1, s.rounds_for(used) + 1):
@@ -397,7 +397,6 @@ def find_near_duplicates(
     excluded: set[str] = frozenset(),
     published: pd.DataFrame | None = None,
     embedding_paths: list[str] = (),
-    scratch: str | None = None,
     layout: Layout | None = None,
     work: str | None = None,
     out_dir: str | None = None,
@@ -417,7 +416,7 @@ def find_near_duplicates(
     with tempfile.TemporaryDirectory(prefix="shardsmith-near-", dir=work) as tmp:
         target = Path(out_dir) if out_dir else Path(tmp)
         target.mkdir(parents=True, exist_ok=True)
-        counts = run_near_jobs(sample_paths, list(part_ids), s, dropped, pub, embedding_paths, scratch,
+        counts = run_near_jobs(sample_paths, list(part_ids), s, dropped, pub, embedding_paths,
                                layout or Layout(cells=1, buckets=1), Path(tmp), target)  # fmt: skip
         near = pd.read_parquet(target / "near_duplicates.parquet")
     for c in NEAR_COLUMNS:

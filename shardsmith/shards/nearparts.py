@@ -34,9 +34,8 @@ import pyarrow as pa
 from shardsmith.core.atomic import atomic_open
 from shardsmith.formats.tables import key_hashes
 from shardsmith.shards.neardecide import read_partition
-from shardsmith.shards.nearsearch import MIRROR, SEED, best_pairs, near_pairs, same_key_pairs
+from shardsmith.shards.nearsearch import MIRROR, SEED, best_pairs, held_pairs, same_key_pairs
 
-_CHUNK = 100_000
 EMBEDDING_PROBES = 2  # cells an embedding goes to: near copies' embeddings sit far closer than 8-bit hash pairs
 # Probes a hash needs with this many cells for two hashes 4-8 bits apart (as many of each distance) to share
 # a cell 98% of the time, measured on uniformly random hashes, where k-means cells have no structure to
@@ -385,8 +384,8 @@ def _block_pairs(t: pd.DataFrame, threshold: int) -> Iterator[tuple[np.ndarray, 
         yield from same_key_pairs((group << np.int64(12)) | piece, code, ids, threshold, mirrored)
 
 
-def _cell_pairs(t: pd.DataFrame, binary: bool, threshold: float, bin_size: int, scratch: str | None):
-    """near_pairs over one cell, its hashes before its mirror hashes, each in dataset order: the order the
+def _cell_pairs(t: pd.DataFrame, binary: bool, threshold: float, bin_size: int):
+    """The near pairs of one cell, its hashes before its mirror hashes, each in dataset order: the order the
     search of the whole dataset reads them in (k-means trains on a strided sample of it)."""
     t = t.iloc[np.lexsort((t["id"].to_numpy(), t["mirror"].to_numpy()))]
     ids = np.where(t["mirror"].to_numpy(bool), t["id"].to_numpy(np.int64) | MIRROR, t["id"].to_numpy(np.int64))
@@ -394,12 +393,7 @@ def _cell_pairs(t: pd.DataFrame, binary: bool, threshold: float, bin_size: int, 
         x = t["code"].to_numpy(np.uint64)
     else:
         x = np.stack([np.frombuffer(v, np.float16) for v in t["vec"]]) if len(t) else np.empty((0, 1), np.float16)
-
-    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:  # in slices: the search converts each to floats
-        for at in range(0, len(ids), _CHUNK):
-            yield ids[at : at + _CHUNK], x[at : at + _CHUNK]
-
-    return near_pairs(chunks, len(ids), threshold, binary, bin_size, scratch)
+    return held_pairs(ids, x, threshold, binary, bin_size)
 
 
 def bucket_pairs(
@@ -408,7 +402,6 @@ def bucket_pairs(
     phash_max_distance: int,
     embedding_min_similarity: float | None,
     bin_size: int,
-    scratch: str | None = None,
 ) -> pd.DataFrame:
     """One bucket's pairs (a, b, prio_a, prio_b, signal, score, home_a, home_b): its same-hash pairs and its near
     pairs per signal (a before b by id), pairs of two published samples left out (both stay)."""
@@ -424,14 +417,14 @@ def bucket_pairs(
     found = list(_block_pairs(hashed[hashed["kind"] == BLOCK], phash_max_distance))
     cells = hashed[hashed["kind"] == PHASH_CELL]
     for _, cell in cells.groupby("group", sort=True):
-        found.append(_cell_pairs(cell, True, phash_max_distance, bin_size, scratch))
+        found.append(_cell_pairs(cell, True, phash_max_distance, bin_size))
     if found:
         a, b, d = (np.concatenate([f[i] for f in found]) for i in range(3))
         a, b, d = best_pairs(a, b, d, True)
         frames.append(pd.DataFrame({"a": a, "b": b, "signal": "phash", "score": d.astype(np.float64)}))
     if embedding_min_similarity is not None:
         found = [
-            _cell_pairs(cell, False, embedding_min_similarity, bin_size, scratch)
+            _cell_pairs(cell, False, embedding_min_similarity, bin_size)
             for _, cell in table.filter(pa.array(kind == EMBEDDING_CELL)).to_pandas().groupby("group", sort=True)
         ]
         if found:

@@ -140,6 +140,45 @@ def near_pairs(
     return best_pairs(a, b, s, binary)
 
 
+def held_pairs(
+    ids: np.ndarray, x: np.ndarray, threshold: float, binary: bool, bin_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """near_pairs over arrays the caller holds (a cell of a bucket job): the same bins and pairs, each bin a
+    set of row numbers into `x` rather than a file of copied vectors, so binning writes nothing and costs
+    probes x 4 bytes a row (no file per bin and chunk to open, append to and read back)."""
+    ids = np.asarray(ids, np.int64)
+    n = len(ids)
+
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:  # slices: floats are made a slice at a time
+        for at in range(0, n, _HELD_CHUNK):
+            yield ids[at : at + _HELD_CHUNK], x[at : at + _HELD_CHUNK]
+
+    if n <= bin_size:
+        return best_pairs(*exact_pairs(ids, x, threshold, binary), binary)
+    probes = PROBES[binary]
+    centroids = _train(chunks, n, math.ceil(probes * n / bin_size), binary)
+    quantizer = faiss.IndexFlatL2(centroids.shape[1])
+    quantizer.add(centroids)
+    nearest = np.empty((n, probes), np.int32)
+    for at in range(0, n, _HELD_CHUNK):
+        nearest[at : at + _HELD_CHUNK] = quantizer.search(_as_float(x[at : at + _HELD_CHUNK], binary), probes)[1]
+    flat = nearest.ravel()  # entry e is row e // probes: within a bin, rows come in order
+    order = np.argsort(flat, kind="stable")
+    bins = flat[order]
+    del nearest, flat
+    starts = np.flatnonzero(np.r_[True, bins[1:] != bins[:-1]])
+    del bins
+    found = []
+    for s, e in zip(starts, np.r_[starts[1:], len(order)], strict=True):
+        rows = order[s:e] // probes
+        found.append(exact_pairs(ids[rows], x[rows], threshold, binary))
+    if binary:
+        found += block_pairs(chunks, threshold)
+    a, b, score = (np.concatenate([f[i] for f in found]) for i in range(3))
+    return best_pairs(a, b, score, binary)
+
+
+_HELD_CHUNK = 100_000
 BLOCK_RANGES = 16  # passes per block: the hashes sorted at once are a 16th of them
 
 

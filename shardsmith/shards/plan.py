@@ -87,14 +87,14 @@ def plan_from_counts(
 
 def _near_in_process(
     samples: list[str], parts: list[str], pieces: list[str], near: NearSettings, exclusions: list[str],
-    published: pd.DataFrame | None, embeddings: list[str], scratch: str | None, layout: Layout | None, work: Path,
+    published: pd.DataFrame | None, embeddings: list[str], layout: Layout | None, work: Path,
 ) -> str:  # fmt: skip
     """The near-duplicate jobs in order, in this process: returns the folder with their tables."""
     pub = published_candidates(samples, set(excluded_keys(exclusions)), published)
     near_dir = work / "near"
     near_dir.mkdir()
     dropped = [dropped_ids([piece], i) & np.int64(0xFFFF_FFFF) for i, piece in enumerate(pieces)]
-    run_near_jobs(samples, parts, near, dropped, pub, embeddings, scratch, layout, work, near_dir)
+    run_near_jobs(samples, parts, near, dropped, pub, embeddings, layout, work, near_dir)
     return str(near_dir)
 
 
@@ -111,7 +111,6 @@ def plan_shards(
     near: NearSettings | None = None,
     published: pd.DataFrame | None = None,
     embeddings: list[str] = (),
-    scratch: str | None = None,
     layout: Layout | None = None,
     log: Callable[[str], None] = print,
 ) -> list[str]:
@@ -143,7 +142,7 @@ def plan_shards(
             group_drops(drops, i, [path], [part], i, out)
         if near is not None and near.near != "off":
             found = _near_in_process(samples, parts, pieces, near, list(exclusions), published, list(embeddings),
-                                     scratch, layout, work)  # fmt: skip
+                                     layout, work)  # fmt: skip
             pieces.append(str(Path(found) / "near_dropped.parquet"))
             got = copy_near_tables(found, out_dir)
             left = "left out" if near.near == "exclude" else "reported, all kept (dedupe.near: report)"
@@ -170,7 +169,6 @@ def plan_dataset(
     dedupe: dict | None,
     near: NearSettings,
     embeddings: list[str],
-    scratch: str | None,
     log: Callable[[str], None] = print,
 ) -> list[str]:
     """The whole plan in one process, in its order: records already published left out (`dedupe`), repeated
@@ -196,5 +194,5 @@ def plan_dataset(
         )
     return plan_shards(
         samples, parts, dataset, samples_per_shard, out_dir, exclusions,
-        near=near, published=published, embeddings=embeddings, scratch=scratch, log=log,
+        near=near, published=published, embeddings=embeddings, log=log,
     )  # fmt: skip

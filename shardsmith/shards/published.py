@@ -218,8 +218,9 @@ def split_lookups(
     samples: list[str], first_part: int, buckets: int, exclusions: list[str], out: str | os.PathLike
 ) -> int:
     """The lookups of a group's samples (id = part << 32 | row), one batch per bucket; `kept` is False for a
-    sample another step left out (the exclusion tables), which then does not keep its published record
-    from being gone. Returns the samples."""
+    sample its group's exclusion tables leave out (its own parts' low similarity scores), which then does
+    not keep its published record from being gone. Only the group's own tables: every group reading every
+    table would read the dataset's exclusions once a group. Returns the samples."""
     tables = []
     for i, path in enumerate(samples):
         t = pd.read_parquet(path, columns=["key", "source_id", "url", "sha256"])

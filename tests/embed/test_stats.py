@@ -85,11 +85,15 @@ def test_min_similarity_sends_samples_to_the_ledger_and_shards_stay_uniform(part
     part_scores = [p["out_scores"] for p in parts.values()]
     everything = pd.concat([pd.read_parquet(p) for p in part_scores], ignore_index=True)
     threshold = float(np.median(everything[SIM]))
-    excluded = tmp_path / "excluded.parquet"
-    n = embed_stats.write_exclusions(part_scores, NAME, threshold, str(excluded))
+    # one table a group of parts, as exclude_low_similarity writes them: the first part, then the others
+    excluded = [str(tmp_path / "excluded-0.parquet"), str(tmp_path / "excluded-1.parquet")]
+    n = sum(
+        embed_stats.write_exclusions(s, NAME, threshold, t)
+        for s, t in zip([part_scores[:1], part_scores[1:]], excluded, strict=True)
+    )
     low = set(everything.loc[everything[SIM] < threshold, "key"])
     assert n == len(low) > 0
-    plan_dir, shards = _plan_and_score(parts, tmp_path, exclusions=[str(excluded)], samples_per_shard=4)
+    plan_dir, shards = _plan_and_score(parts, tmp_path, exclusions=excluded, samples_per_shard=4)
     dropped = pd.read_parquet(plan_dir / "dropped.parquet")
     assert (
         set(dropped["key"]) == low
@@ -101,7 +105,7 @@ def test_min_similarity_sends_samples_to_the_ledger_and_shards_stay_uniform(part
     assert all(s == 4 for s in sizes[:-1]) and 0 < sizes[-1] <= 4 and sum(sizes) == len(everything) - len(low)
     stats = embed_stats.summarize(
         [str(s[1]) for s in shards], [str(s[2]) for s in shards], [p["out_info"] for p in parts.values()], NAME,
-        exclusions=str(excluded), min_similarity=threshold,
+        exclusions=excluded, min_similarity=threshold,
     )  # fmt: skip
     assert stats["counts"]["excluded_low_similarity"] == len(low) and stats["similarity"]["min"] >= threshold
     assert stats["counts"]["published"] + len(low) == stats["counts"]["embedded"]

@@ -4,7 +4,7 @@ found are all true, most planted pairs are found, the scratch files are removed)
 import numpy as np
 import pytest
 
-from shardsmith.shards.nearsearch import MIRROR, exact_pairs, near_pairs, same_key_pairs
+from shardsmith.shards.nearsearch import MIRROR, exact_pairs, held_pairs, near_pairs, same_key_pairs
 
 
 def random_codes(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -118,3 +118,27 @@ def test_mirrored_hashes_pair_with_plain_hashes_only():
     found = same_key_pairs(key, np.r_[plain, mirror], np.r_[ids, ids], 4, np.r_[np.zeros(4, bool), np.ones(4, bool)])
     got = {(min(x, y), max(x, y)) for f in found for x, y in zip(f[0].tolist(), f[1].tolist(), strict=True)}
     assert got == {(0, 1)}
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_bins_of_row_numbers_give_the_pairs_of_bins_in_files(tmp_path, binary):
+    """held_pairs (a bucket job's cells, in memory) bins as near_pairs does through files: the same pairs and
+    scores, mirrored rows included; nothing is written."""
+    rng = np.random.default_rng(5)
+    n = 5000
+    if binary:
+        codes = random_codes(rng, n)
+        plant(rng, codes, 9, 8)
+        ids = np.arange(n, dtype=np.int64)
+        ids[n // 2 :] = (ids[n // 2 :] - n // 2) | MIRROR  # the second half: mirror hashes of the first
+        x, threshold = codes, 8
+    else:
+        x = rng.normal(size=(n, 16)).astype(np.float32)
+        x[1::9] = x[0::9][: len(x[1::9])] + rng.normal(scale=0.05, size=(len(x[1::9]), 16))
+        x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
+        ids, threshold = np.arange(n, dtype=np.int64), 0.95
+    want = near_pairs(chunked(ids, x), n, threshold, binary, bin_size=600, scratch=tmp_path / "bins")
+    got = held_pairs(ids, x, threshold, binary, bin_size=600)
+    assert len(want[0]) > 100
+    assert all((w == g).all() for w, g in zip(want, got, strict=True))
+    assert not list((tmp_path / "bins").iterdir())

@@ -326,7 +326,7 @@ def test_plan_dataset_finds_near_duplicates_before_it_plans_the_shards(tmp_path,
     said = []
     names = plan_dataset(
         samples, work / "plan", dataset="ds", samples_per_shard=3, exclusions=[], dedupe=None,
-        near=NearSettings(near=mode), embeddings=[], scratch=None, log=said.append,
+        near=NearSettings(near=mode), embeddings=[], log=said.append,
     )  # fmt: skip
     planned = [k for n in names for k in pd.read_parquet(work / "plan" / f"{n}.samples.parquet")["key"]]
     dropped = pd.read_parquet(work / "plan" / "dropped.parquet")
