@@ -33,6 +33,7 @@ from shardsmith.download.rawcache import (
     STATUS_COLUMNS,
     STATUS_TYPES,
     Keep,
+    Progress,
     encode_fields,
     iter_raw,
     link_or_copy,
@@ -59,6 +60,7 @@ def download_records(
     label: str = "",
     refetch: set[str] | None = None,
     processor: "PartProcessor | ChildProcessor | None" = None,
+    progress: Progress | None = None,
 ) -> list[dict]:
     """Fetch what is not in the keep, writing every ok record to `tar` as it arrives; returns status rows.
 
@@ -66,7 +68,8 @@ def download_records(
     second copy of every multi-MB original. Its members are named by record id, and nothing downstream
     depends on their order. Kept failures whose reason is in `refetch` (default: the retry reasons) are
     fetched again. Each record written is also handed to `processor`, which resizes it while the rest of
-    the part downloads.
+    the part downloads. `progress` commits the records done as the part goes (the kept ones at once, after
+    the keep is read).
     """
     recs = records.to_dict("records")
     by_rid = {r["rid"]: r for r in recs}
@@ -97,6 +100,12 @@ def download_records(
         keep.close()
     if reused:
         fetcher.log(f"download {label}: {len(reused)} records kept from the raw cache, {len(jobs)} to fetch")
+    if progress is not None:
+        for rec in recs:
+            rid = rec["rid"]
+            if rid in reused or rid in outcomes:
+                progress.add(_kept_row(rec, reused[rid]) if rid in reused else status_row(rec, outcomes[rid]))
+        progress.commit()
 
     def on_result(rid: int, outcome: Outcome) -> None:
         if outcome.ok:
@@ -106,6 +115,8 @@ def download_records(
                 outcome = Outcome(reason=e.reason, detail=e.detail, attempts=outcome.attempts)
             outcome.data = None
         outcomes[rid] = outcome
+        if progress is not None:
+            progress.add(status_row(by_rid[rid], outcome))
 
     fetcher.fetch_all(jobs, on_result, hash_type=hash_type, label=label)
     return [
@@ -225,7 +236,8 @@ def download_part(
         with atomic_open(out_tar) as f, ShardWriter(f) as tar:
             if processor is not None:
                 processor.read_from(f.name)
-            rows = download_records(records, source, fetcher, tar, keep, kept, label, retry, processor)
+            progress = Progress(Keep(out_tar), f, tar, log=log)
+            rows = download_records(records, source, fetcher, tar, keep, kept, label, retry, processor, progress)
         status = pd.DataFrame(rows, columns=STATUS_COLUMNS)
 
     status = status.astype(STATUS_TYPES)

@@ -6,7 +6,11 @@ retry-failed command. Source shards: test_source_shards.py; the keep itself: tes
 import hashlib
 import io
 import json
+import multiprocessing
+import os
+import signal
 import tarfile
+import time
 
 import pandas as pd
 from generated import jpeg_bytes, tar_entry, write_tar
@@ -15,7 +19,7 @@ from servers import ALLOW_LOOPBACK
 
 from shardsmith.__main__ import main as shardsmith_main
 from shardsmith.download.part import download_part
-from shardsmith.download.rawcache import mark_failed
+from shardsmith.download.rawcache import Keep, mark_failed
 from shardsmith.download.sources import plan_parts
 from shardsmith.storage.s3 import upload
 
@@ -406,3 +410,51 @@ def shard_tar(samples: dict[str, dict[str, bytes]]) -> bytes:
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+def _download_in_child(records: str, tar: str, status: str, source: dict, settings: dict, every: int) -> None:
+    from shardsmith.download import rawcache
+
+    rawcache.COMMIT_RECORDS = every
+    download_part(records, tar, status, source, settings, log=lambda m: None)
+
+
+def test_a_part_killed_mid_download_resumes_from_its_last_commit(tmp_path, http_server):
+    """SIGKILL while a part downloads: the rerun fetches no record of the last commit again, at most the
+    records in flight and one commit interval of those fetched before the kill, and ends with the status
+    and raw tar of a run never killed; nothing of the stopped run is left in .keep."""
+    s = http_server
+    n, every = 240, 20
+    imgs = [jpeg_bytes(color=(i % 250, i // 250, 7)) for i in range(n)]
+    urls = [s.route(f"/{i}.jpg", Reply(body=imgs[i], delay=0.01)) for i in range(n)]
+    urls[7] = s.url("/gone.jpg")  # a final failure: committed with its reason, not asked again
+    write_manifest(tmp_path / "m.parquet", [{"url": u, "caption": f"c{i}"} for i, u in enumerate(urls)])
+    src = manifest_source(tmp_path / "m.parquet")
+    [pid] = plan_parts([src], 1000, tmp_path / "parts")
+    records, raw_dir = tmp_path / "parts" / f"{pid}.parquet", tmp_path / "raw"
+    tar, status_path = raw_dir / f"{pid}.tar", raw_dir / f"{pid}.status.parquet"
+    settings = {**FAST, "concurrency": 4, "per_host_concurrency": 4}
+    args = (str(records), str(tar), str(status_path), src, settings, every)
+    child = multiprocessing.get_context("fork").Process(target=_download_in_child, args=args)
+    child.start()
+    deadline = time.monotonic() + 60
+    while s.total() < n // 2 and time.monotonic() < deadline and child.is_alive():
+        time.sleep(0.005)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    assert not tar.exists() and not status_path.exists()  # nothing at a final path
+    committed = Keep(tar).load()
+    assert committed is not None and len(committed) >= every
+    before = {u: s.count(u.split(str(s.port))[1]) for u in urls}
+    fetched_before = {u for u, c in before.items() if c}
+
+    status = download_part(str(records), str(tar), str(status_path), src, settings, log=lambda m: None)
+    again = {u for u in urls if s.count(u.split(str(s.port))[1]) > before[u]}
+    assert not again & set(committed["url"])  # no committed record asked for again
+    assert len(again & fetched_before) <= settings["concurrency"] + every
+    assert reasons(status) == ["not_found" if i == 7 else "ok" for i in range(n)]
+    raw = read_raw(tar)
+    assert {k: v["img"] for k, v in raw.items()} == {f"r{i:07d}": imgs[i] for i in range(n) if i != 7}
+    assert_ledger(pd.read_parquet(records), status, raw, src)
+    assert sorted(p.name for p in (raw_dir / ".keep").iterdir()) == [f"{pid}.json", f"{pid}.status.parquet",
+                                                                    f"{pid}.tar"]  # fmt: skip

@@ -1,9 +1,15 @@
-"""The raw cache's keep (shardsmith.download.rawcache): a damaged keep is never reused. Real HTTP server, 127.0.0.1."""
+"""The raw cache's keep (shardsmith.download.rawcache): a damaged keep is never reused; a running part's commits
+hold whole records only. Real HTTP server, 127.0.0.1."""
 
+import os
+import shutil
+
+import pandas as pd
 from generated import jpeg_bytes
 from httpserver import Reply
 
-from shardsmith.download.rawcache import Keep
+from shardsmith.download.rawcache import Keep, Progress, write_raw
+from shardsmith.formats.tario import ShardWriter
 from tests.download.test_part import manifest_source, reasons, snakemake_deletes_outputs, write_manifest
 from tests.download.test_part import run_remote as run
 
@@ -25,3 +31,52 @@ def test_a_damaged_keep_is_ignored_and_the_part_fetched_again(tmp_path, http_ser
     snakemake_deletes_outputs(tmp_path)
     [(status, raw)] = run(tmp_path, manifest_source(tmp_path / "m.parquet"))
     assert reasons(status) == ["ok"] and http_server.count("/a.jpg") == 3
+
+
+def _row(rid: int) -> dict:
+    return {"rid": rid, "source": "web", "source_id": f"s{rid}", "url": f"u{rid}", "key": f"k{rid}", "status": "ok",
+            "reason": "", "detail": "", "bytes": 3, "http_status": 200, "attempts": 1}  # fmt: skip
+
+
+def test_a_commit_holds_whole_records_and_a_torn_write_or_an_unfinished_commit_is_never_read(tmp_path):
+    out = tmp_path / "raw" / "p-000000.tar"
+    out.parent.mkdir()
+    with open(tmp_path / "raw" / ".p-000000.tar.tmp", "wb") as f:
+        tar = ShardWriter(f)
+        progress = Progress(Keep(out), f, tar, every_records=2, every_s=1e9)
+        for rid in range(3):
+            write_raw(tar, rid, b"img", b"{}")
+            progress.add(_row(rid))  # the second row commits records 0 and 1
+        f.write(b"r0000003.img\0torn")  # a record cut short by a kill: past the committed size
+        f.flush()
+        keep = Keep(out)
+        assert list(keep.load()["rid"]) == [0, 1] and sorted(keep.members()) == [0, 1]
+        assert keep.read(keep.members()[1]["img"]) == b"img"
+        # a kill during the next commit: its piece written, not yet named in the JSON
+        pieces = sorted(progress.folder.glob("*.parquet"))
+        (progress.folder / "000001.parquet").write_bytes(pieces[0].read_bytes())
+        assert list(Keep(out).load()["rid"]) == [0, 1]
+
+
+def test_a_finished_run_removes_the_commits_and_is_preferred_to_an_older_one(tmp_path):
+    out = tmp_path / "raw" / "p-000000.tar"
+    out.parent.mkdir()
+    with open(tmp_path / "raw" / ".p-000000.tar.tmp", "wb") as f:
+        tar = ShardWriter(f)
+        progress = Progress(Keep(out), f, tar, every_records=1, every_s=1e9)
+        write_raw(tar, 0, b"img", b"{}")
+        progress.add(_row(0))
+    keep = Keep(out)
+    assert list(keep.load()["rid"]) == [0]
+    stale = keep.progress.read_bytes()
+    shutil.copytree(progress.folder, tmp_path / "commit")
+    status = pd.DataFrame([_row(0), {**_row(1), "status": "error", "reason": "not_found"}])
+    os.link(tmp_path / "raw" / ".p-000000.tar.tmp", out)
+    status.to_parquet(tmp_path / "raw" / "p-000000.status.parquet")
+    keep.save(str(out), str(tmp_path / "raw" / "p-000000.status.parquet"), status)
+    assert not keep.progress.exists() and not list(keep.dir.glob("*.progress-*"))
+    shutil.copytree(tmp_path / "commit", progress.folder)  # a run stopped between saving and removing its commit
+    keep.progress.write_bytes(stale)
+    assert list(Keep(out).load()["rid"]) == [0]  # written after the save: taken
+    os.utime(keep.progress, ns=(keep.meta.stat().st_mtime_ns - 10**9,) * 2)
+    assert list(Keep(out).load()["rid"]) == [0, 1]  # older than the save: the finished run's
