@@ -233,7 +233,7 @@ class ChildProcessor:
         ctx = multiprocessing.get_context("fork")
         self._conn, child = ctx.Pipe()
         self._child = ctx.Process(
-            target=_child_main, args=(child, out_tar, resize, captions, threads, label), daemon=True
+            target=_child_main, args=(child, self._conn, out_tar, resize, captions, threads, label), daemon=True
         )
         self._child.start()
         child.close()
@@ -302,8 +302,11 @@ def tune_allocator() -> None:
 
 
 def _child_main(
-    conn, out_tar: str, resize: ResizeSettings, captions: CaptionSettings, threads: int, label: str
+    conn, parent_end, out_tar: str, resize: ResizeSettings, captions: CaptionSettings, threads: int, label: str
 ) -> None:
+    # the fork copied the parent's end of the pipe too: closed here, a parent that dies (killed) ends the
+    # child's next read, rather than leave it waiting on its own copy for ever
+    parent_end.close()
     tune_allocator()
     proc = PartProcessor(out_tar, resize, captions, threads, label=label)
     try:

@@ -2,9 +2,13 @@
 as processing the raw tar afterwards; a failure fails the part and leaves no file behind."""
 
 import json
+import multiprocessing
+import os
+import signal
 import tarfile
 import threading
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -311,3 +315,42 @@ def test_process_follows_record_order_whatever_order_the_raw_tar_holds(tmp_path)
     assert list(samples["width_before"]) == [40, 42, 43]
     [miss] = pd.read_parquet(out["rejected.parquet"]).to_dict("records")
     assert (miss["key"], miss["stage"], miss["reason"]) == ("web-1", "process", "missing_raw")
+
+
+def _job_with_a_resize_process(out: str, pid_file: str) -> None:
+    child = ChildProcessor(out, RESIZE, CaptionSettings())
+    with open(pid_file, "w") as f:
+        f.write(str(child._child.pid))
+    time.sleep(60)
+
+
+def _running(pid: int) -> bool:
+    try:  # a process that ended but is not yet reaped (by init, its parent gone) is a zombie: "Z"
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_resize_process_ends_when_its_job_is_killed(tmp_path):
+    """A download job killed with SIGKILL (a time limit, an OOM kill): its resize process sees the pipe close
+    and ends, removing its temporary tar, instead of waiting for ever on its own copy of the job's end."""
+    pid_file = tmp_path / "child.pid"
+    job = multiprocessing.get_context("fork").Process(
+        target=_job_with_a_resize_process, args=(str(tmp_path / "p.tar"), str(pid_file))
+    )
+    job.start()
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "the job did not start its resize process"
+        time.sleep(0.01)
+    child = int(pid_file.read_text())
+    os.kill(job.pid, signal.SIGKILL)
+    job.join()
+    while time.monotonic() < deadline:
+        if not _running(child):
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the resize process outlived its killed job")
+    assert find_leftovers([tmp_path]) == []
