@@ -24,6 +24,7 @@ import pandas as pd
 
 from shardsmith.core.atomic import atomic_open
 from shardsmith.core.memory import return_large_buffers
+from shardsmith.download.commits import Commits
 from shardsmith.download.fetch.client import Fetcher
 from shardsmith.download.fetch.netguard import Refused
 from shardsmith.download.fetch.responses import AttemptError, Outcome, check_hash
@@ -33,11 +34,11 @@ from shardsmith.download.rawcache import (
     STATUS_COLUMNS,
     STATUS_TYPES,
     Keep,
-    Progress,
     encode_fields,
     iter_raw,
     link_or_copy,
     mark_failed,
+    progress,
     reusable,
     status_row,
     write_raw,
@@ -60,7 +61,7 @@ def download_records(
     label: str = "",
     refetch: set[str] | None = None,
     processor: "PartProcessor | ChildProcessor | None" = None,
-    progress: Progress | None = None,
+    commits: Commits | None = None,
 ) -> list[dict]:
     """Fetch what is not in the keep, writing every ok record to `tar` as it arrives; returns status rows.
 
@@ -68,7 +69,7 @@ def download_records(
     second copy of every multi-MB original. Its members are named by record id, and nothing downstream
     depends on their order. Kept failures whose reason is in `refetch` (default: the retry reasons) are
     fetched again. Each record written is also handed to `processor`, which resizes it while the rest of
-    the part downloads. `progress` commits the records done as the part goes (the kept ones at once, after
+    the part downloads. `commits` commits the records done as the part goes (the kept ones at once, after
     the keep is read).
     """
     recs = records.to_dict("records")
@@ -100,12 +101,12 @@ def download_records(
         keep.close()
     if reused:
         fetcher.log(f"download {label}: {len(reused)} records kept from the raw cache, {len(jobs)} to fetch")
-    if progress is not None:
+    if commits is not None:
         for rec in recs:
             rid = rec["rid"]
             if rid in reused or rid in outcomes:
-                progress.add(_kept_row(rec, reused[rid]) if rid in reused else status_row(rec, outcomes[rid]))
-        progress.commit()
+                commits.add(_kept_row(rec, reused[rid]) if rid in reused else status_row(rec, outcomes[rid]))
+        commits.commit()
 
     def on_result(rid: int, outcome: Outcome) -> None:
         if outcome.ok:
@@ -115,8 +116,8 @@ def download_records(
                 outcome = Outcome(reason=e.reason, detail=e.detail, attempts=outcome.attempts)
             outcome.data = None
         outcomes[rid] = outcome
-        if progress is not None:
-            progress.add(status_row(by_rid[rid], outcome))
+        if commits is not None:
+            commits.add(status_row(by_rid[rid], outcome))
 
     fetcher.fetch_all(jobs, on_result, hash_type=hash_type, label=label)
     return [
@@ -135,7 +136,7 @@ def _rewrite_kept(
     expected: str | None,
     hash_type: str,
     fetcher: Fetcher,
-    write: Callable[[int, bytes], None],
+    write: Callable[..., None],
 ) -> "Outcome | object | None":
     """Write a kept ok record's bytes to the new raw tar: None when written, an Outcome when it is refused now
     (the guard as configured now, or a sidecar out of bounds), _REFETCH when the manifest's hash changed."""
@@ -150,7 +151,7 @@ def _rewrite_kept(
         except AttemptError:
             return _REFETCH
     try:
-        write(rec["rid"], data)
+        write(rec["rid"], data, reuse=True)
     except Refused as e:
         return Outcome(reason=e.reason, detail=e.detail, attempts=0)
     return None
@@ -176,9 +177,10 @@ def _record_writer(
     fetcher: Fetcher,
     tar: ShardWriter,
     processor: "PartProcessor | ChildProcessor | None",
-) -> Callable[[int, bytes], None]:
-    def write(rid: int, data: bytes) -> None:
-        """Write one record's image and fields; raises Refused (nothing written) for a sidecar out of bounds."""
+) -> Callable[..., None]:
+    def write(rid: int, data: bytes, reuse: bool = False) -> None:
+        """Write one record's image and fields; raises Refused (nothing written) for a sidecar out of bounds.
+        `reuse`: the bytes are kept ones, whose processing a stopped run may have committed."""
         fields = json.loads(by_rid[rid]["fields"])
         if source["type"] == "folder":
             fields.update(read_sidecars(local_path(by_rid[rid]["url"]) or by_rid[rid]["url"], fetcher.guard))
@@ -187,7 +189,7 @@ def _record_writer(
         if processor is not None:
             tar.flush()  # the processor may read the image back from the raw tar
             # the fields as the raw tar holds them (keys sorted), so a reprocess from the raw tar sees the same
-            processor.submit(rid, by_rid[rid], meta, data, where["img"])
+            processor.submit(rid, by_rid[rid], meta, data, where["img"], reuse=reuse)
 
     return write
 
@@ -236,8 +238,8 @@ def download_part(
         with atomic_open(out_tar) as f, ShardWriter(f) as tar:
             if processor is not None:
                 processor.read_from(f.name)
-            progress = Progress(Keep(out_tar), f, tar, log=log)
-            rows = download_records(records, source, fetcher, tar, keep, kept, label, retry, processor, progress)
+            done = progress(Keep(out_tar), f, tar, log=log)
+            rows = download_records(records, source, fetcher, tar, keep, kept, label, retry, processor, done)
         status = pd.DataFrame(rows, columns=STATUS_COLUMNS)
 
     status = status.astype(STATUS_TYPES)

@@ -7,12 +7,9 @@ job's outputs before it reruns the job, the links survive, and a rerun reuses ev
 unchanged and whose outcome is final. `mark_failed` asks, through a `.retry` marker, for failures with
 given reasons to be fetched again.
 
-While a part runs, its progress is committed there too (Progress): every COMMIT_RECORDS records or
-COMMIT_SECONDS, the raw tar written so far (a hard link to the file being written, flushed to disk) and the
-status rows of the records it holds, in pieces, with a JSON naming them and the tar's committed size. A run
-killed at any moment leaves its last commit, and the rerun reuses those records as it does a finished
-run's: a record is in a commit whole (its rows are written after its bytes) or not at all, and bytes past
-the committed size (a torn last write) are never read.
+While a part runs, its progress is committed there too (`progress`, shardsmith.download.commits): every
+COMMIT_RECORDS records or COMMIT_SECONDS, the raw tar so far and the status rows of the records it holds. A
+run killed at any moment leaves its last commit, whose records the rerun reuses as it does a finished run's.
 """
 
 import contextlib
@@ -20,8 +17,6 @@ import json
 import os
 import shutil
 import tarfile
-import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,7 +24,8 @@ from typing import BinaryIO
 
 import pandas as pd
 
-from shardsmith.core.atomic import atomic_open, atomic_write_text, sha256_file
+from shardsmith.core.atomic import atomic_write_text, sha256_file
+from shardsmith.download import commits
 from shardsmith.download.fetch.responses import Outcome
 from shardsmith.formats.tario import ShardWriter, read_at
 
@@ -112,7 +108,7 @@ class Keep:
         self.status = self.dir / f"{part}.status.parquet"
         self.meta = self.dir / f"{part}.json"
         self.marker = self.dir / f"{part}.retry"
-        self.progress = self.dir / f"{part}.progress.json"  # a running or stopped run's last commit
+        self.part = part
         self.source, self.limit = self.tar, None  # where kept records are read from: load() decides
         self._reader = None
 
@@ -148,19 +144,11 @@ class Keep:
             return set()
 
     def _load_progress(self) -> pd.DataFrame | None:
-        try:
-            meta = json.loads(self.progress.read_text())
-            if self.meta.exists() and self.meta.stat().st_mtime_ns > self.progress.stat().st_mtime_ns:
-                return None  # a finished run saved after this commit (and was stopped before removing it)
-            folder = self.dir / meta["dir"]
-            if (folder / "raw.tar").stat().st_size < meta["tar_size"]:
-                return None
-            pieces = [pd.read_parquet(folder / name) for name in meta["pieces"]]
-        except (OSError, ValueError, KeyError):
+        got = commits.load(self.dir, self.part, older=self.meta)
+        if got is None or "rid" not in got.rows:
             return None
-        self.source, self.limit = folder / "raw.tar", meta["tar_size"]
-        rows = pd.concat(pieces, ignore_index=True) if pieces else pd.DataFrame(columns=STATUS_COLUMNS)
-        return rows.drop_duplicates("rid", keep="last").reset_index(drop=True)
+        self.source, self.limit = got.data, got.size
+        return got.rows.drop_duplicates("rid", keep="last").reset_index(drop=True)
 
     def members(self) -> dict[int, dict[str, tuple[int, int]]]:
         """{rid: {ext: (offset, size)}} of the kept tar (up to the committed size), from its headers only."""
@@ -191,76 +179,19 @@ class Keep:
             "reasons": dict(Counter(r for r in status["reason"] if r)),
         }
         atomic_write_text(self.meta, json.dumps(meta, indent=1, sort_keys=True) + "\n")
-        self.drop_progress()
-
-    def drop_progress(self, but: str | None = None) -> None:
-        """Remove the commits of running parts (all but the folder `but`, the one the current meta names)."""
-        if but is None:
-            self.progress.unlink(missing_ok=True)
-        part = self.meta.name.removesuffix(".json")
-        for folder in self.dir.glob(f"{part}.progress-*"):
-            if folder.name != but:
-                shutil.rmtree(folder, ignore_errors=True)
+        commits.drop(self.dir, self.part)
 
 
-class Progress:
-    """Commits a running part's progress to its Keep (see the module): `add` each record's status row once
-    its bytes are in `writer`; every `every_records` rows or `every_s` seconds the rows added so far are
-    committed, and `commit` does so at once. The rows of a commit are a new piece; the JSON naming the pieces
-    and the tar's size is written last, so a kill during a commit leaves the previous one."""
+def progress(
+    keep: Keep, file: BinaryIO, writer: ShardWriter, log: Callable[[str], None] | None = None
+) -> commits.Commits:
+    """Commits of a part being downloaded into `writer` (the temporary raw tar `file`): add each record's
+    status row once its bytes are written."""
 
-    def __init__(
-        self,
-        keep: Keep,
-        file: BinaryIO,
-        writer: ShardWriter,
-        every_records: int | None = None,
-        every_s: float | None = None,
-        log: Callable[[str], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.keep, self.file, self.writer, self.log, self.clock = keep, file, writer, log, clock
-        self.every_records = COMMIT_RECORDS if every_records is None else every_records
-        self.every_s = COMMIT_SECONDS if every_s is None else every_s
-        self.folder = keep.dir / f"{keep.meta.name.removesuffix('.json')}.progress-{uuid.uuid4().hex[:12]}"
-        self.pending: list[dict] = []
-        self.pieces: list[str] = []
-        self.committed = 0
-        self.last = clock()
-        self.enabled = True
+    def table(rows: list[dict]) -> pd.DataFrame:
+        return pd.DataFrame(rows, columns=STATUS_COLUMNS).astype(STATUS_TYPES)
 
-    def add(self, row: dict) -> None:
-        self.pending.append(row)
-        if len(self.pending) >= self.every_records or self.clock() - self.last >= self.every_s:
-            self.commit()
-
-    def commit(self) -> None:
-        self.last = self.clock()
-        if not self.enabled or not self.pending:
-            return
-        self.writer.flush()
-        os.fsync(self.file.fileno())
-        if not self.pieces:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(self.file.name, self.folder / "raw.tar")
-            except OSError as e:  # no hard links here: the part runs on without commits
-                self.enabled = False
-                shutil.rmtree(self.folder, ignore_errors=True)
-                if self.log:
-                    self.log(f"{self.keep.tar.name}: progress is not kept ({e}); a stopped run starts this part over")
-                return
-        name = f"{len(self.pieces):06d}.parquet"
-        with atomic_open(self.folder / name) as f:
-            pd.DataFrame(self.pending, columns=STATUS_COLUMNS).astype(STATUS_TYPES).to_parquet(f, index=False)
-        self.pieces.append(name)
-        self.committed += len(self.pending)
-        self.pending = []
-        meta = {"dir": self.folder.name, "tar_size": self.writer.offset, "pieces": self.pieces,
-                "records": self.committed}  # fmt: skip
-        atomic_write_text(self.keep.progress, json.dumps(meta, sort_keys=True) + "\n")
-        if len(self.pieces) == 1:
-            self.keep.drop_progress(but=self.folder.name)  # an earlier stopped run's, now superseded
+    return commits.Commits(keep.dir, keep.part, file, writer, table, COMMIT_RECORDS, COMMIT_SECONDS, log=log)
 
 
 def link_or_copy(src: Path, dst: Path) -> None:

@@ -8,7 +8,8 @@ import pandas as pd
 from generated import jpeg_bytes
 from httpserver import Reply
 
-from shardsmith.download.rawcache import Keep, Progress, write_raw
+from shardsmith.download import commits, rawcache
+from shardsmith.download.rawcache import Keep, progress, write_raw
 from shardsmith.formats.tario import ShardWriter
 from tests.download.test_part import manifest_source, reasons, snakemake_deletes_outputs, write_manifest
 from tests.download.test_part import run_remote as run
@@ -38,45 +39,48 @@ def _row(rid: int) -> dict:
             "reason": "", "detail": "", "bytes": 3, "http_status": 200, "attempts": 1}  # fmt: skip
 
 
-def test_a_commit_holds_whole_records_and_a_torn_write_or_an_unfinished_commit_is_never_read(tmp_path):
+def test_a_commit_holds_whole_records_and_a_torn_write_or_an_unfinished_commit_is_never_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(rawcache, "COMMIT_RECORDS", 2)
     out = tmp_path / "raw" / "p-000000.tar"
     out.parent.mkdir()
     with open(tmp_path / "raw" / ".p-000000.tar.tmp", "wb") as f:
         tar = ShardWriter(f)
-        progress = Progress(Keep(out), f, tar, every_records=2, every_s=1e9)
+        done = progress(Keep(out), f, tar)
         for rid in range(3):
             write_raw(tar, rid, b"img", b"{}")
-            progress.add(_row(rid))  # the second row commits records 0 and 1
+            done.add(_row(rid))  # the second row commits records 0 and 1
         f.write(b"r0000003.img\0torn")  # a record cut short by a kill: past the committed size
         f.flush()
         keep = Keep(out)
         assert list(keep.load()["rid"]) == [0, 1] and sorted(keep.members()) == [0, 1]
         assert keep.read(keep.members()[1]["img"]) == b"img"
         # a kill during the next commit: its piece written, not yet named in the JSON
-        pieces = sorted(progress.folder.glob("*.parquet"))
-        (progress.folder / "000001.parquet").write_bytes(pieces[0].read_bytes())
+        pieces = sorted(done.folder.glob("*.parquet"))
+        (done.folder / "000001.parquet").write_bytes(pieces[0].read_bytes())
         assert list(Keep(out).load()["rid"]) == [0, 1]
 
 
-def test_a_finished_run_removes_the_commits_and_is_preferred_to_an_older_one(tmp_path):
+def test_a_finished_run_removes_the_commits_and_is_preferred_to_an_older_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(rawcache, "COMMIT_RECORDS", 1)
     out = tmp_path / "raw" / "p-000000.tar"
     out.parent.mkdir()
     with open(tmp_path / "raw" / ".p-000000.tar.tmp", "wb") as f:
         tar = ShardWriter(f)
-        progress = Progress(Keep(out), f, tar, every_records=1, every_s=1e9)
+        done = progress(Keep(out), f, tar)
         write_raw(tar, 0, b"img", b"{}")
-        progress.add(_row(0))
+        done.add(_row(0))
     keep = Keep(out)
     assert list(keep.load()["rid"]) == [0]
-    stale = keep.progress.read_bytes()
-    shutil.copytree(progress.folder, tmp_path / "commit")
+    committed = commits.meta_path(keep.dir, keep.part)
+    stale = committed.read_bytes()
+    shutil.copytree(done.folder, tmp_path / "commit")
     status = pd.DataFrame([_row(0), {**_row(1), "status": "error", "reason": "not_found"}])
     os.link(tmp_path / "raw" / ".p-000000.tar.tmp", out)
     status.to_parquet(tmp_path / "raw" / "p-000000.status.parquet")
     keep.save(str(out), str(tmp_path / "raw" / "p-000000.status.parquet"), status)
-    assert not keep.progress.exists() and not list(keep.dir.glob("*.progress-*"))
-    shutil.copytree(tmp_path / "commit", progress.folder)  # a run stopped between saving and removing its commit
-    keep.progress.write_bytes(stale)
+    assert not committed.exists() and not list(keep.dir.glob("*.progress-*"))
+    shutil.copytree(tmp_path / "commit", done.folder)  # a run stopped between saving and removing its commit
+    committed.write_bytes(stale)
     assert list(Keep(out).load()["rid"]) == [0]  # written after the save: taken
-    os.utime(keep.progress, ns=(keep.meta.stat().st_mtime_ns - 10**9,) * 2)
+    os.utime(committed, ns=(keep.meta.stat().st_mtime_ns - 10**9,) * 2)
     assert list(Keep(out).load()["rid"]) == [0, 1]  # older than the save: the finished run's

@@ -16,7 +16,8 @@ from generated import jpeg_bytes
 from httpserver import Reply
 
 from shardsmith.core.atomic import atomic_open
-from shardsmith.core.leftovers import find_leftovers
+from shardsmith.core.leftovers import find_leftovers, remove_leftovers
+from shardsmith.download import commits
 from shardsmith.download.part import download_part
 from shardsmith.download.process.captions import CaptionSettings
 from shardsmith.download.process.child import ChildProcessor, PartProcessor, process_part
@@ -176,10 +177,10 @@ def test_held_images_stay_within_the_memory_bound(tmp_path):
     held = []
 
     class Gated(PartProcessor):
-        def _run(self, rid, record, fields, data, loc):
+        def _run(self, rid, record, fields, data, loc, source):
             held.append(data is not None)
             gate.wait(10)
-            super()._run(rid, record, fields, data, loc)
+            super()._run(rid, record, fields, data, loc, source)
 
     proc = Gated(str(tmp_path / "p.tar"), RESIZE, CaptionSettings(), hold_bytes=len(images[0]) * 2)
     proc.read_from(raw)
@@ -315,6 +316,72 @@ def test_process_follows_record_order_whatever_order_the_raw_tar_holds(tmp_path)
     assert list(samples["width_before"]) == [40, 42, 43]
     [miss] = pd.read_parquet(out["rejected.parquet"]).to_dict("records")
     assert (miss["key"], miss["stage"], miss["reason"]) == ("web-1", "process", "missing_raw")
+
+
+def _part_in_child(records: str, raw_dir: str, processed: str, source: dict, every: int) -> None:
+    from shardsmith.download import rawcache
+
+    rawcache.COMMIT_RECORDS = every
+    proc = ChildProcessor(processed, RESIZE, CaptionSettings())
+    status = download_part(records, f"{raw_dir}/web-000000.tar", f"{raw_dir}/web-000000.status.parquet", source,
+                           {**FAST, "concurrency": 2}, processor=proc, log=lambda m: None)  # fmt: skip
+    proc.finish(status, processed.replace(".tar", ".samples.parquet"), processed.replace(".tar", ".rejected.parquet"))
+
+
+def _samples(processed) -> dict[str, tuple]:
+    """Each sample's members, read at the samples table's offsets, and its other columns: what shards use."""
+    table = pd.read_parquet(str(processed).replace(".tar", ".samples.parquet"))
+    data = processed.read_bytes()
+    out = {}
+    for row in table.to_dict("records"):
+        got = tuple(data[row[f"{e}_offset"] : row[f"{e}_offset"] + row[f"{e}_size"]] for e in ("jpg", "txt", "json"))
+        out[row["key"]] = (got, {k: v for k, v in row.items() if not k.endswith(("_offset", "_size"))})
+    return out
+
+
+def test_a_part_killed_while_resizing_reuses_the_committed_samples(tmp_path, http_server, monkeypatch):
+    """A part killed mid-download with its child resizing: the rerun resizes no record of the child's last
+    commit again, and its samples (bytes and table rows) are those of a run never killed."""
+    from shardsmith.download.process import child as child_module
+
+    s = http_server
+    n, every = 100, 10
+    imgs = [jpeg_bytes(size=(96, 80), color=(i * 2, 50, 9)) for i in range(n)]
+    rows = [{"url": s.route(f"/{i}.jpg", Reply(body=imgs[i], delay=0.01)), "caption": f"photo {i}"} for i in range(n)]
+    records, source = manifest_part(tmp_path, rows)
+    runs = {}
+    for name in ("clean", "killed"):
+        raw, processed = tmp_path / name / "raw", tmp_path / name / "processed" / "web-000000.tar"
+        raw.mkdir(parents=True)
+        processed.parent.mkdir(parents=True)
+        runs[name] = (raw, processed)
+    _part_in_child(records, str(runs["clean"][0]), str(runs["clean"][1]), source, every)
+    s.reset_counts()
+
+    raw, processed = runs["killed"]
+    args = (records, str(raw), str(processed), source, every)
+    proc = multiprocessing.get_context("fork").Process(target=_part_in_child, args=args)
+    proc.start()
+    deadline = time.monotonic() + 60
+    while s.total() < n * 2 // 3 and time.monotonic() < deadline and proc.is_alive():
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    committed = commits.load(processed.parent / ".keep", "web-000000")
+    assert committed is not None and len(committed.rows) >= every and not processed.exists()
+    remove_leftovers([tmp_path / "killed"])  # what the next workflow run does first: the stopped job's temporaries
+
+    resized = []
+    real = child_module.process_image
+    monkeypatch.setattr(child_module, "process_image", lambda data, r: resized.append(1) or real(data, r))
+    again = PartProcessor(str(processed), RESIZE, CaptionSettings())
+    status = download_part(records, str(raw / "web-000000.tar"), str(raw / "web-000000.status.parquet"), source,
+                           {**FAST, "concurrency": 2}, processor=again, log=lambda m: None)  # fmt: skip
+    again.finish(status, str(processed).replace(".tar", ".samples.parquet"),
+                 str(processed).replace(".tar", ".rejected.parquet"))  # fmt: skip
+    assert len(resized) <= n - len(committed.rows)
+    assert _samples(processed) == _samples(runs["clean"][1])
+    assert not (processed.parent / ".keep").exists() and find_leftovers([tmp_path]) == []
 
 
 def _job_with_a_resize_process(out: str, pid_file: str) -> None:
