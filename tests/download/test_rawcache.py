@@ -3,6 +3,7 @@ hold whole records only. Real HTTP server, 127.0.0.1."""
 
 import os
 import shutil
+from pathlib import Path
 
 import pandas as pd
 from generated import jpeg_bytes
@@ -39,36 +40,35 @@ def _row(rid: int) -> dict:
             "reason": "", "detail": "", "bytes": 3, "http_status": 200, "attempts": 1}  # fmt: skip
 
 
-def test_a_commit_holds_whole_records_and_a_torn_write_or_an_unfinished_commit_is_never_read(tmp_path, monkeypatch):
-    monkeypatch.setattr(rawcache, "COMMIT_RECORDS", 2)
+def _download(tmp_path, monkeypatch, every: int, rids: int, torn: bytes = b"") -> tuple[Path, commits.Commits]:
+    """A part whose records 0..rids-1 are written and added, committed every `every`; `torn` written after."""
+    monkeypatch.setattr(rawcache, "COMMIT_RECORDS", every)
     out = tmp_path / "raw" / "p-000000.tar"
     out.parent.mkdir()
     with open(tmp_path / "raw" / ".p-000000.tar.tmp", "wb") as f:
         tar = ShardWriter(f)
         done = progress(Keep(out), f, tar)
-        for rid in range(3):
+        for rid in range(rids):
             write_raw(tar, rid, b"img", b"{}")
-            done.add(_row(rid))  # the second row commits records 0 and 1
-        f.write(b"r0000003.img\0torn")  # a record cut short by a kill: past the committed size
-        f.flush()
-        keep = Keep(out)
-        assert list(keep.load()["rid"]) == [0, 1] and sorted(keep.members()) == [0, 1]
-        assert keep.read(keep.members()[1]["img"]) == b"img"
-        # a kill during the next commit: its piece written, not yet named in the JSON
-        pieces = sorted(done.folder.glob("*.parquet"))
-        (done.folder / "000001.parquet").write_bytes(pieces[0].read_bytes())
-        assert list(Keep(out).load()["rid"]) == [0, 1]
+            done.add(_row(rid))
+        f.write(torn)
+    return out, done
+
+
+def test_a_commit_holds_whole_records_and_a_torn_write_or_an_unfinished_commit_is_never_read(tmp_path, monkeypatch):
+    # the second row commits records 0 and 1; the third is cut short by a kill, past the committed size
+    out, done = _download(tmp_path, monkeypatch, 2, 3, torn=b"r0000003.img\0torn")
+    keep = Keep(out)
+    assert list(keep.load()["rid"]) == [0, 1] and sorted(keep.members()) == [0, 1]
+    assert keep.read(keep.members()[1]["img"]) == b"img"
+    # a kill during the next commit: its piece written, not yet named in the JSON
+    pieces = sorted(done.folder.glob("*.parquet"))
+    (done.folder / "000001.parquet").write_bytes(pieces[0].read_bytes())
+    assert list(Keep(out).load()["rid"]) == [0, 1]
 
 
 def test_a_finished_run_removes_the_commits_and_is_preferred_to_an_older_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(rawcache, "COMMIT_RECORDS", 1)
-    out = tmp_path / "raw" / "p-000000.tar"
-    out.parent.mkdir()
-    with open(tmp_path / "raw" / ".p-000000.tar.tmp", "wb") as f:
-        tar = ShardWriter(f)
-        done = progress(Keep(out), f, tar)
-        write_raw(tar, 0, b"img", b"{}")
-        done.add(_row(0))
+    out, done = _download(tmp_path, monkeypatch, 1, 1)
     keep = Keep(out)
     assert list(keep.load()["rid"]) == [0]
     committed = commits.meta_path(keep.dir, keep.part)
