@@ -2,6 +2,7 @@
 and shardsmith.download.process.child (resize, captions; run on each image as it arrives)."""
 
 from shardsmith.core.logs import run_job
+from shardsmith.core.stopping import Stopped, deferred
 from shardsmith.download.part import download_part
 from shardsmith.download.process.captions import CaptionSettings
 from shardsmith.download.process.child import ChildProcessor
@@ -29,6 +30,11 @@ def main() -> None:
             processor=processor,
         )
         kept, rejected = processor.finish(status, out.samples, out.rejected)
+    except Stopped:
+        with deferred():  # a second signal does not cut the resize process's last commit short
+            committed = processor.stop()
+        print(f"{snakemake.wildcards.part}: resize process stopped, {committed} samples committed")
+        raise
     except BaseException:
         processor.abort()
         raise

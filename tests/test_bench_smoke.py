@@ -290,3 +290,22 @@ def test_the_near_duplicate_bench_measures_the_step_and_its_recall(tmp_path):
     found = {tuple(sorted(int(k.rsplit("-", 1)[1]) for k in pair)) for pair in got["keys"]}
     assert len(paths) == 3 and len(planted) == 30 and got["samples"] == 3000
     assert len(found & planted) >= 0.8 * len(planted) and got["peak_rss_mib"] > 0
+
+
+def test_the_kill_bench_kills_a_tiny_part_and_checks_its_rerun(tmp_path):
+    """bench/kill_part.py at a tiny size: a kill by requests made and one inside a commit of the resize process,
+    each rerun counted against the bound and compared with an unkilled run; a pair of runs for the commit cost."""
+    from bench.kill_part import bench
+
+    got = bench(tmp_path, records=60, distinct=6, concurrency=4, every=10,
+                moments=["50%", "during-processed-commit:2"], pairs=1)  # fmt: skip
+    s = got["summary"]
+    assert s["kills"] == 2 and s["bound"] == 14 and s["all_within_bound"], got["kills"]
+    assert s["all_equal_to_unkilled"] and s["all_clean_after_rerun"] and s["committed_results_decoded_again"] == 0
+    by_request, in_commit = got["kills"]
+    assert by_request["requests_at_kill"] >= 30 and by_request["refetched"] == by_request["fetched_not_kept"]
+    # killed inside its 2nd commit: the 1st stands, and the rerun copies every result it holds
+    assert in_commit["rerun_copied"] == in_commit["processed_committed_results"] > 0
+    assert got["part"]["failures"] == {"404": 1, "410": 1, "truncated": 1} and got["reference"]["samples"] == 57
+    cost = got["commit_cost"]  # at the defaults a 60-record part commits once, when every record is fetched
+    assert len(cost["runs"]) == 2 and cost["cost_share_at_defaults"] > 0 and s["commit_cost"]["met"] in (True, False)

@@ -8,6 +8,7 @@ import traceback
 from collections.abc import Callable
 
 from shardsmith.core.errors import ConfigError
+from shardsmith.core.stopping import STOPPED_EXIT_CODE, Stopped, stop_on_sigterm
 
 
 def to_rule_log(path: str) -> None:
@@ -22,14 +23,22 @@ def run_job(log_path: str, job: Callable[[], object], expected: tuple[type[BaseE
     """Run a job with its output in the rule log; errors the user can fix end as one line, not a traceback.
 
     The one-line message goes to the log and to the real stderr (what Snakemake shows); the traceback
-    only to the log, and only with SHARDSMITH_DEBUG=1.
+    only to the log, and only with SHARDSMITH_DEBUG=1. SIGTERM (SLURM's time limit, preemption, scancel)
+    and SIGINT stop the job cleanly (shardsmith.core.stopping): it ends with STOPPED_EXIT_CODE after its
+    temporary files are removed and, in jobs that commit progress, after a last commit.
     """
     real_stderr = sys.__stderr__
     to_rule_log(log_path)
     started = time.monotonic()
     try:
-        job()
+        with stop_on_sigterm():
+            job()
         print(resources_line(time.monotonic() - started))
+    except Stopped as e:
+        message = f"shardsmith: {e}; what it committed is kept and its rerun goes on from there"
+        print(message + "\n" + resources_line(time.monotonic() - started))
+        print(message + f"\n(log: {log_path})", file=real_stderr)
+        sys.exit(STOPPED_EXIT_CODE)
     except (ConfigError, *expected) as e:
         message = f"shardsmith: {e}"
         if getattr(e, "hint", ""):  # e.g. S3Error: what to do about it

@@ -24,6 +24,7 @@ import pandas as pd
 
 from shardsmith.core.atomic import atomic_open
 from shardsmith.core.memory import return_large_buffers
+from shardsmith.core.stopping import Stopped, deferred
 from shardsmith.download.commits import Commits
 from shardsmith.download.fetch.client import Fetcher
 from shardsmith.download.fetch.netguard import Refused
@@ -44,7 +45,7 @@ from shardsmith.download.rawcache import (
     write_raw,
 )
 from shardsmith.download.sidecars import read_sidecars
-from shardsmith.download.source_shards import iter_shard_records, shard_keys
+from shardsmith.download.source_shards import iter_shard, shard_keys
 from shardsmith.download.sources import local_folders
 from shardsmith.formats.tario import ShardWriter
 from shardsmith.storage.localfiles import local_path
@@ -99,27 +100,30 @@ def download_records(
         reused[rid] = prev
     if keep is not None:
         keep.close()
-    if reused:
-        fetcher.log(f"download {label}: {len(reused)} records kept from the raw cache, {len(jobs)} to fetch")
+    if reused or outcomes:
+        origin = "a stopped run's commit" if keep is not None and keep.committed is not None else "the raw cache"
+        fetcher.log(f"download {label}: {len(reused) + len(outcomes)} records kept from {origin}, {len(jobs)} to fetch")
     if commits is not None:
-        for rec in recs:
-            rid = rec["rid"]
-            if rid in reused or rid in outcomes:
-                commits.add(_kept_row(rec, reused[rid]) if rid in reused else status_row(rec, outcomes[rid]))
-        commits.commit()
+        with deferred():
+            for rec in recs:
+                rid = rec["rid"]
+                if rid in reused or rid in outcomes:
+                    commits.add(_kept_row(rec, reused[rid]) if rid in reused else status_row(rec, outcomes[rid]))
+            commits.commit()
 
     def on_result(rid: int, outcome: Outcome) -> None:
-        if outcome.ok:
-            try:
-                write(rid, outcome.data)
-            except Refused as e:
-                outcome = Outcome(reason=e.reason, detail=e.detail, attempts=outcome.attempts)
-            outcome.data = None
-        outcomes[rid] = outcome
-        if commits is not None:
-            commits.add(status_row(by_rid[rid], outcome))
+        with deferred():  # a stop lands between records: each one is written and added whole
+            if outcome.ok:
+                try:
+                    write(rid, outcome.data)
+                except Refused as e:
+                    outcome = Outcome(reason=e.reason, detail=e.detail, attempts=outcome.attempts)
+                outcome.data = None
+            outcomes[rid] = outcome
+            if commits is not None:
+                commits.add(status_row(by_rid[rid], outcome))
 
-    fetcher.fetch_all(jobs, on_result, hash_type=hash_type, label=label)
+    fetcher.fetch_all(jobs, on_result, hash_type=hash_type, label=label, kept=len(recs) - len(jobs))
     return [
         _kept_row(rec, reused[rec["rid"]]) if rec["rid"] in reused else status_row(rec, outcomes[rec["rid"]])
         for rec in recs
@@ -229,17 +233,24 @@ def download_part(
     started = time.monotonic()
 
     if source["type"] == "shards":
-        if kept is not None and set(kept["url"]) == set(records["url"]) and not kept["reason"].isin(retry).any():
+        finished = kept is not None and keep.committed is None
+        if finished and set(kept["url"]) == set(records["url"]) and not kept["reason"].isin(retry).any():
             log(f"download {label}: source shard kept from the raw cache, not read again")
             status = _reuse_shard(keep, kept, source, out_tar, processor)
         else:
-            status = _read_shards(records, source, fetcher, out_tar, processor)
+            resume = None if finished or kept is None else _ShardResume(records, keep, kept, source, retry)
+            status = _read_shards(records, source, fetcher, out_tar, processor, resume, label, log)
     else:
         with atomic_open(out_tar) as f, ShardWriter(f) as tar:
             if processor is not None:
                 processor.read_from(f.name)
-            done = progress(Keep(out_tar), f, tar, log=log)
-            rows = download_records(records, source, fetcher, tar, keep, kept, label, retry, processor, done)
+            done = _progress(out_tar, f, tar, processor, log)
+            try:
+                rows = download_records(records, source, fetcher, tar, keep, kept, label, retry, processor, done)
+                _downloaded(done, processor)
+            except Stopped:
+                _last_commit(done, label, log)
+                raise
         status = pd.DataFrame(rows, columns=STATUS_COLUMNS)
 
     status = status.astype(STATUS_TYPES)
@@ -270,26 +281,129 @@ def _reuse_shard(
     return status
 
 
+def _progress(
+    out_tar: str, f, tar: ShardWriter, processor: "PartProcessor | ChildProcessor | None", log: Callable[[str], None]
+) -> Commits:
+    """The part's commits; its processor commits its results right after each (and only then), so every result
+    it commits is of a record the raw commit holds, which a rerun keeps and whose result it copies."""
+    if processor is None:
+        return progress(Keep(out_tar), f, tar, log=log)
+    processor.commit_when_told()
+    return progress(Keep(out_tar), f, tar, log=log, on_commit=processor.commit)
+
+
+def _downloaded(done: Commits, processor: "PartProcessor | ChildProcessor | None") -> None:
+    """Every record is fetched: commit them all, and let the processor, still resizing, commit at its own pace
+    (every record it holds is in the raw commit now)."""
+    with deferred():
+        done.commit()
+    if processor is not None:
+        processor.commit_when_told(False)
+
+
+def _last_commit(done: Commits, label: str, log: Callable[[str], None]) -> None:
+    """On a stop: commit every record written so far, so the rerun goes on from here."""
+    with deferred():
+        done.commit()
+    log(f"download {label}: stopped; {done.committed} records committed, the rerun goes on from them")
+
+
+class _ShardResume:
+    """What a stopped run of a source-shard part committed that a rerun takes over: the shards it read to
+    the end (up to the first with a failure to retry), and the records it committed of the next one.
+
+    Shards are read in order, and `shards` in the commit's meta counts those whose every record was added,
+    so a commit never claims a shard it has only begun. The shard being read at the stop is read again
+    from its start (a stream cannot be picked up in the middle); its committed records are taken from the
+    commit, not written or processed again.
+    """
+
+    def __init__(self, records: pd.DataFrame, keep: Keep, kept: pd.DataFrame, source: dict, retry: set[str]) -> None:
+        self.keep = keep
+        kept = kept.sort_values("rid").assign(key=shard_keys(kept, source))
+        by_url = {url: rows.to_dict("records") for url, rows in kept.groupby("url", sort=False)}
+        self.whole: list[list[dict]] = []  # committed rows of each shard reused whole, in order
+        self.partial: dict[int, dict] = {}  # committed rows of the next shard, by rid
+        rid, done = 0, int((keep.committed or {}).get("shards", 0))
+        for i, shard in enumerate(records.to_dict("records")):
+            rows = by_url.get(shard["url"], [])
+            if [r["rid"] for r in rows] != list(range(rid, rid + len(rows))):
+                break
+            if i >= done:
+                self.partial = {r["rid"]: r for r in rows}
+                break
+            if any(r["status"] != "ok" and r["reason"] in retry for r in rows):
+                break
+            self.whole.append(rows)
+            rid += len(rows)
+        try:
+            self.members = keep.members() if self.whole or self.partial else {}
+        except (tarfile.TarError, OSError, ValueError):
+            self.whole, self.partial, self.members = [], {}, {}
+
+    def records(self) -> int:
+        return sum(map(len, self.whole)) + len(self.partial)
+
+    def take(self, row: dict) -> tuple[dict, bytes | None, bytes | None]:
+        """(status row, image, meta member) of a committed record, read back from the commit."""
+        members = self.members.get(row["rid"], {})
+        if row["status"] != "ok" or "img" not in members or "meta" not in members:
+            return {c: row[c] for c in STATUS_COLUMNS}, None, None
+        return {c: row[c] for c in STATUS_COLUMNS}, self.keep.read(members["img"]), self.keep.read(members["meta"])
+
+
 def _read_shards(
     records: pd.DataFrame,
     source: dict,
     fetcher: Fetcher,
     out_tar: str,
     processor: "PartProcessor | ChildProcessor | None",
+    resume: _ShardResume | None = None,
+    label: str = "",
+    log: Callable[[str], None] = print,
 ) -> pd.DataFrame:
-    """Source shards read (or streamed) into the raw tar, each sample handed to `processor` as it is written."""
-    rows = []
+    """Source shards read (or streamed) into the raw tar, each sample handed to `processor` as it is written;
+    progress committed as it goes, and a stopped run's commit taken over (`resume`)."""
+    rows: list[dict] = []
+    shards = records.to_dict("records")
     with atomic_open(out_tar) as f, ShardWriter(f) as tar:
         if processor is not None:
             processor.read_from(f.name)
-        for row, data, fields in iter_shard_records(records, source, fetcher):
-            rows.append(row)
-            if data is not None:
-                meta = encode_fields(fields)
-                where = write_raw(tar, row["rid"], data, meta)
-                if processor is not None:
-                    tar.flush()
-                    processor.submit(row["rid"], row, meta, data, where["img"])
+        done = _progress(out_tar, f, tar, processor, log)
+
+        def put(row: dict, data: bytes | None, meta: bytes | None, reuse: bool) -> None:
+            with deferred():  # a stop lands between records: each one is written and added whole
+                rows.append(row)
+                if data is not None:
+                    where = write_raw(tar, row["rid"], data, meta)
+                    if processor is not None:
+                        tar.flush()
+                        processor.submit(row["rid"], row, meta, data, where["img"], reuse=reuse)
+                done.add(row)
+
+        try:
+            first = 0
+            if resume is not None and resume.records():
+                log(f"download {label}: {len(resume.whole)} source shards and {len(resume.partial)} records of the "
+                    f"next kept from a stopped run's commit")  # fmt: skip
+                for i, kept_rows in enumerate(resume.whole):
+                    for row in kept_rows:
+                        put(*resume.take(row), reuse=True)
+                    done.meta["shards"] = first = i + 1
+            rid = rows[-1]["rid"] + 1 if rows else 0
+            for i in range(first, len(shards)):
+                for row, data, fields in iter_shard(shards[i], source, fetcher, rid):
+                    rid = row["rid"] + 1
+                    old = resume.partial.get(row["rid"]) if resume is not None and i == first else None
+                    if old is not None and old["source_id"] == row["source_id"]:
+                        put(*resume.take(old), reuse=True)
+                    else:
+                        put(row, data, None if data is None else encode_fields(fields), reuse=False)
+                done.meta["shards"] = i + 1
+            _downloaded(done, processor)
+        except Stopped:
+            _last_commit(done, label, log)
+            raise
     return pd.DataFrame(rows, columns=STATUS_COLUMNS)
 
 

@@ -110,6 +110,7 @@ class Keep:
         self.marker = self.dir / f"{part}.retry"
         self.part = part
         self.source, self.limit = self.tar, None  # where kept records are read from: load() decides
+        self.committed: dict | None = None  # what a stopped run's last commit says, when load() took it
         self._reader = None
 
     def load(self) -> pd.DataFrame | None:
@@ -147,7 +148,7 @@ class Keep:
         got = commits.load(self.dir, self.part, older=self.meta)
         if got is None or "rid" not in got.rows:
             return None
-        self.source, self.limit = got.data, got.size
+        self.source, self.limit, self.committed = got.data, got.size, got.meta
         return got.rows.drop_duplicates("rid", keep="last").reset_index(drop=True)
 
     def members(self) -> dict[int, dict[str, tuple[int, int]]]:
@@ -183,15 +184,21 @@ class Keep:
 
 
 def progress(
-    keep: Keep, file: BinaryIO, writer: ShardWriter, log: Callable[[str], None] | None = None
+    keep: Keep,
+    file: BinaryIO,
+    writer: ShardWriter,
+    log: Callable[[str], None] | None = None,
+    on_commit: Callable[[], None] | None = None,
 ) -> commits.Commits:
     """Commits of a part being downloaded into `writer` (the temporary raw tar `file`): add each record's
-    status row once its bytes are written."""
+    status row once its bytes are written; `on_commit` runs after each commit."""
 
     def table(rows: list[dict]) -> pd.DataFrame:
         return pd.DataFrame(rows, columns=STATUS_COLUMNS).astype(STATUS_TYPES)
 
-    return commits.Commits(keep.dir, keep.part, file, writer, table, COMMIT_RECORDS, COMMIT_SECONDS, log=log)
+    return commits.Commits(
+        keep.dir, keep.part, file, writer, table, COMMIT_RECORDS, COMMIT_SECONDS, log=log, on_commit=on_commit
+    )
 
 
 def link_or_copy(src: Path, dst: Path) -> None:

@@ -36,60 +36,63 @@ def _open_shard(url: str, fetcher: Fetcher | None) -> Iterator[tuple[object, int
 def iter_shard_records(
     records: pd.DataFrame, source: dict, fetcher: Fetcher | None = None
 ) -> Iterator[tuple[dict, bytes | None, dict | None]]:
-    """Expand each source shard into one record per sample group; unsafe members are never extracted.
+    """Expand each source shard into one record per sample group (iter_shard, rids numbered on)."""
+    rid = 0
+    for shard in records.to_dict("records"):
+        for row, data, fields in iter_shard(shard, source, fetcher, rid):
+            rid = row["rid"] + 1
+            yield row, data, fields
+
+
+def iter_shard(
+    shard: dict, source: dict, fetcher: Fetcher | None, rid: int
+) -> Iterator[tuple[dict, bytes | None, dict | None]]:
+    """One source shard's records (rids from `rid`), in the shard's order; unsafe members are never extracted.
 
     A shard that cannot be opened gives one error row (source_id = its URL); one that breaks off gives the
     groups read so far plus one `{url}#<rest>` row with the reason (broken_shard, truncated_download,
     timeout, deadline, an S3 reason, ...).
     """
     exts = [e.lower() for e in source.get("image_extensions", DEFAULT_IMAGE_EXTENSIONS)]
-    rid = 0
-    for shard in records.to_dict("records"):
-        url = shard["url"]
-        stem = path_stem(url.removesuffix(".gz").removesuffix(".tar") + ".tar", source["path"])
-        base = {"source": shard["source"], "url": url}
-        first = rid
-        failure: tuple[str, str] | None = None
-        http_status, attempts = 0, 1
-        try:
-            with _open_shard(url, fetcher) as (stream, http_status, attempts):
-                try:
-                    for orig_key, members, problems in iter_tar_groups(stream):
-                        rec = {
-                            **base,
-                            "rid": rid,
-                            "source_id": f"{url}#{orig_key}",
-                            "key": make_key(source["name"], stem, orig_key),
-                        }
-                        rid += 1
-                        image_ext = next((e for e in exts if e in members), None)
-                        if problems:
-                            yield error_row(rec, "unsafe_member", "; ".join(problems), http_status, attempts)
-                        elif image_ext is None:
-                            yield error_row(
-                                rec,
-                                "no_image",
-                                f"no image member among {sorted(members) or 'none'}",
-                                http_status,
-                                attempts,
-                            )
-                        else:
-                            yield ok_row(rec, members[image_ext], member_fields(members), http_status, attempts)
-                except StreamError as e:
-                    failure = (e.reason, f"source shard broke off after {rid - first} records: {e.detail}")
-                except (tarfile.TarError, EOFError, OSError) as e:
-                    failure = ("broken_shard", f"source shard unreadable after {rid - first} records: {e}")
-        except (FetchError, StreamError) as e:
-            failure = (e.reason, e.detail)
-        except AttemptError as e:
-            failure, http_status, attempts = (e.reason, e.detail), e.http_status, e.attempts
-        except S3Error as e:  # raised when the stream ends: it explains a tar error seen before it
-            timed_out = e.reason == "timeout" and fetcher is not None and fetcher.left() <= 0
-            failure = ("deadline" if timed_out else e.reason, f"{e.detail} (after {rid - first} records)")
-        if failure:
-            sid = url if rid == first else f"{url}#<rest>"
-            yield error_row({**base, "rid": rid, "source_id": sid, "key": ""}, *failure, http_status, attempts)
-            rid += 1
+    url = shard["url"]
+    stem = path_stem(url.removesuffix(".gz").removesuffix(".tar") + ".tar", source["path"])
+    base = {"source": shard["source"], "url": url}
+    first = rid
+    failure: tuple[str, str] | None = None
+    http_status, attempts = 0, 1
+    try:
+        with _open_shard(url, fetcher) as (stream, http_status, attempts):
+            try:
+                for orig_key, members, problems in iter_tar_groups(stream):
+                    rec = {
+                        **base,
+                        "rid": rid,
+                        "source_id": f"{url}#{orig_key}",
+                        "key": make_key(source["name"], stem, orig_key),
+                    }
+                    rid += 1
+                    image_ext = next((e for e in exts if e in members), None)
+                    if problems:
+                        yield error_row(rec, "unsafe_member", "; ".join(problems), http_status, attempts)
+                    elif image_ext is None:
+                        detail = f"no image member among {sorted(members) or 'none'}"
+                        yield error_row(rec, "no_image", detail, http_status, attempts)
+                    else:
+                        yield ok_row(rec, members[image_ext], member_fields(members), http_status, attempts)
+            except StreamError as e:
+                failure = (e.reason, f"source shard broke off after {rid - first} records: {e.detail}")
+            except (tarfile.TarError, EOFError, OSError) as e:
+                failure = ("broken_shard", f"source shard unreadable after {rid - first} records: {e}")
+    except (FetchError, StreamError) as e:
+        failure = (e.reason, e.detail)
+    except AttemptError as e:
+        failure, http_status, attempts = (e.reason, e.detail), e.http_status, e.attempts
+    except S3Error as e:  # raised when the stream ends: it explains a tar error seen before it
+        timed_out = e.reason == "timeout" and fetcher is not None and fetcher.left() <= 0
+        failure = ("deadline" if timed_out else e.reason, f"{e.detail} (after {rid - first} records)")
+    if failure:
+        sid = url if rid == first else f"{url}#<rest>"
+        yield error_row({**base, "rid": rid, "source_id": sid, "key": ""}, *failure, http_status, attempts)
 
 
 def shard_keys(status: pd.DataFrame, source: dict) -> list[str]:

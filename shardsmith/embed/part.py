@@ -15,14 +15,21 @@ refuses by Pillow in this process, one image at a time; either then takes the sa
 The model comes from an open_clip pretrained tag (Hugging Face cache; `HF_HUB_OFFLINE=1` works with a
 cache) or a local checkpoint file, optionally with a custom model config JSON (the tiny test model,
 `shardsmith.cli.tinyclip`). Everything that changes a score is recorded as provenance next to the scores.
+
+A part's rows are committed as it goes (PartCommits, in `.keep/` beside the outputs), and on SIGTERM
+(shardsmith.core.stopping) what is computed is committed before the job ends: a rerun with the same inputs
+and settings takes the committed rows over and embeds only the rest, into the same bytes.
 """
 
 import contextlib
+import hashlib
 import io
 import json
 import logging
 import os
+import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -35,7 +42,8 @@ import torch.nn.functional as F
 from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image
 
-from shardsmith.core.atomic import atomic_open, atomic_write_text
+from shardsmith.core.atomic import atomic_open, atomic_write_text, sha256_file
+from shardsmith.core.stopping import Stopped, deferred, ignore_stops
 from shardsmith.embed.decode import check_tensor_preprocess, decode_jpeg_batch, image_tensor, tensor_preprocess
 from shardsmith.embed.model import (
     EmbedSettings,
@@ -55,6 +63,14 @@ log = logging.getLogger(__name__)
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SAMPLE_COLUMNS = ["key", *member_columns("jpg", "txt")]  # what embedding reads of a samples table
 JPEG_MAGIC = b"\xff\xd8\xff"
+KEEP_DIR = ".keep"  # beside the outputs: Snakemake deletes a job's outputs before a rerun, not this folder
+# A commit every this many samples or seconds, whichever comes first. On a GPU (2,500-5,300 images/s for
+# ViT-B-32, docs/sizing.md) that is a commit every 2-4 s, so a kill costs seconds of a 250,000-sample part
+# (4% of it at most); on the CPU (tens of images/s) the clock commits, and a kill costs a minute at most.
+# A commit writes 12 + 4 x dim bytes a sample (2,060 for ViT-B-32: 20 MB a commit) in about 30 ms of one
+# core, 0.1% of the CPU that decoding those samples takes (330 images/s a core).
+COMMIT_SAMPLES = 10_000
+COMMIT_SECONDS = 60.0
 
 
 def collate_bytes(batch: list[tuple]) -> tuple[torch.Tensor, list, torch.Tensor]:
@@ -129,6 +145,144 @@ class PartSamples:
                 image = image_tensor(self.pil_image(i, images[k]))
             ready[k] = image.to(device, non_blocking=True)
         return tensor_preprocess(ready, pp_cfg), failed
+
+
+def row_dtype(dim: int) -> np.dtype:
+    """One sample's results, as the output files hold them: scores in fp32, unit embeddings in fp16."""
+    return np.dtype(
+        [
+            ("similarity", "<f4"),
+            ("image_norm", "<f4"),
+            ("text_norm", "<f4"),
+            ("image", "<f2", (dim,)),
+            ("text", "<f2", (dim,)),
+        ]
+    )
+
+
+def batch_rows(image: torch.Tensor, text: torch.Tensor) -> np.ndarray:
+    """A batch's rows from its raw fp32 embeddings. Worked out a batch at a time, in a run and in its rerun
+    alike, so the rows of a batch never depend on which run computed it."""
+    image_unit, text_unit = F.normalize(image, dim=-1), F.normalize(text, dim=-1)
+    rows = np.empty(len(image), row_dtype(image.shape[-1]))
+    rows["similarity"] = (image_unit * text_unit).sum(-1).numpy()
+    rows["image_norm"] = image.norm(dim=-1).numpy()
+    rows["text_norm"] = text.norm(dim=-1).numpy()
+    rows["image"] = image_unit.numpy().astype(np.float16)
+    rows["text"] = text_unit.numpy().astype(np.float16)
+    return rows
+
+
+def commit_fingerprint(prov: dict, batch_size: int, tar_path: str, samples_path: str) -> str:
+    """What a part's rows depend on: the provenance (model, weights, preprocessing, decode, precision, device,
+    versions), the batch size (a rerun cuts its batches at the same samples; a batch's size moves the last
+    bits) and the inputs: the samples table's sha256 and the tar's size and modification time."""
+    tar = os.stat(tar_path)
+    inputs = {"samples_sha256": sha256_file(samples_path), "tar": [tar.st_size, tar.st_mtime_ns]}
+    identity = {"provenance": prov, "batch_size": batch_size, **inputs}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+class PartCommits:
+    """A part's rows committed as they are computed, so that a stopped job's rerun goes on from them.
+
+    The layout is download's (shardsmith.download.commits), without a data file: a folder
+    `{keep}/{name}.progress-{id}/` of pieces (`.npy`, `row_dtype` rows in sample order, one a commit) and
+    `{keep}/{name}.progress.json`, written last, naming the folder, its pieces, the rows and the fingerprint.
+    A job killed during a commit leaves the previous one whole. Rows are always a prefix of the part: batches
+    come in order, and a batch is added whole. A rerun with the same fingerprint continues the folder; a job's
+    first commit removes any other folder of the part (one made with other settings or inputs).
+    """
+
+    def __init__(
+        self,
+        keep: Path,
+        name: str,
+        fingerprint: str,
+        every_samples: int = COMMIT_SAMPLES,
+        every_s: float = COMMIT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        label: str = "",
+    ) -> None:
+        self.keep, self.name, self.fingerprint, self.label = Path(keep), name, fingerprint, label or name
+        self.every_samples, self.every_s, self.clock = every_samples, every_s, clock
+        self.meta_path = self.keep / f"{name}.progress.json"
+        self.folder = self.keep / f"{name}.progress-{uuid.uuid4().hex[:12]}"
+        self.pieces: list[str] = []
+        self.rows = 0  # committed
+        self.pending: list[np.ndarray] = []
+        self.last = clock()
+        self.superseded = False
+
+    def resume(self, total: int) -> np.ndarray | None:
+        """The rows a stopped run committed under this fingerprint (its folder is then continued), or None:
+        there is no commit, it is damaged, or it was made with other settings or inputs (said in the log)."""
+        try:
+            meta = json.loads(self.meta_path.read_text())
+        except (OSError, ValueError):
+            return None
+        if meta.get("fingerprint") != self.fingerprint:
+            log.info("embed %s: a stopped run's commit was made with other settings or inputs; not reused", self.label)
+            return None
+        try:
+            folder = self.keep / meta["dir"]
+            rows = [np.load(folder / p, allow_pickle=False) for p in meta["pieces"]]
+        except (OSError, ValueError, KeyError):
+            return None
+        rows = np.concatenate(rows) if rows else None
+        if rows is None or len(rows) != meta["rows"] or len(rows) > total:
+            return None
+        self.folder, self.pieces, self.rows = folder, list(meta["pieces"]), len(rows)
+        return rows
+
+    def add(self, rows: np.ndarray) -> None:
+        self.pending.append(rows)
+        if sum(map(len, self.pending)) >= self.every_samples or self.clock() - self.last >= self.every_s:
+            self.commit()
+
+    def commit(self) -> None:
+        """Commit the rows added since the last commit (callers hold off stops: `deferred`)."""
+        self.last = self.clock()
+        if not self.pending:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        piece = f"{len(self.pieces):06d}.npy"
+        rows = np.concatenate(self.pending)
+        with atomic_open(self.folder / piece) as f:
+            np.save(f, rows, allow_pickle=False)
+        self.pieces.append(piece)
+        self.rows += len(rows)
+        self.pending = []
+        meta = {"fingerprint": self.fingerprint, "dir": self.folder.name, "pieces": self.pieces, "rows": self.rows}
+        atomic_write_text(self.meta_path, json.dumps(meta, sort_keys=True) + "\n")
+        if not self.superseded:
+            self._remove(but=self.folder.name)
+            self.superseded = True
+
+    def drop(self) -> None:
+        """Remove the part's commits (its outputs are in place), and `keep` where nothing else is in it."""
+        self.meta_path.unlink(missing_ok=True)
+        self._remove()
+        with contextlib.suppress(OSError):
+            self.keep.rmdir()
+
+    def _remove(self, but: str | None = None) -> None:
+        for folder in self.keep.glob(f"{self.name}.progress-*"):
+            if folder.is_dir() and folder.name != but:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _worker_init(worker_id: int) -> None:
+    """DataLoader workers leave stopping to this process: SIGTERM reaches a SLURM job's every process, and
+    a worker it killed would fail the job instead of letting it commit and stop."""
+    ignore_stops()
+
+
+def _shut_down(batches: Iterator) -> None:
+    """Stop a DataLoader iterator's workers now, not when the iterator is collected (a traceback holds it)."""
+    shut_down = getattr(batches, "_shutdown_workers", None)  # the multi-process iterator's own cleanup
+    if shut_down is not None:
+        shut_down()
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -210,14 +364,18 @@ def embed_part(
     out_info: str,
     settings: EmbedSettings,
     threads: int = 1,
+    commit_samples: int = COMMIT_SAMPLES,
+    commit_seconds: float = COMMIT_SECONDS,
 ) -> dict:
     """Embed every sample of a processed part; writes scores (parquet), embeddings (npz) and info (json).
 
     `threads` is what the job may use: up to `threads - 1` DataLoader workers (at most settings.workers)
-    plus this process, whose torch threads (on the CPU) get all `threads`.
+    plus this process, whose torch threads (on the CPU) get all `threads`. Rows are committed every
+    `commit_samples` samples or `commit_seconds` (PartCommits), and a stopped run's commit is taken over.
     """
     started = time.perf_counter()
     samples = pd.read_parquet(samples_path, columns=SAMPLE_COLUMNS)
+    part = Path(samples_path).name.split(".")[0]
     device = resolve_device(settings.device)
     precision = resolve_precision(settings.precision, device)
     decode = resolve_decode(settings, device)
@@ -228,41 +386,72 @@ def embed_part(
         check_tensor_preprocess(pp_cfg)
     transform = image_transform_v2(PreprocessCfg(**pp_cfg), is_train=False)
     tokenizer = open_clip.get_tokenizer(settings.model)
+    prov = provenance(settings, weights, pp_cfg, transform, tokenizer, device, precision, decode)
+    fingerprint = commit_fingerprint(prov, settings.batch_size, tar_path, samples_path)
+    keep, name = Path(out_scores).parent / KEEP_DIR, Path(out_scores).stem
+    commits = PartCommits(keep, name, fingerprint, commit_samples, commit_seconds, label=part)
+    kept = commits.resume(len(samples))
+    resumed = 0 if kept is None else len(kept)
+    if kept is not None:
+        log.info(
+            "embed %s: %d samples kept from a stopped run's commit, %d to embed", part, resumed, len(samples) - resumed
+        )
     workers = min(settings.workers, max(0, threads - 1))  # a job stays within the threads it was given
     dataset = PartSamples(tar_path, samples, transform, tokenizer, decode=decode == "cpu")
     loader = torch.utils.data.DataLoader(
-        dataset,
+        torch.utils.data.Subset(dataset, range(resumed, len(dataset))) if resumed else dataset,
         batch_size=settings.batch_size,
         num_workers=workers,
         pin_memory=device.type == "cuda" and decode == "cpu",
         prefetch_factor=2 if workers else None,
         collate_fn=collate_bytes if decode == "gpu" else None,
+        worker_init_fn=_worker_init if workers else None,
     )
     batches = iter(loader)  # starts the workers now: they fork from a process that holds no model yet
-    if device.type == "cpu":
-        torch.set_num_threads(max(1, threads))
-    model, loaded_cfg = load_model(settings, device)
-    if loaded_cfg != pp_cfg:
-        raise RuntimeError(
-            f"preprocessing of the loaded model {loaded_cfg} differs from the one the workers use {pp_cfg}"
+    try:
+        if device.type == "cpu":
+            torch.set_num_threads(max(1, threads))
+        model, loaded_cfg = load_model(settings, device)
+        if loaded_cfg != pp_cfg:
+            raise RuntimeError(
+                f"preprocessing of the loaded model {loaded_cfg} differs from the one the workers use {pp_cfg}"
+            )
+        loaded = time.perf_counter()
+        batcher = HalvingBatch(settings.batch_size)
+        computed, pillow_fallbacks = _embed_batches(
+            batches, dataset, resumed, batcher, model, device, precision, pp_cfg, commits
         )
-    loaded = time.perf_counter()
-
-    batcher = HalvingBatch(settings.batch_size)
-    image, text, pillow_fallbacks = _embed_batches(
-        batches, dataset, batcher, model, tokenizer, device, precision, pp_cfg
-    )
-    _write_scores(samples["key"], image, text, settings.model, out_scores, out_embeddings)
+    except Stopped:
+        with deferred():  # every batch added so far, whole
+            commits.commit()
+        log.info(
+            "embed %s: stopped; %d of %d samples committed, the rerun goes on from them",
+            part,
+            commits.rows,
+            len(samples),
+        )
+        raise
+    finally:
+        _shut_down(batches)
+    pieces = ([] if kept is None else [kept]) + computed
+    if pieces:
+        rows = np.concatenate(pieces)
+    else:  # an empty part: shapes from the model, so the files are still well-formed
+        with torch.inference_mode():
+            rows = np.empty(0, row_dtype(model.encode_text(tokenizer([""]).to(device)).shape[-1]))
+    _write_scores(samples["key"], rows, settings.model, out_scores, out_embeddings)
     seconds = time.perf_counter() - loaded
+    embedded = len(samples) - resumed
     info = {
-        "part": Path(samples_path).name.split(".")[0],
+        "part": part,
         "samples": len(samples),
-        "provenance": provenance(settings, weights, pp_cfg, transform, tokenizer, device, precision, decode),
+        "resumed_samples": resumed,
+        "provenance": prov,
         "settings": asdict(settings),
-        "embed_dim": int(image.shape[-1]),
+        "embed_dim": int(rows["image"].shape[-1]),
         "seconds_total": round(time.perf_counter() - started, 3),
         "seconds_inference": round(seconds, 3),
-        "images_per_second": round(len(samples) / seconds, 1) if seconds > 0 else None,
+        "images_per_second": round(embedded / seconds, 1) if seconds > 0 else None,
         "final_batch_size": batcher.size,
         "oom_halvings": batcher.halvings,
         "decode": decode,
@@ -271,59 +460,50 @@ def embed_part(
         "workers": workers,
     }
     atomic_write_text(out_info, json.dumps(info, indent=1, sort_keys=True) + "\n")
+    commits.drop()
     return info
 
 
 def _embed_batches(
     batches: Iterator,
     dataset: PartSamples,
+    start: int,
     batcher: HalvingBatch,
     model: torch.nn.Module,
-    tokenizer: Callable,
     device: torch.device,
     precision: str,
     pp_cfg: dict,
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(image, text) raw embeddings of every sample in order, and how many JPEGs nvJPEG left to Pillow."""
-    image_parts, text_parts, order, pillow_fallbacks = [], [], [], 0
+    commits: PartCommits,
+) -> tuple[list[np.ndarray], int]:
+    """The rows (batch_rows) of samples `start` onwards, a batch at a time in order, each committed with
+    `commits`; and how many JPEGs nvJPEG left to Pillow."""
+    computed, order, pillow_fallbacks = [], [], 0
     for index, images, tokens in batches:
         if not dataset.decode:  # decode: gpu
             images, failed = dataset.device_images(index, images, device, pp_cfg)
             pillow_fallbacks += failed
         image, text = batcher.run(lambda im, tok: encode(model, im, tok, device, precision), images, tokens)
-        image_parts.append(image)
-        text_parts.append(text)
-        order.append(index)
-    if order:
-        image, text = torch.cat(image_parts), torch.cat(text_parts)
-        if not torch.equal(torch.cat(order), torch.arange(len(dataset))):
-            raise RuntimeError("the DataLoader returned samples out of order")
-    else:  # an empty part: shapes from the model, so the files are still well-formed
-        with torch.inference_mode():
-            dim = model.encode_text(tokenizer([""]).to(device)).shape[-1]
-        image = text = torch.zeros(0, dim)
-    return image, text, pillow_fallbacks
+        rows = batch_rows(image, text)
+        with deferred():  # a stop lands between batches: each is kept and committed whole, or not at all
+            computed.append(rows)
+            order.append(index)
+            commits.add(rows)
+    if order and not torch.equal(torch.cat(order), torch.arange(start, len(dataset))):
+        raise RuntimeError("the DataLoader returned samples out of order")
+    return computed, pillow_fallbacks
 
 
-def _write_scores(
-    keys: pd.Series, image: torch.Tensor, text: torch.Tensor, model_name: str, out_scores: str, out_embeddings: str
-) -> None:
+def _write_scores(keys: pd.Series, rows: np.ndarray, model_name: str, out_scores: str, out_embeddings: str) -> None:
     """Scores (similarity, norms) as parquet and the unit embeddings as fp16 npz, both in sample order."""
-    image_unit, text_unit = F.normalize(image, dim=-1), F.normalize(text, dim=-1)
     cols = score_columns(model_name)
     scores = pd.DataFrame(
         {
             "key": keys,
-            cols["similarity"]: (image_unit * text_unit).sum(-1).numpy().astype(np.float32),
-            cols["image_norm"]: image.norm(dim=-1).numpy().astype(np.float32),
-            cols["text_norm"]: text.norm(dim=-1).numpy().astype(np.float32),
+            cols["similarity"]: rows["similarity"],
+            cols["image_norm"]: rows["image_norm"],
+            cols["text_norm"]: rows["text_norm"],
         }
     )
-    write_npz(
-        out_embeddings,
-        key=keys.to_numpy(dtype=str),
-        image=image_unit.numpy().astype(np.float16),
-        text=text_unit.numpy().astype(np.float16),
-    )
+    write_npz(out_embeddings, key=keys.to_numpy(dtype=str), image=rows["image"], text=rows["text"])
     with atomic_open(out_scores) as f:
         scores.to_parquet(f, index=False)

@@ -384,6 +384,16 @@ def _block_pairs(t: pd.DataFrame, threshold: int) -> Iterator[tuple[np.ndarray, 
         yield from same_key_pairs((group << np.int64(12)) | piece, code, ids, threshold, mirrored)
 
 
+def _by_group(t: pd.DataFrame) -> Iterator[pd.DataFrame]:
+    """The rows of each group of a frame sorted by group (stably): what groupby(sort=True) gives, without its
+    copy of the whole frame."""
+    group = t["group"].to_numpy()
+    cuts = np.flatnonzero(group[1:] != group[:-1]) + 1
+    for start, end in zip(np.r_[0, cuts], np.r_[cuts, len(t)], strict=True):
+        if end > start:
+            yield t.iloc[start:end]
+
+
 def _cell_pairs(t: pd.DataFrame, binary: bool, threshold: float, bin_size: int):
     """The near pairs of one cell, its hashes before its mirror hashes, each in dataset order: the order the
     search of the whole dataset reads them in (k-means trains on a strided sample of it)."""
@@ -405,28 +415,33 @@ def bucket_pairs(
 ) -> pd.DataFrame:
     """One bucket's pairs (a, b, prio_a, prio_b, signal, score, home_a, home_b): its same-hash pairs and its near
     pairs per signal (a before b by id), pairs of two published samples left out (both stay)."""
+    # Memory follows the bucket's entries (about 6M at the default bucket size): each copy of them is freed
+    # before the next is made, and the frames hold only the columns still read.
     table = read_bucket(paths, bucket)
     kind = table["kind"].to_numpy()
-    # the hashes without their (empty) vector column: a Python object per entry would cost more than the rest
-    hashed = table.filter(pa.array(kind != EMBEDDING_CELL)).drop_columns(["vec"]).to_pandas()
     ids, first = np.unique(table["id"].to_numpy(), return_index=True)
     prios, homes = table["prio"].to_numpy()[first], table["home"].to_numpy()[first]
+    embedded = table.filter(pa.array(kind == EMBEDDING_CELL)) if embedding_min_similarity is not None else None
+    # the hashes without their (empty) vector column: a Python object per entry would cost more than the rest
+    hashed = table.filter(pa.array(kind != EMBEDDING_CELL)).select(["group", "kind", "id", "prio", "mirror", "code"])
+    del table, kind
+    hashed = hashed.to_pandas()
     same, members = _same_hash(hashed)
-    hashed = hashed[~hashed["id"].isin(members)]
+    hashed = hashed.loc[~hashed["id"].isin(members), ["group", "kind", "id", "mirror", "code"]]
     frames = [same]
     found = list(_block_pairs(hashed[hashed["kind"] == BLOCK], phash_max_distance))
-    cells = hashed[hashed["kind"] == PHASH_CELL]
-    for _, cell in cells.groupby("group", sort=True):
-        found.append(_cell_pairs(cell, True, phash_max_distance, bin_size))
+    cells = hashed[hashed["kind"] == PHASH_CELL].sort_values("group", kind="stable")
+    del hashed
+    found.extend(_cell_pairs(cell, True, phash_max_distance, bin_size) for cell in _by_group(cells))
+    del cells
     if found:
         a, b, d = (np.concatenate([f[i] for f in found]) for i in range(3))
         a, b, d = best_pairs(a, b, d, True)
         frames.append(pd.DataFrame({"a": a, "b": b, "signal": "phash", "score": d.astype(np.float64)}))
-    if embedding_min_similarity is not None:
-        found = [
-            _cell_pairs(cell, False, embedding_min_similarity, bin_size)
-            for _, cell in table.filter(pa.array(kind == EMBEDDING_CELL)).to_pandas().groupby("group", sort=True)
-        ]
+    if embedded is not None:
+        embedded = embedded.to_pandas().sort_values("group", kind="stable")
+        found = [_cell_pairs(cell, False, embedding_min_similarity, bin_size) for cell in _by_group(embedded)]
+        del embedded
         if found:
             a, b, s = (np.concatenate([f[i] for f in found]) for i in range(3))
             a, b, s = best_pairs(a, b, s, False)

@@ -13,12 +13,19 @@ import tarfile
 import time
 
 import pandas as pd
+import pytest
 from generated import jpeg_bytes, tar_entry, write_tar
 from httpserver import Reply
 from servers import ALLOW_LOOPBACK
 
 from shardsmith.__main__ import main as shardsmith_main
+from shardsmith.core.leftovers import find_leftovers, remove_leftovers
+from shardsmith.core.stopping import STOPPED_EXIT_CODE, Stopped, stop_on_sigterm
+from shardsmith.download import commits
 from shardsmith.download.part import download_part
+from shardsmith.download.process.captions import CaptionSettings
+from shardsmith.download.process.child import PartProcessor
+from shardsmith.download.process.resize import ResizeSettings
 from shardsmith.download.rawcache import Keep, mark_failed
 from shardsmith.download.sources import plan_parts
 from shardsmith.storage.s3 import upload
@@ -226,6 +233,7 @@ def test_local_reads_stay_inside_the_sources_folders(tmp_path):
 
 # --- remote inputs --------------------------------------------------------------------------------
 
+RESIZE = ResizeSettings(max_side=64, min_side=8)
 FAST = dict(
     concurrency=4, per_host_concurrency=4, connect_timeout_s=2, read_timeout_s=1, request_timeout_s=2,
     retries=2, backoff_s=0.05, backoff_max_s=0.2, part_deadline_s=60, **ALLOW_LOOPBACK,
@@ -419,6 +427,27 @@ def _download_in_child(records: str, tar: str, status: str, source: dict, settin
     download_part(records, tar, status, source, settings, log=lambda m: None)
 
 
+def _one_part(tmp_path, urls: list[str]):
+    """A manifest of `urls` planned as one part: (part id, its records, the source, raw tar, status path)."""
+    write_manifest(tmp_path / "m.parquet", [{"url": u, "caption": f"c{i}"} for i, u in enumerate(urls)])
+    src = manifest_source(tmp_path / "m.parquet")
+    [pid] = plan_parts([src], 1000, tmp_path / "parts")
+    raw_dir = tmp_path / "raw"
+    return pid, tmp_path / "parts" / f"{pid}.parquet", src, raw_dir / f"{pid}.tar", raw_dir / f"{pid}.status.parquet"
+
+
+def _stop_halfway(server, n: int, target, args: tuple, how: int) -> int:
+    """Run `target(*args)` in a child process, send it `how` once the server has had n/2 requests; its exit code."""
+    child = multiprocessing.get_context("fork").Process(target=target, args=args)
+    child.start()
+    deadline = time.monotonic() + 60
+    while server.total() < n // 2 and time.monotonic() < deadline and child.is_alive():
+        time.sleep(0.005)
+    os.kill(child.pid, how)
+    child.join(30)
+    return child.exitcode
+
+
 def test_a_part_killed_mid_download_resumes_from_its_last_commit(tmp_path, http_server):
     """SIGKILL while a part downloads: the rerun fetches no record of the last commit again, at most the
     records in flight and one commit interval of those fetched before the kill, and ends with the status
@@ -428,20 +457,10 @@ def test_a_part_killed_mid_download_resumes_from_its_last_commit(tmp_path, http_
     imgs = [jpeg_bytes(color=(i % 250, i // 250, 7)) for i in range(n)]
     urls = [s.route(f"/{i}.jpg", Reply(body=imgs[i], delay=0.01)) for i in range(n)]
     urls[7] = s.url("/gone.jpg")  # a final failure: committed with its reason, not asked again
-    write_manifest(tmp_path / "m.parquet", [{"url": u, "caption": f"c{i}"} for i, u in enumerate(urls)])
-    src = manifest_source(tmp_path / "m.parquet")
-    [pid] = plan_parts([src], 1000, tmp_path / "parts")
-    records, raw_dir = tmp_path / "parts" / f"{pid}.parquet", tmp_path / "raw"
-    tar, status_path = raw_dir / f"{pid}.tar", raw_dir / f"{pid}.status.parquet"
-    settings = {**FAST, "concurrency": 4, "per_host_concurrency": 4}
-    args = (str(records), str(tar), str(status_path), src, settings, every)
-    child = multiprocessing.get_context("fork").Process(target=_download_in_child, args=args)
-    child.start()
-    deadline = time.monotonic() + 60
-    while s.total() < n // 2 and time.monotonic() < deadline and child.is_alive():
-        time.sleep(0.005)
-    os.kill(child.pid, signal.SIGKILL)
-    child.join()
+    pid, records, src, tar, status_path = _one_part(tmp_path, urls)
+    raw_dir, settings = tar.parent, {**FAST, "concurrency": 4, "per_host_concurrency": 4}
+    _stop_halfway(s, n, _download_in_child, (str(records), str(tar), str(status_path), src, settings, every),
+                  signal.SIGKILL)  # fmt: skip
     assert not tar.exists() and not status_path.exists()  # nothing at a final path
     committed = Keep(tar).load()
     assert committed is not None and len(committed) >= every
@@ -458,3 +477,131 @@ def test_a_part_killed_mid_download_resumes_from_its_last_commit(tmp_path, http_
     assert_ledger(pd.read_parquet(records), status, raw, src)
     assert sorted(p.name for p in (raw_dir / ".keep").iterdir()) == [f"{pid}.json", f"{pid}.status.parquet",
                                                                     f"{pid}.tar"]  # fmt: skip
+
+
+def _stoppable_download(
+    records: str, tar: str, status: str, source: dict, settings: dict, every: int, processed: str | None = None
+) -> None:
+    """download_part as the rule script runs it: SIGTERM stops it cleanly (exit code 143), its resize
+    processor (with `processed`) committing what it has too."""
+    from shardsmith.download import rawcache
+
+    rawcache.COMMIT_RECORDS = every
+    proc = None if processed is None else PartProcessor(processed, RESIZE, CaptionSettings())
+    try:
+        with stop_on_sigterm():
+            download_part(records, tar, status, source, settings, log=lambda m: None, processor=proc)
+    except Stopped:
+        if proc is not None:
+            proc.stop()
+        os._exit(STOPPED_EXIT_CODE)
+
+
+def test_a_part_stopped_by_sigterm_commits_every_record_done(tmp_path, http_server):
+    """SIGTERM (SLURM's time limit, preemption, scancel): the job commits every record it has, with no
+    commit interval due, and exits 143; the rerun asks again only for what was in flight."""
+    s = http_server
+    n = 120
+    imgs = [jpeg_bytes(color=(i % 250, 3, 7)) for i in range(n)]
+    urls = [s.route(f"/{i}.jpg", Reply(body=imgs[i], delay=0.01)) for i in range(n)]
+    pid, records, src, tar, status_path = _one_part(tmp_path, urls)
+    raw_dir, settings = tar.parent, {**FAST, "concurrency": 4, "per_host_concurrency": 4}
+    args = (str(records), str(tar), str(status_path), src, settings, 100_000)  # no commit falls due
+    assert _stop_halfway(s, n, _stoppable_download, args, signal.SIGTERM) == STOPPED_EXIT_CODE
+    assert not tar.exists() and not status_path.exists()
+    committed = Keep(tar).load()
+    before = {u: s.count(u.split(str(s.port))[1]) for u in urls}
+    assert committed is not None and len(committed) >= sum(map(bool, before.values())) - settings["concurrency"]
+
+    lines = []
+    status = download_part(str(records), str(tar), str(status_path), src, settings, log=lines.append)
+    again = {u for u in urls if s.count(u.split(str(s.port))[1]) > before[u]}
+    assert not again & set(committed["url"])
+    assert len(again & {u for u, c in before.items() if c}) <= settings["concurrency"]
+    # the part's progress counts from the committed state
+    assert f"download {pid}: {len(committed)} records kept from a stopped run's commit, {len(again)} to fetch" in lines
+    assert any(f"{n}/{n} records done ({len(committed)} kept, {len(again)} ok, 0 failed)" in line for line in lines)
+    assert reasons(status) == ["ok"] * n
+    assert {k: v["img"] for k, v in read_raw(tar).items()} == {f"r{i:07d}": imgs[i] for i in range(n)}
+    assert sorted(p.name for p in (raw_dir / ".keep").iterdir()) == [f"{pid}.json", f"{pid}.status.parquet",
+                                                                    f"{pid}.tar"]  # fmt: skip
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_a_source_shard_part_stopped_midway_takes_its_committed_samples_over(tmp_path, http_server, monkeypatch, how):
+    """A source shard streamed over HTTP (a part is one shard), the job stopped midway: the rerun reads the
+    shard again (one request: a stream cannot be picked up in the middle) but takes the committed records
+    from the commit, resizes none of the committed samples again, and ends with the status, raw tar and
+    samples of a run never stopped."""
+    from shardsmith.download.process import child as child_module
+
+    s = http_server
+    n = 150
+    samples = {f"s-{j:03d}": {"jpg": jpeg_bytes(size=(96, 80), color=(j, 5, 1)), "txt": f"sample {j}".encode()}
+               for j in range(n)}  # fmt: skip
+    samples["s-bad"] = {"txt": b"no image"}
+    s.route("/shards/web-0.tar", Reply(body=shard_tar(samples), chunk=4096, trickle=0.01))
+    src = {"name": "web", "type": "shards", "path": s.url("/shards/web-{0..0}.tar")}
+    [pid] = plan_parts([src], 100, tmp_path / "parts")
+    records = str(tmp_path / "parts" / f"{pid}.parquet")
+    out = {}
+    for name in ("clean", "stopped"):
+        (tmp_path / name / "raw").mkdir(parents=True)
+        (tmp_path / name / "processed").mkdir()
+        out[name] = (tmp_path / name / "raw" / f"{pid}.tar", tmp_path / name / "processed" / f"{pid}.tar")
+
+    def finish(raw_tar, processed, proc):
+        status = download_part(records, str(raw_tar), str(raw_tar).replace(".tar", ".status.parquet"), src, FAST,
+                               log=lambda m: None, processor=proc)  # fmt: skip
+        proc.finish(status, str(processed).replace(".tar", ".samples.parquet"),
+                    str(processed).replace(".tar", ".rejected.parquet"))  # fmt: skip
+        return status
+
+    expected = finish(*out["clean"], PartProcessor(str(out["clean"][1]), RESIZE, CaptionSettings()))
+    s.reset_counts()
+
+    tar, processed = out["stopped"]
+    every = 100_000 if how == signal.SIGTERM else 10
+    args = (records, str(tar), str(tar).replace(".tar", ".status.parquet"), src, FAST, every, str(processed))
+    child = multiprocessing.get_context("fork").Process(target=_stoppable_download, args=args)
+    child.start()
+    keep = tar.parent / ".keep"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and child.is_alive():
+        got = commits.load(keep, pid)
+        if (got is not None and len(got.rows) >= n // 3) or (how == signal.SIGTERM and s.total() and
+                                                              time.monotonic() > deadline - 59):  # fmt: skip
+            break
+        time.sleep(0.01)
+    os.kill(child.pid, how)
+    child.join(30)
+    assert child.exitcode == (STOPPED_EXIT_CODE if how == signal.SIGTERM else -signal.SIGKILL)
+    committed = commits.load(keep, pid)
+    done = commits.load(processed.parent / ".keep", pid)
+    assert committed is not None and 0 < len(committed.rows) < n and done is not None
+    remove_leftovers([tmp_path / "stopped"])
+
+    resized = []
+    real = child_module.process_image
+    monkeypatch.setattr(child_module, "process_image", lambda data, r: resized.append(1) or real(data, r))
+    status = finish(tar, processed, PartProcessor(str(processed), RESIZE, CaptionSettings()))
+    assert s.count("/shards/web-0.tar") == 2  # the stopped run's request and the rerun's
+    assert set(done.rows["rid"]) <= set(committed.rows["rid"])
+    assert len(resized) == n - len(done.rows)
+    pd.testing.assert_frame_equal(status, expected)
+    assert read_raw(tar) == read_raw(out["clean"][0])
+    assert_ledger(pd.read_parquet(records), status, read_raw(tar), src)
+    assert _samples(processed) == _samples(out["clean"][1])
+    assert sorted(p.name for p in keep.iterdir()) == [f"{pid}.json", f"{pid}.status.parquet", f"{pid}.tar"]
+    assert not (processed.parent / ".keep").exists() and find_leftovers([tmp_path]) == []
+
+
+def _samples(processed) -> dict[str, tuple]:
+    """Each sample's members, read at the samples table's offsets, and its other columns."""
+    table = pd.read_parquet(str(processed).replace(".tar", ".samples.parquet"))
+    data = processed.read_bytes()
+    out = {}
+    for row in table.to_dict("records"):
+        got = tuple(data[row[f"{e}_offset"] : row[f"{e}_offset"] + row[f"{e}_size"]] for e in ("jpg", "txt", "json"))
+        out[row["key"]] = (got, {k: v for k, v in row.items() if not k.endswith(("_offset", "_size"))})
+    return out

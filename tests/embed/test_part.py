@@ -4,12 +4,17 @@ Nothing is downloaded: HF_HUB_OFFLINE is set before open_clip is imported, and t
 by shardsmith.cli.tinyclip into a temporary folder.
 """
 
+import contextlib
 import gc
 import io
 import json
 import os
+import signal
+import subprocess
+import sys
 import tarfile
-from dataclasses import replace
+import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before open_clip imports huggingface_hub
@@ -24,12 +29,13 @@ from PIL import Image
 from workflow_helpers import REPO
 
 from shardsmith.cli.demo import jpeg, photo
-from shardsmith.cli.tinyclip import NAME, write_tiny_clip
+from shardsmith.cli.tinyclip import NAME, SEED, write_tiny_clip
 from shardsmith.core.atomic import atomic_open
+from shardsmith.core.stopping import STOPPED_EXIT_CODE, Stopped
 from shardsmith.embed import model as embed_model
 from shardsmith.embed import part as embed
 from shardsmith.embed.model import EmbedSettings
-from shardsmith.embed.part import HalvingBatch, PartSamples, embed_part
+from shardsmith.embed.part import HalvingBatch, PartCommits, PartSamples, embed_part, row_dtype
 from shardsmith.embed.stats import score_columns
 from shardsmith.formats.parts import SAMPLE_COLUMNS
 from shardsmith.formats.tario import ShardWriter
@@ -262,6 +268,219 @@ def test_schema_keeps_embedding_off_by_default_and_the_demo_config_turns_it_on()
     validate(demo, schema=schema)
     assert demo["embed"]["enabled"] and demo["embed"]["pretrained"] == f"demo/models/{NAME}.pt"
     assert demo["embed"]["model_config"] == f"demo/models/{NAME}.json"
+
+
+# --- a stopped part goes on from its commit
+
+# embed_part in a process of its own, in a session of its own (it and its DataLoader workers, as a SLURM job's
+# processes), each batch paced so that it can be stopped partway; at batch `term_at` it writes `marker` and
+# waits for the SIGTERM the test then sends to the whole session, as SLURM does at a time limit. It ends as
+# run_job ends a stopped job.
+CHILD = """
+import json, logging, sys, time
+from shardsmith.core.stopping import STOPPED_EXIT_CODE, Stopped, stop_on_sigterm
+from shardsmith.embed import part
+from shardsmith.embed.model import EmbedSettings
+
+logging.basicConfig(level=logging.INFO)
+args = json.loads(sys.argv[1])
+encode, batches = part.encode, [0]
+
+def paced(*a):
+    batches[0] += 1
+    if batches[0] == args["term_at"]:  # the test sends SIGTERM now; it lands in this sleep
+        open(args["marker"], "w").close()
+        time.sleep(60)
+    time.sleep(args["pause"])
+    return encode(*a)
+
+part.encode = paced
+try:
+    with stop_on_sigterm():
+        part.embed_part(*args["inputs"], **args["outputs"], settings=EmbedSettings(**args["settings"]),
+                        threads=args["threads"], commit_samples=args["every"])
+except Stopped:
+    sys.exit(STOPPED_EXIT_CODE)
+"""
+
+
+def embed_in_child(folder, inputs, settings, threads=1, every=20, term_at=0, pause=0.05) -> subprocess.Popen:
+    args = {"inputs": inputs, "outputs": outputs(folder, "out"), "settings": asdict(settings), "threads": threads,
+            "every": every, "term_at": term_at, "pause": pause, "marker": str(folder / "marker")}  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    with open(folder / "child.log", "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-c", CHILD, json.dumps(args)], cwd=REPO, env=env, stdout=log, stderr=log,
+            start_new_session=True,
+        )  # fmt: skip
+
+
+def wait_for(path: Path, child: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        assert child.poll() is None and time.monotonic() < deadline, (path.parent / "child.log").read_text()
+        time.sleep(0.01)
+
+
+def session(sid: int) -> list[int]:
+    """The processes of a session: a job's process and its DataLoader workers."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            with contextlib.suppress(ProcessLookupError):
+                if os.getsid(int(p.name)) == sid:
+                    pids.append(int(p.name))
+    return pids
+
+
+def left(folder) -> list[str]:
+    """What a stopped job left beside its outputs, but its commit: nothing, not even a temporary file."""
+    return sorted(p.name for p in folder.iterdir() if p.name not in (".keep", "child.log", "marker"))
+
+
+def progress(folder) -> Path:
+    return folder / ".keep" / "out.progress.json"
+
+
+def counting_encode(monkeypatch) -> list[int]:
+    """How many samples embed_part embeds from here on."""
+    seen, encode = [], embed.encode
+    monkeypatch.setattr(
+        embed, "encode", lambda model, images, *a: seen.append(len(images)) or encode(model, images, *a)
+    )
+    return seen
+
+
+def same_files(folder, reference) -> bool:
+    return all(
+        (folder / f"out.{ext}").read_bytes() == (reference / f"out.{ext}").read_bytes() for ext in ("parquet", "npz")
+    )
+
+
+def test_a_killed_part_embeds_only_what_its_last_commit_lacks(tiny, tmp_path, monkeypatch, caplog):
+    """SIGKILL once a commit is made: nothing at a final path, and the rerun embeds only what the last
+    commit lacks, into the files of a run never stopped."""
+    killed, reference = tmp_path / "killed", tmp_path / "reference"
+    for folder in (killed, reference):
+        folder.mkdir()
+    inputs = make_part(tmp_path, "src-000020", 120, seed=3)
+    child = embed_in_child(killed, inputs, tiny)
+    wait_for(progress(killed), child)  # the first commit (20 samples), then SIGKILL
+    child.kill()
+    assert child.wait() == -signal.SIGKILL
+    committed = json.loads(progress(killed).read_text())["rows"]
+    assert 20 <= committed < 120 and committed % tiny.batch_size == 0
+    assert left(killed) == []
+
+    seen = counting_encode(monkeypatch)
+    with caplog.at_level("INFO", logger=embed.__name__):
+        info = embed_part(*inputs, **outputs(killed, "out"), settings=tiny)
+    assert info["resumed_samples"] == committed and sum(seen) == 120 - committed
+    assert (
+        f"embed src-000020: {committed} samples kept from a stopped run's commit, {120 - committed} to embed"
+        in caplog.text
+    )
+    assert not (killed / ".keep").exists()
+    monkeypatch.undo()
+    assert embed_part(*inputs, **outputs(reference, "out"), settings=tiny)["resumed_samples"] == 0
+    assert same_files(killed, reference)
+
+
+def test_sigterm_commits_every_whole_batch_and_the_rerun_gives_the_same_files(tiny, tmp_path, monkeypatch):
+    """SIGTERM to the job's every process, its DataLoader worker included, during its 13th batch: the job
+    commits the 12 batches before it (48 samples; the commits every 20 held 40), not the 13th, and exits
+    as a stopped job, its worker gone with it (not killed by the signal first, which would fail the job)."""
+    stopped, reference = tmp_path / "stopped", tmp_path / "reference"
+    for folder in (stopped, reference):
+        folder.mkdir()
+    inputs = make_part(tmp_path, "src-000021", 120, seed=4)
+    settings = replace(tiny, workers=1)
+    child = embed_in_child(stopped, inputs, settings, threads=2, term_at=13)
+    wait_for(stopped / "marker", child)
+    (worker,) = set(session(child.pid)) - {child.pid}
+    os.kill(worker, signal.SIGTERM)  # the worker first: a job's processes get SIGTERM in any order
+    time.sleep(0.5)
+    os.kill(child.pid, signal.SIGTERM)
+    assert child.wait(timeout=60) == STOPPED_EXIT_CODE, (stopped / "child.log").read_text()
+    assert session(child.pid) == []  # no worker left behind
+    meta = json.loads(progress(stopped).read_text())
+    assert meta["rows"] == 48 and meta["pieces"] == ["000000.npy", "000001.npy", "000002.npy"]
+    assert sorted(p.name for p in (stopped / ".keep" / meta["dir"]).iterdir()) == meta["pieces"]  # no temporary file
+    assert left(stopped) == []
+    assert "stopped; 48 of 120 samples committed" in (stopped / "child.log").read_text()
+
+    seen = counting_encode(monkeypatch)  # without workers from here: they read, they compute nothing
+    info = embed_part(*inputs, **outputs(stopped, "out"), settings=tiny, threads=2)
+    assert info["resumed_samples"] == 48 and sum(seen) == 72 and not (stopped / ".keep").exists()
+    monkeypatch.undo()
+    embed_part(*inputs, **outputs(reference, "out"), settings=tiny, threads=2)
+    assert same_files(stopped, reference)
+
+
+def stop_at_batch(monkeypatch, batch: int) -> None:
+    """embed_part's next run is stopped (as by SIGTERM) as its `batch`-th batch starts."""
+    encode, calls = embed.encode, []
+
+    def stopping(*a):
+        calls.append(1)
+        if len(calls) == batch:
+            raise Stopped(signal.SIGTERM)
+        return encode(*a)
+
+    monkeypatch.setattr(embed, "encode", stopping)
+
+
+@pytest.mark.parametrize("change", ["batch_size", "precision", "weights", "samples"])
+def test_a_commit_made_with_other_settings_or_inputs_is_not_reused(tiny, tmp_path, monkeypatch, caplog, change):
+    inputs = make_part(tmp_path, "src-000022", 24, seed=5)
+    stop_at_batch(monkeypatch, 4)
+    with pytest.raises(Stopped):
+        embed_part(*inputs, **outputs(tmp_path, "out"), settings=tiny, commit_samples=4)
+    assert json.loads(progress(tmp_path).read_text())["rows"] == 12
+    monkeypatch.undo()
+    settings = tiny
+    if change == "batch_size":
+        settings = replace(tiny, batch_size=3)
+    elif change == "precision":
+        settings = replace(tiny, precision="fp16")  # computed in fp32 on the CPU all the same, but asked otherwise
+    elif change == "weights":
+        _, ckpt = write_tiny_clip(tmp_path / "other", seed=SEED + 1)
+        settings = replace(tiny, pretrained=str(ckpt))
+    else:
+        inputs = make_part(tmp_path, "src-000022", 24, seed=6)  # the part made again, other images
+    seen = counting_encode(monkeypatch)
+    with caplog.at_level("INFO", logger=embed.__name__):
+        info = embed_part(*inputs, **outputs(tmp_path, "out"), settings=settings)
+    assert info["resumed_samples"] == 0 and sum(seen) == 24
+    assert "commit was made with other settings or inputs; not reused" in caplog.text
+    assert not (tmp_path / ".keep").exists()
+
+
+def test_commits_come_every_so_many_samples_or_seconds_and_a_rerun_continues_the_folder(tmp_path):
+    keep, now = tmp_path / ".keep", [0.0]
+    rows = [np.full(4, i, row_dtype(2)) for i in range(6)]
+    first = PartCommits(keep, "p", "f1", every_samples=8, every_s=60, clock=lambda: now[0])
+    first.add(rows[0])
+    assert first.rows == 0 and not (keep / "p.progress.json").exists()
+    first.add(rows[1])  # 8 samples
+    assert first.rows == 8
+    first.add(rows[2])
+    now[0] = 61.0
+    first.add(rows[3])  # a minute since the last commit
+    assert first.rows == 16
+    assert json.loads((keep / "p.progress.json").read_text())["pieces"] == ["000000.npy", "000001.npy"]
+
+    assert PartCommits(keep, "p", "f2").resume(100) is None  # another fingerprint
+    assert PartCommits(keep, "p", "f1").resume(10) is None  # more rows than the part has
+    again = PartCommits(keep, "p", "f1", every_samples=4)
+    assert again.resume(100).tobytes() == np.concatenate(rows[:4]).tobytes() and again.folder == first.folder
+    again.add(rows[4])
+    assert len(PartCommits(keep, "p", "f1").resume(100)) == 20
+    other = PartCommits(keep, "p", "f2", every_samples=1)
+    other.add(rows[5])  # its first commit supersedes the other fingerprint's folder
+    assert [p.name for p in keep.glob("p.progress-*")] == [other.folder.name]
+    other.drop()
+    assert not keep.exists()
 
 
 # --- decode: gpu inside embed_part (the tensor steps themselves: tests/embed/test_decode.py)

@@ -5,7 +5,9 @@ the workflow runs with the repository's profile, unchanged, and must give the sa
 Every job except `all` must have gone through sbatch: the ids the plugin reports are looked up in
 slurmctld's job completion log (and, for GPU jobs, in `scontrol show job`). The plugin polls job status
 every few seconds at best, so this is one coarse test (a few minutes), not many small ones. The
-embedding stage is on, so the GPU job's request (partition, --gpus, CPUs) is checked too.
+embedding stage is on, so the GPU job's request (partition, --gpus, CPUs) is checked too. One source is a
+manifest of slow URLs on a loopback server: its download_part job is sent SIGTERM with `scancel --signal=TERM`
+while it fetches, commits and fails, and Snakemake's retry goes on from the commit to the same bytes.
 """
 
 import json
@@ -13,11 +15,15 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
+from generated import jpeg_bytes
+from httpserver import Reply
+from servers import ALLOW_LOOPBACK
 from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
 
 from shardsmith.cli.demo import make_demo
@@ -32,6 +38,7 @@ SBIN_PATH = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
 SUBMITTED = re.compile(r"submitted with SLURM jobid (\d+) \(log: \S*/rule_(\w+)/")
 RUN_LIMIT_S = 1800  # the cluster run, from the end of the local one
 RULE_HEADER = re.compile(r"^(?:local)?(?:rule|checkpoint) (\w+):$", re.M)
+SLOW_URLS, SLOW_CONCURRENCY = 16, 2  # the slow part: 16 records a second apart, 2 at a time (~8 s)
 
 
 def _alive(pid_file: Path) -> bool:
@@ -114,10 +121,35 @@ def expected_request(rule: str) -> dict:
     }
 
 
+def slow_source(data: Path, server) -> dict:
+    """A manifest of SLOW_URLS images served by `server`, each after a second: one part that takes a while."""
+    lines = []
+    for i in range(SLOW_URLS):
+        url = server.route(f"/slow/{i}.jpg", Reply(body=jpeg_bytes(size=(64, 48), color=(i * 15, 80, 40)), delay=1.0))
+        lines.append(f"slow photo {i}\t{url}")
+    (data / "slow.tsv").write_text("\n".join(lines) + "\n")
+    return {"name": "slow", "type": "manifest", "path": str(data / "slow.tsv"), "columns": ["caption", "url"]}
+
+
+def stop_slow_part(server, deadline_s: float) -> str:
+    """`scancel --signal=TERM` the slow part's download_part job once it has asked for a third of its URLs
+    (the only requests yet: the local run starts after this); returns the job id."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if server.total() >= SLOW_URLS // 3:
+            shown = subprocess.run(["squeue", "-h", "-o", "%i %T %k"], capture_output=True, text=True).stdout
+            for job_id, state, comment in (line.split() for line in shown.splitlines() if line.count(" ") == 2):
+                if state == "RUNNING" and comment.startswith("rule_download_part_wildcards_slow-"):
+                    subprocess.run(["scancel", "--signal=TERM", job_id], check=True, timeout=60)
+                    return job_id
+        time.sleep(0.2)
+    raise AssertionError("the slow part's download_part job was not seen running and fetching")
+
+
 # Every level of the DAG costs at least one status poll (the plugin's interval grows by 10 s while no job ends):
 # about 7 minutes alone on 2 cores, over 15 on a 2-core CI machine running two other test workers beside it.
 @pytest.mark.timeout(RUN_LIMIT_S + 300)
-def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
+def test_demo_on_slurm_matches_local_run(slurm, tmp_path, http_server):
     data = tmp_path / "data"
     make_demo(data)
     model_config, checkpoint = write_tiny_clip(tmp_path / "models")
@@ -126,9 +158,14 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
     # 3 shards: fewer jobs, still several per rule; the near-duplicate search in 3 bucket jobs, decided in one
     # round of 3 partitions and the last step (rounds that send states on: test_demo's kill test, test_neardecide)
     dedupe = {"near": "report", "buckets": 3, "decision_rounds": 1}
-    settings = {"embed": embed, "samples_per_shard": 16, "dedupe": dedupe}
+    base = demo_config(data, cluster_root)
+    download = {**base["download"], **ALLOW_LOOPBACK, "concurrency": SLOW_CONCURRENCY}
+    sources = [*base["sources"], slow_source(data, http_server)]
+    settings = {"embed": embed, "samples_per_shard": 16, "dedupe": dedupe, "download": download, "sources": sources}
     cluster = start_on_cluster(cluster_root, demo_config(data, cluster_root, **settings))
-    try:  # the local reference run meanwhile: the cluster run mostly waits for status polls
+    try:
+        stopped = stop_slow_part(http_server, deadline_s=RUN_LIMIT_S / 3)
+        # the local reference run meanwhile: the cluster run mostly waits for status polls
         local = run_workflow(local_root, demo_config(data, local_root, **settings))
         cluster.wait(timeout=RUN_LIMIT_S)
     finally:
@@ -138,15 +175,22 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
     stderr = (cluster_root / "snakemake.err").read_text()
     assert cluster.returncode == 0, f"snakemake --profile cluster failed ({cluster.returncode}):\n{stderr[-8000:]}"
 
+    # The stopped job committed what it had: its retry asked again only for the records in flight at the stop
+    # (each URL: once by the local run, once by the cluster's, and again only if it was in flight).
+    asked = [http_server.count(f"/slow/{i}.jpg") for i in range(SLOW_URLS)]
+    assert min(asked) >= 2 and sum(n - 2 for n in asked) <= SLOW_CONCURRENCY, asked
+    stop_logs = list((cluster_root / "logs").rglob(f"{stopped}.log"))
+    assert stop_logs and "stopped by SIGTERM" in stop_logs[0].read_text(), stop_logs
+
     # The same bytes: shards, index files, reports and the published version; the publish marker differs
     # only in its time stamp.
     for folder in ("output", "fast-storage"):
         want = file_hashes(local_root / folder)
         assert want and file_hashes(cluster_root / folder) == want, folder
 
-    # The same jobs ran, and every one but the local rules was submitted with sbatch.
+    # The same jobs ran (the stopped one twice), and every one but the local rules was submitted with sbatch.
     jobs_run = Counter(RULE_HEADER.findall(stderr))
-    assert jobs_run == Counter(RULE_HEADER.findall(local.stderr))
+    assert jobs_run == Counter(RULE_HEADER.findall(local.stderr)) + Counter(download_part=1)
     submitted = SUBMITTED.findall(stderr)
     # the target and the lists of files (where a job would name more than two) run where snakemake does
     local = Counter(all=1) + Counter({rule: n for rule, n in jobs_run.items() if rule.startswith("list_")})
@@ -161,7 +205,8 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path):
     for job_id, rule in submitted:
         record = done.get(job_id)
         assert record, f"SLURM has no completion record for job {job_id} ({rule})"
-        assert record["JobState"] == "COMPLETED" and record["WorkDir"] == str(cluster_root), record
+        assert record["JobState"] == ("FAILED" if job_id == stopped else "COMPLETED"), record
+        assert record["WorkDir"] == str(cluster_root), record
         assert record["Name"].startswith("shardsmith_"), record  # slurm-jobname-prefix from the profile
         want = expected_request(rule)
         assert record["Partition"] == want["partition"], (rule, record)

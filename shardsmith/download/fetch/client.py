@@ -374,10 +374,12 @@ class Fetcher:
         on_result: Callable[[int, Outcome], None],
         hash_type: str = "md5",
         label: str = "",
+        kept: int = 0,
     ) -> None:
         """Fetch every (id, url, expected hash) job; `on_result(id, outcome)` is called once per job, in this
-        thread, as outcomes become final. Returns at the latest at the deadline (rest: `deadline`)."""
-        Dispatcher(self, jobs, on_result, hash_type, label).run()
+        thread, as outcomes become final. Returns at the latest at the deadline (rest: `deadline`). `kept`:
+        the part's records already done (kept or committed by a stopped run), counted in the progress lines."""
+        Dispatcher(self, jobs, on_result, hash_type, label, kept).run()
 
     def worker(self, work: "queue.SimpleQueue", done: "queue.SimpleQueue", hash_type: str) -> None:
         # Workers share only the connection pools, which are thread-safe.

@@ -52,8 +52,8 @@ class _Host:
 class Dispatcher:
     """The scheduling loop of Fetcher.fetch_all (see the module docstring)."""
 
-    def __init__(self, f: Client, jobs, on_result, hash_type: str, label: str) -> None:
-        self.f, self.s, self.on_result, self.label = f, f.s, on_result, label
+    def __init__(self, f: Client, jobs, on_result, hash_type: str, label: str, kept: int = 0) -> None:
+        self.f, self.s, self.on_result, self.label, self.kept = f, f.s, on_result, label, kept
         self.jobs = {jid: (jid, url, expected) for jid, url, expected in jobs}
         self.attempts = dict.fromkeys(self.jobs, 0)
         self.hosts: dict[str, _Host] = {}
@@ -131,9 +131,10 @@ class Dispatcher:
     def _progress(self, now: float) -> None:
         self.last_log = now
         took = max(now - self.started, 1e-6)
+        kept = f"{self.kept} kept, " if self.kept else ""
         self.f.log(
-            f"download {self.label}: {self.done}/{len(self.jobs)} records done "
-            f"({self.ok} ok, {self.done - self.ok} failed), "
+            f"download {self.label}: {self.kept + self.done}/{self.kept + len(self.jobs)} records done "
+            f"({kept}{self.ok} ok, {self.done - self.ok} failed), "
             f"{self.done / took:.1f} records/s, {self.nbytes / took / 1e6:.2f} MB/s, {len(self.waiting)} in backoff"
         )
 

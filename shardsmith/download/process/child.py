@@ -10,8 +10,10 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import multiprocessing
 import os
+import sys
 import threading
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +28,7 @@ from shardsmith.core.errors import Rejection
 from shardsmith.core.ledger import DOWNLOAD, PROCESS, REJECT_COLUMNS
 from shardsmith.core.logs import ProgressLog
 from shardsmith.core.memory import keep_freed_heap, return_large_buffers
+from shardsmith.core.stopping import ignore_stops
 from shardsmith.download import commits, rawcache
 from shardsmith.download.process.captions import CaptionSettings, pick_caption
 from shardsmith.download.process.resize import ImageResult, ResizeSettings, process_image
@@ -36,6 +39,9 @@ from shardsmith.formats.tario import ShardWriter
 
 LARGE_BUFFER = 8 << 20  # bytes; see _child_main
 KEPT_FREE = 16 << 20  # bytes kept at the top of each malloc heap; see _child_main
+# how long a stopping job waits for its resize process to finish the images it holds and commit: within
+# SLURM's KillWait (30 s by default) between SIGTERM and SIGKILL, with the job's own commit beside it
+STOP_WAIT_S = 20.0
 
 
 def sample_json(status: dict, result: ImageResult, caption_field: str, fields: dict) -> bytes:
@@ -268,6 +274,31 @@ class PartProcessor:
             f.cancel()
         self._close(RuntimeError("aborted"))
 
+    def commit_when_told(self, told: bool = True) -> None:
+        """Commit only on `commit`, not every so many results: the download commits its raw records first and
+        then tells the processor, so every committed result is of a record the rerun keeps, and is copied.
+        With `told` False (every record handed over is committed by then), every so many results again."""
+        every = (sys.maxsize, math.inf) if told else (rawcache.COMMIT_RECORDS, rawcache.COMMIT_SECONDS)
+        with self._lock:
+            self._commits.every_records, self._commits.every_s = every
+
+    def commit(self) -> None:
+        """Commit the results made so far."""
+        with self._lock:
+            self._commits.commit()
+
+    def stop(self) -> int:
+        """Stop on request (the job's SIGTERM): images not started are dropped, those being processed are
+        finished and everything done is committed, then the temporary tar is removed as by `abort`; returns
+        the results committed in all."""
+        for f in self._futures:
+            f.cancel()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            self._commits.commit()
+        self._close(RuntimeError("stopped"))
+        return self._commits.committed
+
     def _close(self, error: BaseException | None = None) -> None:
         """Shut the pool down (waiting for running images), then put the tar in place (or, after an error,
         remove it), then close the raw tar."""
@@ -321,18 +352,35 @@ class ChildProcessor:
             raise ValueError(f"record {rid}: a child processor reads images from the raw tar, so needs where they lie")
         self._send(("item", rid, {c: record[c] for c in ("key", "source", "source_id", "url")}, fields, where, reuse))
 
+    def commit_when_told(self, told: bool = True) -> None:
+        self._send(("told", told))
+
+    def commit(self) -> None:
+        self._send(("commit",))
+
     def finish(self, status: pd.DataFrame, out_samples: str, out_rejected: str) -> tuple[int, int]:
         self._send(("finish", status, out_samples, out_rejected))
         return self._reply()
 
     def abort(self) -> None:
+        self._end(("abort",))
+
+    def stop(self) -> int | None:
+        """As PartProcessor.stop, in the child; None when the child did not answer in STOP_WAIT_S."""
+        return self._end(("stop",))
+
+    def _end(self, msg: tuple) -> object:
+        got = None
         if self._child.is_alive():
             with contextlib.suppress(OSError, RuntimeError):
-                self._send(("abort",))
-                self._reply()
-        self._child.join(timeout=60)
+                self._send(msg)
+                if self._conn.poll(STOP_WAIT_S):
+                    got = self._reply()
+        self._child.join(timeout=5)
         if self._child.is_alive():
             self._child.kill()
+            self._child.join()
+        return got
 
     def _send(self, msg: tuple) -> None:
         try:
@@ -383,6 +431,7 @@ def _child_main(
     # the fork copied the parent's end of the pipe too: closed here, a parent that dies (killed) ends the
     # child's next read, rather than leave it waiting on its own copy for ever
     parent_end.close()
+    ignore_stops()  # SIGTERM reaches every process of a SLURM job: the parent says when and how to stop
     tune_allocator()
     proc = PartProcessor(out_tar, resize, captions, threads, label=label)
     try:
@@ -390,11 +439,18 @@ def _child_main(
             msg = conn.recv()
             if msg[0] == "item":
                 proc.submit(msg[1], msg[2], msg[3], where=msg[4], reuse=msg[5])
+            elif msg[0] == "commit":
+                proc.commit()
+            elif msg[0] == "told":
+                proc.commit_when_told(msg[1])
             elif msg[0] == "raw":
                 proc.read_from(msg[1])
                 conn.send(("opened", None))
             elif msg[0] == "finish":
                 conn.send(("done", proc.finish(*msg[1:])))
+                return
+            elif msg[0] == "stop":
+                conn.send(("stopped", proc.stop()))
                 return
             else:
                 proc.abort()

@@ -17,6 +17,7 @@ from httpserver import Reply
 
 from shardsmith.core.atomic import atomic_open
 from shardsmith.core.leftovers import find_leftovers, remove_leftovers
+from shardsmith.core.stopping import STOPPED_EXIT_CODE, Stopped, stop_on_sigterm
 from shardsmith.download import commits
 from shardsmith.download.part import download_part
 from shardsmith.download.process.captions import CaptionSettings
@@ -25,9 +26,7 @@ from shardsmith.download.process.resize import ResizeSettings
 from shardsmith.download.rawcache import encode_fields, write_raw
 from shardsmith.download.sources import plan_parts
 from shardsmith.formats.tario import ShardWriter
-from tests.download.test_part import FAST
-
-RESIZE = ResizeSettings(max_side=64, min_side=8)
+from tests.download.test_part import FAST, RESIZE, _samples
 
 
 def ok_status(n: int) -> list[dict]:
@@ -323,27 +322,30 @@ def _part_in_child(records: str, raw_dir: str, processed: str, source: dict, eve
 
     rawcache.COMMIT_RECORDS = every
     proc = ChildProcessor(processed, RESIZE, CaptionSettings())
+    Path(processed + ".resize-pid").write_text(str(proc._child.pid))
     status = download_part(records, f"{raw_dir}/web-000000.tar", f"{raw_dir}/web-000000.status.parquet", source,
                            {**FAST, "concurrency": 2}, processor=proc, log=lambda m: None)  # fmt: skip
     proc.finish(status, processed.replace(".tar", ".samples.parquet"), processed.replace(".tar", ".rejected.parquet"))
 
 
-def _samples(processed) -> dict[str, tuple]:
-    """Each sample's members, read at the samples table's offsets, and its other columns: what shards use."""
-    table = pd.read_parquet(str(processed).replace(".tar", ".samples.parquet"))
-    data = processed.read_bytes()
-    out = {}
-    for row in table.to_dict("records"):
-        got = tuple(data[row[f"{e}_offset"] : row[f"{e}_offset"] + row[f"{e}_size"]] for e in ("jpg", "txt", "json"))
-        out[row["key"]] = (got, {k: v for k, v in row.items() if not k.endswith(("_offset", "_size"))})
-    return out
+def _rerun_counting_resizes(records: str, raw, processed, source: dict, monkeypatch) -> list[int]:
+    """The part run again (no kill), as the rule runs it but in this process; returns a 1 per image resized."""
+    from shardsmith.download.process import child as child_module
+
+    resized = []
+    real = child_module.process_image
+    monkeypatch.setattr(child_module, "process_image", lambda data, r: resized.append(1) or real(data, r))
+    again = PartProcessor(str(processed), RESIZE, CaptionSettings())
+    status = download_part(records, str(raw / "web-000000.tar"), str(raw / "web-000000.status.parquet"), source,
+                           {**FAST, "concurrency": 2}, processor=again, log=lambda m: None)  # fmt: skip
+    again.finish(status, str(processed).replace(".tar", ".samples.parquet"),
+                 str(processed).replace(".tar", ".rejected.parquet"))  # fmt: skip
+    return resized
 
 
 def test_a_part_killed_while_resizing_reuses_the_committed_samples(tmp_path, http_server, monkeypatch):
     """A part killed mid-download with its child resizing: the rerun resizes no record of the child's last
     commit again, and its samples (bytes and table rows) are those of a run never killed."""
-    from shardsmith.download.process import child as child_module
-
     s = http_server
     n, every = 100, 10
     imgs = [jpeg_bytes(size=(96, 80), color=(i * 2, 50, 9)) for i in range(n)]
@@ -367,21 +369,115 @@ def test_a_part_killed_while_resizing_reuses_the_committed_samples(tmp_path, htt
         time.sleep(0.005)
     os.kill(proc.pid, signal.SIGKILL)
     proc.join()
+    # its resize process goes on with what the pipe still holds (a kill of the job alone; SLURM kills both),
+    # then ends: what it committed by then is what the rerun finds
+    resize_pid = int(Path(str(processed) + ".resize-pid").read_text())
+    deadline = time.monotonic() + 30
+    while _running(resize_pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
     committed = commits.load(processed.parent / ".keep", "web-000000")
     assert committed is not None and len(committed.rows) >= every and not processed.exists()
+    # the resize process commits right after the download's commits: only results of records the rerun keeps
+    assert set(committed.rows["rid"]) <= set(commits.load(raw / ".keep", "web-000000").rows["rid"])
     remove_leftovers([tmp_path / "killed"])  # what the next workflow run does first: the stopped job's temporaries
 
-    resized = []
-    real = child_module.process_image
-    monkeypatch.setattr(child_module, "process_image", lambda data, r: resized.append(1) or real(data, r))
-    again = PartProcessor(str(processed), RESIZE, CaptionSettings())
-    status = download_part(records, str(raw / "web-000000.tar"), str(raw / "web-000000.status.parquet"), source,
-                           {**FAST, "concurrency": 2}, processor=again, log=lambda m: None)  # fmt: skip
-    again.finish(status, str(processed).replace(".tar", ".samples.parquet"),
-                 str(processed).replace(".tar", ".rejected.parquet"))  # fmt: skip
-    assert len(resized) <= n - len(committed.rows)
+    resized = _rerun_counting_resizes(records, raw, processed, source, monkeypatch)
+    assert len(resized) == n - len(committed.rows)  # every committed result copied, every other one made
     assert _samples(processed) == _samples(runs["clean"][1])
     assert not (processed.parent / ".keep").exists() and find_leftovers([tmp_path]) == []
+
+
+def _stoppable_part_in_child(records: str, raw_dir: str, processed: str, source: dict) -> None:
+    """As scripts/download_part.py runs a part: on SIGTERM the resize process is told to stop, and commits."""
+    from shardsmith.download import rawcache
+
+    rawcache.COMMIT_RECORDS = 100_000  # no commit falls due: what is committed, the stop committed
+    proc = ChildProcessor(processed, RESIZE, CaptionSettings())
+    try:
+        with stop_on_sigterm():
+            download_part(records, f"{raw_dir}/web-000000.tar", f"{raw_dir}/web-000000.status.parquet", source,
+                          {**FAST, "concurrency": 2}, processor=proc, log=lambda m: None)  # fmt: skip
+    except Stopped:
+        proc.stop()
+        os._exit(STOPPED_EXIT_CODE)
+
+
+def test_a_part_stopped_by_sigterm_commits_the_samples_its_resize_process_made(tmp_path, http_server, monkeypatch):
+    """SIGTERM with the resize process busy: the job's last commit and the resize process's hold every
+    record and sample done at the stop, so the rerun neither fetches nor resizes them again."""
+    s = http_server
+    n = 100
+    imgs = [jpeg_bytes(size=(96, 80), color=(i * 2, 50, 9)) for i in range(n)]
+    rows = [{"url": s.route(f"/{i}.jpg", Reply(body=imgs[i], delay=0.01)), "caption": f"photo {i}"} for i in range(n)]
+    records, source = manifest_part(tmp_path, rows)
+    clean, raw, processed = (
+        tmp_path / "clean",
+        tmp_path / "stopped" / "raw",
+        tmp_path / "stopped" / "p" / "web-000000.tar",
+    )
+    for d in (clean / "raw", clean / "p", raw, processed.parent):
+        d.mkdir(parents=True)
+    _part_in_child(records, str(clean / "raw"), str(clean / "p" / "web-000000.tar"), source, 10)
+    s.reset_counts()
+
+    proc = multiprocessing.get_context("fork").Process(
+        target=_stoppable_part_in_child, args=(records, str(raw), str(processed), source)
+    )
+    proc.start()
+    deadline = time.monotonic() + 60
+    while s.total() < n * 2 // 3 and time.monotonic() < deadline and proc.is_alive():
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.join(60)
+    assert proc.exitcode == STOPPED_EXIT_CODE
+    fetched = commits.load(raw / ".keep", "web-000000")
+    made = commits.load(processed.parent / ".keep", "web-000000")
+    assert fetched is not None and made is not None and len(made.rows) >= n // 3
+    assert find_leftovers([tmp_path / "stopped"]) == []  # the stop removed its temporaries itself
+    before = {u["url"]: s.count(u["url"].split(str(s.port))[1]) for u in rows}
+
+    resized = _rerun_counting_resizes(records, raw, processed, source, monkeypatch)
+    again = {u for u in before if s.count(u.split(str(s.port))[1]) > before[u]}
+    assert again == {u["url"] for u in rows} - set(fetched.rows["url"])
+    assert set(made.rows["rid"]) <= set(fetched.rows["rid"])
+    assert len(resized) == n - len(made.rows)
+    assert _samples(processed) == _samples(clean / "p" / "web-000000.tar")
+    assert not (processed.parent / ".keep").exists() and find_leftovers([tmp_path]) == []
+
+
+def test_the_resize_process_commits_on_its_own_once_every_record_is_fetched(tmp_path, http_server, monkeypatch):
+    """While the part downloads, results are committed right after the raw cache's commits; once every record
+    is fetched (and committed), the resize process, still busy, commits every so many results by itself."""
+    from shardsmith.download import rawcache
+    from shardsmith.download.process import child as child_module
+
+    s = http_server
+    n = 60
+    rows = [{"url": s.route(f"/{i}.jpg", Reply(body=jpeg_bytes(size=(96, 80), color=(i, 9, 9)))), "caption": f"c{i}"}
+            for i in range(n)]  # fmt: skip
+    records, source = manifest_part(tmp_path, rows)
+    monkeypatch.setattr(rawcache, "COMMIT_RECORDS", 10)
+    real = child_module.process_image
+    monkeypatch.setattr(child_module, "process_image", lambda data, r: time.sleep(0.05) or real(data, r))
+    processed = tmp_path / "p" / "web-000000.tar"
+    processed.parent.mkdir()
+    proc = PartProcessor(str(processed), RESIZE, CaptionSettings())
+    raw = tmp_path / "raw" / "web-000000.tar"
+    status = download_part(records, str(raw), str(raw).replace(".tar", ".status.parquet"), source,
+                           {**FAST, "concurrency": 8}, processor=proc, log=lambda m: None)  # fmt: skip
+    at_download_end = commits.load(processed.parent / ".keep", "web-000000")
+    seen = 0 if at_download_end is None else len(at_download_end.rows)
+    assert seen < n - 10  # the resize process lags behind the fetching
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        got = commits.load(processed.parent / ".keep", "web-000000")
+        if got is not None and len(got.rows) > seen:
+            break
+        time.sleep(0.01)
+    assert got is not None and len(got.rows) > seen
+    proc.finish(status, str(processed).replace(".tar", ".samples.parquet"),
+                str(processed).replace(".tar", ".rejected.parquet"))  # fmt: skip
+    assert not (processed.parent / ".keep").exists()
 
 
 def _job_with_a_resize_process(out: str, pid_file: str) -> None:
