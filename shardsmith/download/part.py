@@ -404,6 +404,9 @@ def _read_shards(
         except Stopped:
             _last_commit(done, label, log)
             raise
+        finally:
+            if resume is not None:
+                resume.keep.close()
     return pd.DataFrame(rows, columns=STATUS_COLUMNS)
 
 
