@@ -7,7 +7,8 @@ with the sample's id (part index << 32 | row: dataset order) and its keep priori
   blocks untouched), so they meet in one group whatever else happens;
 - cell entries: its hash and its mirror's in the `Layout.probes` cells nearest to it, cells being k-means
   centroids trained once on a sample of the dataset (`train_cells`); hashes a few bits apart mostly share
-  a cell, and each cell is searched alone (nearsearch.near_pairs: exact up to `bin_size`, binned above).
+  a cell, and each cell is searched alone (nearsearch.held_pairs: exact up to `bin_size`, above it by
+  sampled-bit tables, whose recall of a pair follows from its distance alone).
   The finer the cells, the more often a pair's two hashes fall nearest to different ones, so the probes
   grow with the cell count (`cell_probes`): recall stays level at any size, the cost per sample grows
   with the probes. With CLIP embeddings as a signal, their own cells the same way (`EMBEDDING_PROBES`).

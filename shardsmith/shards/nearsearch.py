@@ -1,15 +1,20 @@
-"""Pairs of vectors within a threshold, over more vectors than fit in memory: binned, then exact per bin.
+"""Pairs of vectors within a threshold, over more vectors than fit in memory or than can be compared pair by pair.
 
 Two kinds of vector: 64-bit perceptual hashes (uint64 codes, Hamming distance at most `threshold`) and unit
 embeddings (float, cosine similarity at least `threshold`). Up to `bin_size` vectors the search is one exact
-range search (faiss's flat indexes: every pair is compared). Above that, faiss k-means (fixed seed) on a
-sample gives ceil(probes x n / bin_size) centroids; each vector is written to the bins of its `PROBES` nearest
-centroids (in files under `scratch`), and each bin is searched exactly. Memory is then bounded by the largest bin, not
-by n; a near pair is missed only when the two vectors share none of their bins (bench/near_bench.py
-measures how often). Hashes also go through block_pairs, which finds every pair at most 3 bits apart
-whatever the bins did (most resized, recompressed and mirrored copies). `chunks()` is read once to train,
-once to spill, and for hashes 64 more times by block_pairs: callers pass views of arrays they hold. Hamming
-distance on ±1 vectors is a squared L2 distance, so hashes are binned the same way.
+range search (faiss's flat indexes: every pair is compared). Above that:
+- a cell's hashes, held in memory (`held_pairs`, what find_near_pairs runs): sampled-bit tables
+  (`sampled_bit_pairs`): each table keys the hashes by a random draw of their bits and compares the hashes of
+  one key; the tables needed for a pair at the threshold to be found RECALL_AT_THRESHOLD of the time follow
+  from arithmetic, whatever the data (bench/cell_search.py: about a seventh of the bins' CPU, as many pairs);
+- embeddings, and `near_pairs` over chunks (the single search of bench/near_bench.py): faiss k-means (fixed
+  seed) on a sample gives ceil(probes x n / bin_size) centroids; each vector goes to the bins of its
+  `PROBES` nearest centroids (files under `scratch` for near_pairs, row numbers for held_pairs), and each
+  bin is searched exactly. Memory is bounded by the largest bin, not by n; a near pair is missed only when
+  the two vectors share none of their bins. near_pairs' hashes also go through block_pairs, which finds
+  every pair at most 3 bits apart whatever the bins did. `chunks()` is read once to train, once to spill,
+  and for hashes 64 more times by block_pairs: callers pass views of arrays they hold. Hamming distance on
+  ±1 vectors is a squared L2 distance, so hashes are binned the same way.
 
 An id with `MIRROR` set marks a mirrored image's hash: it is compared with the plain hashes only (a pair of
 two mirrored hashes says what the pair of their plain hashes says), so a bin's search asks only its plain
@@ -143,9 +148,9 @@ def near_pairs(
 def held_pairs(
     ids: np.ndarray, x: np.ndarray, threshold: float, binary: bool, bin_size: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """near_pairs over arrays the caller holds (a cell of a bucket job): the same bins and pairs, each bin a
-    set of row numbers into `x` rather than a file of copied vectors, so binning writes nothing and costs
-    probes x 4 bytes a row (no file per bin and chunk to open, append to and read back)."""
+    """The pairs of arrays the caller holds (a cell of a bucket job): hashes above `bin_size` by sampled-bit
+    tables (sampled_bit_pairs), embeddings in near_pairs' bins, each bin a set of row numbers into `x` rather
+    than a file of copied vectors, so binning writes nothing and costs probes x 4 bytes a row."""
     ids = np.asarray(ids, np.int64)
     n = len(ids)
 
@@ -155,6 +160,8 @@ def held_pairs(
 
     if n <= bin_size:
         return best_pairs(*exact_pairs(ids, x, threshold, binary), binary)
+    if binary:
+        return sampled_bit_pairs(ids, x, int(threshold))
     probes = PROBES[binary]
     centroids = _train(chunks, n, math.ceil(probes * n / bin_size), binary)
     quantizer = faiss.IndexFlatL2(centroids.shape[1])
@@ -172,10 +179,152 @@ def held_pairs(
     for s, e in zip(starts, np.r_[starts[1:], len(order)], strict=True):
         rows = order[s:e] // probes
         found.append(exact_pairs(ids[rows], x[rows], threshold, binary))
-    if binary:
-        found += block_pairs(chunks, threshold)
     a, b, score = (np.concatenate([f[i] for f in found]) for i in range(3))
     return best_pairs(a, b, score, binary)
+
+
+# Sampled-bit tables (held_pairs for hashes): each table keys the hashes by `bits` of their 64 bits drawn at
+# random (fixed seed), and hashes of one key are compared. A pair d bits apart shares a table's key when none
+# of its d bits was drawn: probability C(64 - d, bits) / C(64, bits), whatever the other hashes are, so the
+# tables needed for a recall follow from arithmetic, not from how the data clusters (k-means bins' recall
+# does). Keys of about _KEY_ROWS rows keep each table's work near n x _KEY_ROWS / 2 comparisons.
+_KEY_ROWS = 8
+RECALL_AT_THRESHOLD = 0.95  # a pair exactly `threshold` bits apart is found at least this often (nearer: more)
+_MAX_TABLES = 256
+_MAX_BITS = 32  # keys are uint32
+_LONG_RUN = 256  # rows of one key past this are searched exactly (faiss), once per distinct run
+
+
+def sampled_bit_tables(rows: int, threshold: int) -> tuple[int, int]:
+    """(bits a key, tables) for `rows` hashes: keys of about _KEY_ROWS rows were the bits even, and as many tables
+    as it takes for a pair `threshold` bits apart to share a key in one of them with RECALL_AT_THRESHOLD (fewer
+    bits, and larger keys, where that would take more than _MAX_TABLES). A cell's hashes share biased bits, so
+    its keys run larger (about 12 rows a row's key at 18 bits on the 20M bench's cells); more bits would cost
+    more tables for as much (measured flat from 18 to 21 bits)."""
+    threshold = max(0, min(int(threshold), 63))
+    bits = max(1, min(_MAX_BITS, 64 - threshold, math.ceil(math.log2(max(2, rows / _KEY_ROWS)))))
+    while True:
+        tables = _tables(bits, threshold)
+        if tables <= _MAX_TABLES or bits == 1:
+            return bits, min(tables, _MAX_TABLES)
+        bits -= 1
+
+
+def _tables(bits: int, threshold: int) -> int:
+    p = math.comb(64 - threshold, bits) / math.comb(64, bits)
+    return 1 if p >= 1 else math.ceil(math.log(1 - RECALL_AT_THRESHOLD) / math.log1p(-p))
+
+
+def pair_recall(distance: int, bits: int, tables: int) -> float:
+    """The chance that sampled-bit tables find a pair `distance` bits apart."""
+    p = math.comb(64 - distance, bits) / math.comb(64, bits) if distance <= 64 - bits else 0.0
+    return 1 - (1 - p) ** tables
+
+
+def sampled_bit_pairs(ids: np.ndarray, codes: np.ndarray, threshold: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """best_pairs within `threshold` bits among `codes` found by sampled-bit tables (`sampled_bit_tables`): every
+    pair found is true; a pair d bits apart is missed with probability (1 - C(64 - d, bits) / C(64, bits))^tables.
+    Pairs of two mirrored hashes (`MIRROR`) and rows of one id are not paired."""
+    ids = np.asarray(ids, np.int64)
+    codes = np.asarray(codes, np.uint64)
+    n = len(ids)
+    empty = (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32))
+    if n < 2:
+        return empty
+    mirrored = (ids & MIRROR) != 0
+    plain = ids & ~MIRROR
+    bits, tables = sampled_bit_tables(n, threshold)
+    octets = np.ascontiguousarray(codes.astype("<u8").view(np.uint8).reshape(n, 8).T)  # octets[i]: bits 8i..8i+7
+    rng = np.random.default_rng(SEED)
+    seen_runs: set[tuple[int, int, int]] = set()
+    found, held = [], 0
+    for _ in range(tables):
+        key = _sampled_key(octets, np.sort(rng.choice(64, bits, replace=False)))
+        order = _stable_order(key)
+        key = key[order]
+        before = len(found)
+        found += _key_pairs(key, order, codes, plain, mirrored, threshold, seen_runs)
+        held += sum(len(f[0]) for f in found[before:])
+        if held > 4 * n:  # pairs found again by table after table: keep one row a pair
+            found, held = [best_pairs(*(np.concatenate([f[i] for f in found]) for i in range(3)), True)], 0
+    if not found:
+        return empty
+    return best_pairs(*(np.concatenate([f[i] for f in found]) for i in range(3)), True)
+
+
+def _sampled_key(octets: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The bits at `positions` of each code, packed into one integer: a lookup a byte."""
+    key = np.zeros(octets.shape[1], np.uint32)
+    values = np.arange(256, dtype=np.uint32)
+    for rank_from, octet in _by_octet(positions):
+        lut = np.zeros(256, np.uint32)
+        for rank, bit in enumerate(octet):
+            lut |= ((values >> np.uint32(bit)) & np.uint32(1)) << np.uint32(rank_from + rank)
+        key |= lut[octets[int(positions[rank_from]) // 8]]
+    return key
+
+
+def _stable_order(key: np.ndarray) -> np.ndarray:
+    """argsort(key, kind="stable") of uint32 keys as two radix sorts of their 16-bit halves (a third the time)."""
+    low = np.argsort((key & np.uint32(0xFFFF)).astype(np.uint16), kind="stable")
+    return low[np.argsort((key[low] >> np.uint32(16)).astype(np.uint16), kind="stable")]
+
+
+def _by_octet(positions: np.ndarray) -> list[tuple[int, list[int]]]:
+    """(rank of the first, bits within the octet) for each octet that sorted `positions` draw from."""
+    out: list[tuple[int, list[int]]] = []
+    for rank, p in enumerate(positions.tolist()):
+        if out and positions[out[-1][0]] // 8 == p // 8:
+            out[-1][1].append(p % 8)
+        else:
+            out.append((rank, [p % 8]))
+    return out
+
+
+def _key_pairs(
+    key: np.ndarray,
+    order: np.ndarray,
+    codes: np.ndarray,
+    plain: np.ndarray,
+    mirrored: np.ndarray,
+    threshold: int,
+    seen_runs: set[tuple[int, int, int]],
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Pairs among rows of one key (`key` sorted, `order` the rows): in a run, each row with the rows after it, a
+    step at a time over the rows that still have one that far (the work is the comparisons); a run past
+    _LONG_RUN rows searched exactly instead, once whatever the tables it comes back in (a cluster of
+    near-identical hashes shares most keys)."""
+    found = []
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    lengths = np.diff(np.r_[starts, len(key)])
+    short = np.ones(len(key), bool)
+    for s, length in zip(starts[lengths > _LONG_RUN].tolist(), lengths[lengths > _LONG_RUN].tolist(), strict=True):
+        rows = np.sort(order[s : s + length])
+        short[s : s + length] = False
+        mark = (len(rows), int(np.bitwise_xor.reduce(rows)), int(rows.sum()))
+        if mark not in seen_runs:
+            seen_runs.add(mark)
+            ids = np.where(mirrored[rows], plain[rows] | MIRROR, plain[rows])
+            found.append(exact_pairs(ids, codes[rows], threshold, True))
+    if not short.all():
+        key, order = key[short], order[short]
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        lengths = np.diff(np.r_[starts, len(key)])
+    # each row is compared with the rows after it in its run: at step s, the rows with s or more after them
+    after = np.repeat(starts + lengths, lengths) - np.arange(len(key)) - 1
+    live = np.flatnonzero(after >= 1)
+    code = codes[order]
+    step = 1
+    while len(live):
+        d = np.bitwise_count(code[live] ^ code[live + step])
+        near = live[d <= threshold]
+        if len(near):
+            a, b = order[near], order[near + step]
+            ok = (plain[a] != plain[b]) & ~(mirrored[a] & mirrored[b])
+            found.append((plain[a[ok]], plain[b[ok]], d[d <= threshold][ok].astype(np.float32)))
+        step += 1
+        live = live[after[live] >= step]
+    return found
 
 
 _HELD_CHUNK = 100_000

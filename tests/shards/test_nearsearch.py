@@ -1,10 +1,21 @@
-"""The pair search: exact up to bin_size (the same pairs as comparing every pair), binned above it (pairs
-found are all true, most planted pairs are found, the scratch files are removed)."""
+"""The pair search: exact up to bin_size (the same pairs as comparing every pair), above it binned (embeddings,
+and the whole-dataset search through files) or by sampled-bit tables (a cell's hashes): pairs found are all
+true, planted pairs are found as often as the arithmetic says, the scratch files are removed."""
 
 import numpy as np
 import pytest
 
-from shardsmith.shards.nearsearch import MIRROR, exact_pairs, held_pairs, near_pairs, same_key_pairs
+from shardsmith.shards.nearsearch import (
+    MIRROR,
+    RECALL_AT_THRESHOLD,
+    exact_pairs,
+    held_pairs,
+    near_pairs,
+    pair_recall,
+    same_key_pairs,
+    sampled_bit_pairs,
+    sampled_bit_tables,
+)
 
 
 def random_codes(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -120,25 +131,92 @@ def test_mirrored_hashes_pair_with_plain_hashes_only():
     assert got == {(0, 1)}
 
 
-@pytest.mark.parametrize("binary", [True, False])
-def test_bins_of_row_numbers_give_the_pairs_of_bins_in_files(tmp_path, binary):
-    """held_pairs (a bucket job's cells, in memory) bins as near_pairs does through files: the same pairs and
-    scores, mirrored rows included; nothing is written."""
+def test_bins_of_row_numbers_give_the_pairs_of_bins_in_files(tmp_path):
+    """held_pairs (a bucket job's cells, in memory) bins embeddings as near_pairs does through files: the same
+    pairs and scores; nothing is written."""
     rng = np.random.default_rng(5)
     n = 5000
-    if binary:
-        codes = random_codes(rng, n)
-        plant(rng, codes, 9, 8)
-        ids = np.arange(n, dtype=np.int64)
-        ids[n // 2 :] = (ids[n // 2 :] - n // 2) | MIRROR  # the second half: mirror hashes of the first
-        x, threshold = codes, 8
-    else:
-        x = rng.normal(size=(n, 16)).astype(np.float32)
-        x[1::9] = x[0::9][: len(x[1::9])] + rng.normal(scale=0.05, size=(len(x[1::9]), 16))
-        x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
-        ids, threshold = np.arange(n, dtype=np.int64), 0.95
-    want = near_pairs(chunked(ids, x), n, threshold, binary, bin_size=600, scratch=tmp_path / "bins")
-    got = held_pairs(ids, x, threshold, binary, bin_size=600)
+    x = rng.normal(size=(n, 16)).astype(np.float32)
+    x[1::9] = x[0::9][: len(x[1::9])] + rng.normal(scale=0.05, size=(len(x[1::9]), 16))
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
+    ids = np.arange(n, dtype=np.int64)
+    want = near_pairs(chunked(ids, x), n, 0.95, False, bin_size=600, scratch=tmp_path / "bins")
+    got = held_pairs(ids, x, 0.95, False, bin_size=600)
     assert len(want[0]) > 100
     assert all((w == g).all() for w, g in zip(want, got, strict=True))
     assert not list((tmp_path / "bins").iterdir())
+
+
+def mirrored_cell(rng: np.random.Generator, n: int, every: int, max_bits: int):
+    """A cell as a bucket job holds it: n plain hashes, then as many mirror hashes (random: a mirror image's
+    hash is another hash), every `every`-th plain hash a planted copy of the one before."""
+    plain = random_codes(rng, n)
+    planted = plant(rng, plain, every, max_bits)
+    ids = np.r_[np.arange(n), np.arange(n) | MIRROR].astype(np.int64)
+    return ids, np.r_[plain, random_codes(rng, n)], planted
+
+
+def test_a_cells_hashes_above_bin_size_are_searched_by_sampled_bit_tables():
+    """held_pairs on hashes past bin_size: every pair found is true, with its distance; rows of one id and two
+    mirror rows are never paired; planted pairs are found at least as often as the tables' arithmetic says;
+    the same rows in another order give the same pairs."""
+    rng = np.random.default_rng(5)
+    n = 6000
+    ids, codes, planted = mirrored_cell(rng, n, 3, 8)
+    a, b, d = held_pairs(ids, codes, 8, True, bin_size=600)
+    found = set(zip(a.tolist(), b.tolist(), strict=True))
+    plain = codes[:n]
+    truth = brute_force(plain, 8)
+    mirror_pairs = set()  # a sample's mirror hash near another's plain hash
+    for i in range(n):
+        near = np.flatnonzero(np.bitwise_count(plain ^ codes[n + i]) <= 8).tolist()
+        mirror_pairs |= {(min(i, j), max(i, j)) for j in near if j != i}
+    assert found <= truth | mirror_pairs
+    assert (a < b).all() and (d <= 8).all()
+    best = np.minimum(np.minimum(np.bitwise_count(plain[a] ^ plain[b]), np.bitwise_count(codes[n + a] ^ plain[b])),
+                      np.bitwise_count(plain[a] ^ codes[n + b]))  # fmt: skip
+    assert (d == best).all()
+    bits, tables = sampled_bit_tables(len(ids), 8)
+    for distance in range(4, 9):
+        at = [p for p in planted if np.bitwise_count(plain[p[0]] ^ plain[p[1]]) == distance]
+        expected = pair_recall(distance, bits, tables)
+        assert len(found.intersection(at)) >= (expected - 4 * np.sqrt(expected * (1 - expected) / len(at))) * len(at)
+    order = rng.permutation(len(ids))
+    again = held_pairs(ids[order], codes[order], 8, True, bin_size=600)
+    assert all((x == y).all() for x, y in zip((a, b, d), again, strict=True))
+
+
+def test_sampled_bit_tables_find_a_pair_at_the_threshold_as_often_as_asked():
+    """The tables' arithmetic: keys of about eight rows, and enough tables for a pair `threshold` bits apart to
+    share a key RECALL_AT_THRESHOLD of the time (checked on planted pairs), nearer pairs more often."""
+    for rows in (1000, 60_000, 1_000_000, 20_000_000):
+        bits, tables = sampled_bit_tables(rows, 8)
+        assert 4 <= rows / 2**bits <= 16
+        assert pair_recall(8, bits, tables) >= RECALL_AT_THRESHOLD > pair_recall(8, bits, tables - 1)
+        assert pair_recall(4, bits, tables) > pair_recall(8, bits, tables)
+    rng = np.random.default_rng(9)
+    ids, codes, planted = mirrored_cell(rng, 20_000, 2, 1)
+    for i, j in planted:  # every planted pair exactly 8 bits apart
+        codes[j] = codes[i] ^ np.bitwise_or.reduce(np.uint64(1) << rng.choice(64, 8, replace=False).astype(np.uint64))
+    a, b, _ = sampled_bit_pairs(ids, codes, 8)
+    share = len(planted & set(zip(a.tolist(), b.tolist(), strict=True))) / len(planted)
+    assert share >= RECALL_AT_THRESHOLD - 0.02
+
+
+def test_a_cluster_of_near_identical_hashes_is_found_as_often_as_other_pairs():
+    """Hundreds of hashes a bit or two apart share most keys: their long runs are searched exactly (each
+    distinct run once), and the cluster's pairs are found as often as the tables' arithmetic says."""
+    rng = np.random.default_rng(11)
+    ids, codes, _ = mirrored_cell(rng, 3000, 10**9, 1)
+    base = codes[0]
+    for i in range(1, 700):
+        codes[i] = base ^ np.bitwise_or.reduce(np.uint64(1) << rng.choice(64, 2, replace=False).astype(np.uint64))
+    a, b, d = sampled_bit_pairs(ids, codes, 8)
+    found = set(zip(a.tolist(), b.tolist(), strict=True))
+    cluster = {(i, j) for i, j in brute_force(codes[:3000], 8) if j < 700}
+    assert len(cluster) > 200_000
+    bits, tables = sampled_bit_tables(len(ids), 8)
+    expected = sum(pair_recall(int(np.bitwise_count(codes[i] ^ codes[j])), bits, tables) for i, j in cluster)
+    assert len(found & cluster) >= expected - 4 * np.sqrt(len(cluster))
+    inside = b < 700
+    assert (d[inside] == np.bitwise_count(codes[a[inside]] ^ codes[b[inside]])).all()
