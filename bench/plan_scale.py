@@ -344,6 +344,7 @@ def extrapolate(results: list[dict], n: int, plans: list[dict] = (), splits: lis
         "groups": groups,
         "pairs": round(drivers["pairs"]),
     }
+    total_cpu: dict[str, float] = {}
     for kind, got in large["jobs"].items():
         if kind.startswith("list_"):  # local jobs that write a list of file names: a few bytes a file
             out[kind] = {"jobs": 1, "peak_mib": round(got["max_peak_mib"]), "cpu_min": round(got["max_cpu_s"] / 60, 1)}
@@ -381,6 +382,8 @@ def extrapolate(results: list[dict], n: int, plans: list[dict] = (), splits: lis
             cpu = fit(was["max_cpu_s"], got["max_cpu_s"], cpu_by)
             peak = got["max_peak_mib"] if mem_by == "bounded" else fit(was["max_peak_mib"], got["max_peak_mib"], mem_by)
         out[kind] = {"jobs": count, "peak_mib": round(peak), "cpu_min": round(cpu / 60, 1)}
+        mean = got["total_cpu_s"] / got["count"] / got["max_cpu_s"] if kind in PER_PIECE and got["max_cpu_s"] else 1
+        total_cpu[kind] = count * cpu * mean  # the pieces' mean, not their largest
     shards = n / SAMPLES_PER_SHARD
     if len(plans) >= 2:  # plan_shards measured alone at thousands of parts; below the first, that one's figures
         a, b = plans[0], plans[-1]
@@ -391,6 +394,10 @@ def extrapolate(results: list[dict], n: int, plans: list[dict] = (), splits: lis
 
         cpu_min = round(line("cpu_s") / 60, 1)
         out["plan_shards"] = {"jobs": 1, "peak_mib": round(line("peak_mib")), "cpu_min": cpu_min}
+        total_cpu["plan_shards"] = line("cpu_s")
+    # every job's CPU (its count times its CPU, unrounded) over the samples: the target's measure
+    out["cpu_us_per_sample"] = round(sum(total_cpu.values()) / n * 1e6, 1)
+    out["cpu_us_per_sample_by_job"] = {k: round(v / n * 1e6, 1) for k, v in sorted(total_cpu.items()) if v / n > 5e-7}
     return out
 
 

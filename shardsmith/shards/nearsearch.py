@@ -6,7 +6,7 @@ range search (faiss's flat indexes: every pair is compared). Above that:
 - a cell's hashes, held in memory (`held_pairs`, what find_near_pairs runs): sampled-bit tables
   (`sampled_bit_pairs`): each table keys the hashes by a random draw of their bits and compares the hashes of
   one key; the tables needed for a pair at the threshold to be found RECALL_AT_THRESHOLD of the time follow
-  from arithmetic, whatever the data (bench/cell_search.py: about a seventh of the bins' CPU, as many pairs);
+  from arithmetic, whatever the data (bench/cell_search.py: under a fifth of the bins' CPU, as many pairs);
 - embeddings, and `near_pairs` over chunks (the single search of bench/near_bench.py): faiss k-means (fixed
   seed) on a sample gives ceil(probes x n / bin_size) centroids; each vector goes to the bins of its
   `PROBES` nearest centroids (files under `scratch` for near_pairs, row numbers for held_pairs), and each
