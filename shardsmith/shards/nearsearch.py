@@ -237,7 +237,7 @@ def sampled_bit_pairs(ids: np.ndarray, codes: np.ndarray, threshold: int) -> tup
     octets = np.ascontiguousarray(codes.astype("<u8").view(np.uint8).reshape(n, 8).T)  # octets[i]: bits 8i..8i+7
     rng = np.random.default_rng(SEED)
     seen_runs: set[tuple[int, int, int]] = set()
-    found, held = [], 0
+    found, held, limit = [], 0, 4 * n
     for _ in range(tables):
         key = _sampled_key(octets, np.sort(rng.choice(64, bits, replace=False)))
         order = _stable_order(key)
@@ -245,8 +245,10 @@ def sampled_bit_pairs(ids: np.ndarray, codes: np.ndarray, threshold: int) -> tup
         before = len(found)
         found += _key_pairs(key, order, codes, plain, mirrored, threshold, seen_runs)
         held += sum(len(f[0]) for f in found[before:])
-        if held > 4 * n:  # pairs found again by table after table: keep one row a pair
-            found, held = [best_pairs(*(np.concatenate([f[i] for f in found]) for i in range(3)), True)], 0
+        if held > limit:  # pairs found again by table after table: keep one row a pair
+            found = [best_pairs(*(np.concatenate([f[i] for f in found]) for i in range(3)), True)]
+            held = len(found[0][0])
+            limit = held + 4 * n
     if not found:
         return empty
     return best_pairs(*(np.concatenate([f[i] for f in found]) for i in range(3)), True)
