@@ -79,11 +79,12 @@ def planted(rng, n: int, pairs: int, bits: tuple[int, int]) -> tuple[np.ndarray,
     return codes, truth
 
 
-def test_the_same_pairs_and_decisions_with_one_bucket_or_many(tmp_path):
+@pytest.mark.parametrize("bin_size", [20_000, 500])  # 500: the cells' hashes searched by sampled-bit tables
+def test_the_same_pairs_and_decisions_with_one_bucket_or_many(tmp_path, bin_size):
     rng = np.random.default_rng(5)
     codes, _ = planted(rng, 6000, 300, (1, 8))
     paths = write_parts(tmp_path, codes, ~codes, 4)
-    s = NearSettings(phash_max_distance=8)
+    s = NearSettings(phash_max_distance=8, bin_size=bin_size)
     results = [
         find_near_duplicates(paths, ["p0", "p1", "p2", "p3"], s, layout=Layout(cells=5, buckets=b))[0]
         for b in (1, 3, 7)
