@@ -67,7 +67,7 @@ class NearSettings:
     near: str = "report"  # report | exclude | off
     phash_max_distance: int = 8  # Hamming distance (of 64 bits) at or under which two images are near
     embedding_min_similarity: float | None = None  # cosine similarity at or over which two images are near
-    bin_size: int = 20_000  # vectors searched together (shardsmith.shards.nearsearch): bounds the step's memory
+    bin_size: int = 20_000  # a cell searched exactly up to this many (shardsmith.shards.nearsearch)
     cell_samples: int = 500_000  # samples a cell holds (nearparts): more cells, smaller searches
     cell_probes: int | None = None  # cells each hash goes to; None: as many as the cell count needs for recall
     bucket_samples: int = 500_000  # samples' entries a bucket job reads: sets the jobs' size

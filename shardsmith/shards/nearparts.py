@@ -396,8 +396,8 @@ def _by_group(t: pd.DataFrame) -> Iterator[pd.DataFrame]:
 
 
 def _cell_pairs(t: pd.DataFrame, binary: bool, threshold: float, bin_size: int):
-    """The near pairs of one cell, its hashes before its mirror hashes, each in dataset order: the order the
-    search of the whole dataset reads them in (k-means trains on a strided sample of it)."""
+    """The near pairs of one cell, its hashes before its mirror hashes, each in dataset order (embeddings' k-means
+    trains on a strided sample of that order; the hashes' tables find the same pairs in any order)."""
     t = t.iloc[np.lexsort((t["id"].to_numpy(), t["mirror"].to_numpy()))]
     ids = np.where(t["mirror"].to_numpy(bool), t["id"].to_numpy(np.int64) | MIRROR, t["id"].to_numpy(np.int64))
     if binary:

@@ -23,6 +23,7 @@ hashes, half the distances of asking every row.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import shutil
@@ -235,11 +236,10 @@ def sampled_bit_pairs(ids: np.ndarray, codes: np.ndarray, threshold: int) -> tup
     plain = ids & ~MIRROR
     bits, tables = sampled_bit_tables(n, threshold)
     octets = np.ascontiguousarray(codes.astype("<u8").view(np.uint8).reshape(n, 8).T)  # octets[i]: bits 8i..8i+7
-    rng = np.random.default_rng(SEED)
-    seen_runs: set[tuple[int, int, int]] = set()
+    seen_runs: set[bytes] = set()
     found, held, limit = [], 0, 4 * n
-    for _ in range(tables):
-        key = _sampled_key(octets, np.sort(rng.choice(64, bits, replace=False)))
+    for table in range(tables):
+        key = _sampled_key(octets, table_bits(table, bits))
         order = _stable_order(key)
         key = key[order]
         before = len(found)
@@ -252,6 +252,13 @@ def sampled_bit_pairs(ids: np.ndarray, codes: np.ndarray, threshold: int) -> tup
     if not found:
         return empty
     return best_pairs(*(np.concatenate([f[i] for f in found]) for i in range(3)), True)
+
+
+def table_bits(table: int, bits: int) -> np.ndarray:
+    """The bit positions a table draws, sorted: the first `bits` of the 64 in an order set by hashing (SEED, table,
+    position), so the same on any machine and numpy release (numpy's generators keep no such promise)."""
+    rank = [hashlib.blake2b(f"{SEED}:{table}:{p}".encode(), digest_size=8).digest() for p in range(64)]
+    return np.sort(np.array(sorted(range(64), key=rank.__getitem__)[:bits], np.int64))
 
 
 def _sampled_key(octets: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -290,12 +297,12 @@ def _key_pairs(
     plain: np.ndarray,
     mirrored: np.ndarray,
     threshold: int,
-    seen_runs: set[tuple[int, int, int]],
+    seen_runs: set[bytes],
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Pairs among rows of one key (`key` sorted, `order` the rows): in a run, each row with the rows after it, a
     step at a time over the rows that still have one that far (the work is the comparisons); a run past
-    _LONG_RUN rows searched exactly instead, once whatever the tables it comes back in (a cluster of
-    near-identical hashes shares most keys)."""
+    _LONG_RUN rows searched exactly instead, once for each distinct set of rows whatever the tables it comes
+    back in (a cluster of near-identical hashes shares most keys)."""
     found = []
     starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     lengths = np.diff(np.r_[starts, len(key)])
@@ -303,7 +310,7 @@ def _key_pairs(
     for s, length in zip(starts[lengths > _LONG_RUN].tolist(), lengths[lengths > _LONG_RUN].tolist(), strict=True):
         rows = np.sort(order[s : s + length])
         short[s : s + length] = False
-        mark = (len(rows), int(np.bitwise_xor.reduce(rows)), int(rows.sum()))
+        mark = hashlib.blake2b(rows.tobytes(), digest_size=16).digest()  # the rows themselves, not their count
         if mark not in seen_runs:
             seen_runs.add(mark)
             ids = np.where(mirrored[rows], plain[rows] | MIRROR, plain[rows])

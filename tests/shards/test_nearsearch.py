@@ -220,3 +220,42 @@ def test_a_cluster_of_near_identical_hashes_is_found_as_often_as_other_pairs():
     assert len(found & cluster) >= expected - 4 * np.sqrt(len(cluster))
     inside = b < 700
     assert (d[inside] == np.bitwise_count(codes[a[inside]] ^ codes[b[inside]])).all()
+
+
+def test_sampled_bit_tables_never_pair_two_mirror_rows_or_a_sample_with_itself():
+    """Above bin_size, as in the exact search: mirror hashes near each other (also as a long run of one key) and a
+    sample's mirror hash near its own hash make no pair; a mirror hash near another sample's hash does."""
+    rng = np.random.default_rng(13)
+    n = 2000
+    plain, mirror = random_codes(rng, n), random_codes(rng, n)
+    for i in range(1, 400):  # 400 mirror hashes a bit apart: one key in most tables, a run past 256 rows
+        mirror[i] = mirror[0] ^ (np.uint64(1) << np.uint64(int(rng.integers(0, 64))))
+    mirror[500] = plain[500] ^ np.uint64(0b101)  # a sample's own mirror hash near its hash
+    mirror[600] = plain[601] ^ np.uint64(0b11)  # sample 600 mirrored is sample 601: a pair
+    ids = np.r_[np.arange(n), np.arange(n) | MIRROR].astype(np.int64)
+    a, b, d = held_pairs(ids, np.r_[plain, mirror], 8, True, bin_size=100)
+    got = dict(zip(zip(a.tolist(), b.tolist(), strict=True), d.tolist(), strict=True))
+    assert got.get((600, 601)) == 2.0
+    assert not [p for p in got if p[0] < 400 and p[1] < 400]  # no pair of the mirror cluster
+    assert (500, 500) not in got and (a != b).all()
+
+
+def test_sampled_keys_are_the_drawn_bits_and_their_order_a_stable_sort():
+    """The key of a code is its drawn bits, packed in order (checked bit by bit), and the rows' order is what a
+    stable argsort of the keys gives, past 16 bits too; the draws are fixed."""
+    from shardsmith.shards.nearsearch import _sampled_key, _stable_order, table_bits
+
+    rng = np.random.default_rng(17)
+    codes = random_codes(rng, 3000)
+    octets = np.ascontiguousarray(codes.astype("<u8").view(np.uint8).reshape(-1, 8).T)
+    for table, bits in ((0, 5), (1, 17), (2, 32)):
+        positions = table_bits(table, bits)
+        assert len(set(positions.tolist())) == bits and (positions == table_bits(table, bits)).all()
+        slow = np.zeros(len(codes), np.uint64)
+        for rank, p in enumerate(positions.tolist()):
+            slow |= ((codes >> np.uint64(p)) & np.uint64(1)) << np.uint64(rank)
+        key = _sampled_key(octets, positions)
+        assert (key.astype(np.uint64) == slow).all()
+        key = key // 7 if bits > 16 else key  # repeated keys past 16 bits
+        assert (_stable_order(key) == np.argsort(key, kind="stable")).all()
+    assert not (table_bits(0, 17) == table_bits(1, 17)).all()
