@@ -9,6 +9,7 @@ sys.path.insert(0, workflow.basedir)  # the shardsmith package beside this Snake
 
 from shardsmith.core.config import check_config, plain_data, schema_error_message
 from shardsmith.core.errors import ConfigError
+from shardsmith.formats.energon import sqlite_wanted as energon_sqlite_wanted
 from shardsmith.formats.index import INDEX_FILES
 from shardsmith.report.summary import print_failure, print_success, stop_scheduler_timers
 
@@ -502,7 +503,15 @@ def get_loader_files(wildcards):
         *expand(rules.write_shard.output.dali_index, shard=shards),
         *expand(rules.write_shard.output.energon_index, shard=shards),
         *rules.write_energon_meta.output,
+        *get_energon_sqlite(wildcards),
     ]
+
+
+def get_energon_sqlite(wildcards):
+    """Energon's index.sqlite, where loaders.energon_sqlite asks for it for the planned shards' samples."""
+    samples = len(get_shard_ids()) * config["samples_per_shard"]  # at most: every shard full
+    wanted = energon_sqlite_wanted(config["loaders"]["energon_sqlite"], samples)
+    return [rules.write_energon_sqlite.output[0]] if wanted else []
 
 
 def get_publish_files(wildcards):

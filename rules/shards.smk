@@ -486,15 +486,15 @@ rule index_shards:
         "../scripts/index_shards.py"
 
 
-# Megatron-Energon's .nv-meta/ (what `energon prepare` writes), from the member tables: no tar is read again.
+# Megatron-Energon's .nv-meta/ (what `energon prepare` writes) from the shards' info files: no tar is read
+# again, and the job reads a few bytes a shard.
 rule write_energon_meta:
     input:
-        members=get_shard_members,
+        infos=get_shard_infos,
         plan_dir=PLANNED,
     output:
         info=f"{OUT}/.nv-meta/.info.json",
         dataset=f"{OUT}/.nv-meta/dataset.yaml",
-        index=f"{OUT}/.nv-meta/index.sqlite",
         split=f"{OUT}/.nv-meta/split.yaml",
         uuid=f"{OUT}/.nv-meta/index.uuid",
     log:
@@ -504,9 +504,27 @@ rule write_energon_meta:
         "../envs/shards.yaml"
     params:
         val_shards=config["loaders"]["energon_val_shards"],
-        scratch=SCRATCH,  # SQLite sorts for its indexes in temporary files: here, not in a node's small /tmp
     script:
         "../scripts/write_energon_meta.py"
+
+
+# Energon's index by key, one writer for the whole dataset: only where loaders.energon_sqlite asks for it
+# (get_energon_sqlite); training and `energon lint` do without it.
+rule write_energon_sqlite:
+    input:
+        members=get_shard_members,
+        plan_dir=PLANNED,
+    output:
+        f"{OUT}/.nv-meta/index.sqlite",
+    log:
+        f"{LOGS}/write_energon_sqlite.log",
+    priority: 1  # on the way to publish_dataset: ahead of the report jobs
+    conda:
+        "../envs/shards.yaml"
+    params:
+        scratch=SCRATCH,  # SQLite sorts for its indexes in temporary files: here, not in a node's small /tmp
+    script:
+        "../scripts/write_energon_sqlite.py"
 
 
 # Each shard is validated by the job that wrote it (write_shard); this checks the dataset as a whole.
@@ -516,6 +534,7 @@ rule validate_dataset:
         reports=get_validation_reports,
         sizes=rules.index_shards.output.sizes,
         energon_info=rules.write_energon_meta.output.info,  # .nv-meta/ is checked against sizes.json
+        energon_sqlite=get_energon_sqlite,  # and its index.sqlite, where one is written
         plan_dir=PLANNED,
     output:
         f"{OUT}/validation.json",

@@ -17,6 +17,7 @@ def main() -> None:
         planned=planned_keys(listed_files(snakemake.input.key_drops), near),
         tmp=str(Path(snakemake.output[0]).parent),  # beside the outputs, not in a node's small /tmp
         energon_dir=str(Path(snakemake.input.energon_info).parent.parent),  # the folder .nv-meta/ is in
+        energon_sqlite=bool(snakemake.input.energon_sqlite),  # written where loaders.energon_sqlite asks for it
     )
     write_json(snakemake.output[0], summary)
     print(f"valid: {summary['samples']} samples in {summary['shards']} shards, read with {summary['loader']}")

@@ -309,3 +309,22 @@ def test_the_kill_bench_kills_a_tiny_part_and_checks_its_rerun(tmp_path):
     assert got["part"]["failures"] == {"404": 1, "410": 1, "truncated": 1} and got["reference"]["samples"] == 57
     cost = got["commit_cost"]  # at the defaults a 60-record part commits once, when every record is fetched
     assert len(cost["runs"]) == 2 and cost["cost_share_at_defaults"] > 0 and s["commit_cost"]["met"] in (True, False)
+
+
+def test_the_energon_bench_runs_both_jobs_and_extrapolates_each_by_what_it_grows_with(tmp_path):
+    """bench/energon_scale.py at a tiny size: the meta job over generated info files, the index over member tables;
+    the index is real (Energon's rows for every sample) and its job's figures are the job's own."""
+    import sqlite3
+
+    from bench.energon_scale import extrapolate, measure_meta, measure_sqlite
+
+    meta = [measure_meta(n, tmp_path / f"m{n}") for n in (20, 80)]
+    sqlite = [measure_sqlite(n, tmp_path / f"s{n}") for n in (500, 25_000)]
+    assert all(m["cpu_s"] > 0 and m["peak_mib"] > 0 for m in meta + sqlite)
+    assert sqlite[1]["sqlite_bytes"] > sqlite[0]["sqlite_bytes"] > 0
+    db = sqlite3.connect(tmp_path / "s25000" / ".nv-meta" / "index.sqlite")
+    assert db.execute("SELECT COUNT(*), COUNT(DISTINCT tar_file_id) FROM samples").fetchone() == (25_000, 3)
+    assert db.execute("SELECT COUNT(*) FROM sample_parts").fetchone() == (75_000,)
+    got = extrapolate(meta, sqlite)
+    assert got["LAION-5B"]["shards"] == 117_000 and got["CC12M"]["shards"] == 1_243
+    assert got["LAION-5B"]["write_energon_sqlite"]["sqlite_gb"] > got["LAION-400M"]["write_energon_sqlite"]["sqlite_gb"]

@@ -11,11 +11,15 @@ Energon reads a WebDataset folder only once it is "prepared":
   `image: jpg` and `caption: txt`;
 - `.nv-meta/index.sqlite`: tables `samples` (tar_file_id, sample_key, sample_index, byte_offset, byte_size)
   and `sample_parts` (tar_file_id, sample_index, part_name, content_byte_offset, content_byte_size), with
-  the indexes energon creates, for random access by key;
+  the indexes energon creates, for access by key: joined datasets, auxiliary datasets (`as_file_store`),
+  `energon mount` and media metadata read it; training (`get_train_dataset`, `get_val_dataset`) and
+  `energon lint` read only `.info.json`, `split.yaml` and the `.tar.idx` files. One process fills it (about
+  280 bytes and 28 us a sample: bench/energon_scale.py), so `loaders.energon_sqlite: auto` writes it only up to SQLITE_AUTO_SAMPLES;
 - `.nv-meta/index.uuid`: an id of the index. `energon prepare` draws a random one; here it is derived from
-  the content (same shards, same id), so a rebuild writes the same bytes.
+  the shards' hashes (same shards, same id), so a rebuild writes the same bytes.
 
-Written from the member offsets write_shard recorded (no tar is read), and checked the way energon reads
+Written from what write_shard recorded (no tar is read): `.info.json` and the id from its info files, a few
+bytes a shard; index.sqlite from its member offsets, every sample's. Checked the way energon reads
 them: the per-shard index in write_shard against the shard re-read with tarfile, the rest in
 validate_dataset against sizes.json.
 """
@@ -41,6 +45,9 @@ SAMPLE_TYPE = {"__module__": "megatron.energon", "__class__": "CaptioningSample"
 FIELD_MAP = {"image": "jpg", "caption": "txt"}
 INFO, SPLIT, DATASET, SQLITE, UUID = ".info.json", "split.yaml", "dataset.yaml", "index.sqlite", "index.uuid"
 META_FILES = tuple(f"{META}/{name}" for name in (INFO, DATASET, SQLITE, SPLIT, UUID))  # relative to the dataset folder
+# `loaders.energon_sqlite: auto` writes index.sqlite for datasets of at most this many samples: about 14 GB and
+# 24 minutes in its one job; LAION-400M's would be ~116 GB and 3.3 hours, LAION-5B's ~1.6 TB and 46 hours.
+SQLITE_AUTO_SAMPLES = 50_000_000
 _HEADER = 512  # one USTAR header block before each member's data
 _SCHEMA = (
     "CREATE TABLE samples (tar_file_id INTEGER NOT NULL, sample_key TEXT NOT NULL UNIQUE, "
@@ -130,16 +137,42 @@ def dataset_yaml() -> str:
     return _yaml({"sample_type": dict(SAMPLE_TYPE), "field_map": dict(FIELD_MAP)})
 
 
+def sqlite_wanted(setting: bool | str, samples: int) -> bool:
+    """Whether `loaders.energon_sqlite` (true, false or auto) asks for index.sqlite for this many samples."""
+    if setting == "auto":
+        return samples <= SQLITE_AUTO_SAMPLES
+    if isinstance(setting, bool):
+        return setting
+    raise EnergonError(f"loaders.energon_sqlite: {setting!r} is not true, false or auto")
+
+
 def write_meta(
-    out_dir: str | os.PathLike, shards: Iterable[tuple[str, Sequence[TarMember]]], val_shards: int = 0
+    out_dir: str | os.PathLike, shards: Iterable[tuple[str, int, str]], val_shards: int = 0
 ) -> dict[str, int]:
-    """Write `.nv-meta/` for the shards (name and members, in shard order); returns {shard: samples}.
+    """Write `.nv-meta/` but its index.sqlite (write_sqlite) for the shards (name, samples and the tar's sha256, in
+    shard order, as write_shard's info files give them: a few bytes a shard, whatever its samples); returns
+    {shard: samples}. The index's id is derived from the shards' names and hashes: same shards, same id."""
+    meta = Path(out_dir) / META
+    counts: dict[str, int] = {}
+    digest = hashlib.sha256()
+    for name, samples, sha256 in shards:
+        counts[name] = int(samples)
+        digest.update(f"{name} {sha256}\n".encode())
+    info = {"energon_version": FORMAT_VERSION, "shard_counts": counts}
+    atomic_write_text(meta / INFO, json.dumps(info, indent=2, sort_keys=True))  # no final newline, as energon's
+    atomic_write_text(meta / SPLIT, _yaml({"split_parts": split_parts(list(counts), val_shards), "exclude": []}))
+    atomic_write_text(meta / DATASET, dataset_yaml())
+    atomic_write_text(meta / UUID, str(uuid.UUID(bytes=digest.digest()[:16], version=4)))
+    return counts
+
+
+def write_sqlite(out_dir: str | os.PathLike, shards: Iterable[tuple[str, Sequence[TarMember]]]) -> int:
+    """Write `.nv-meta/index.sqlite` for the shards (name and members, in shard order); returns the samples.
 
     One shard's members are held at a time: the index is filled as they come, then indexed once.
     """
     meta = Path(out_dir) / META
-    counts: dict[str, int] = {}
-    digest = hashlib.sha256()
+    total = 0
     with atomic_path(meta / SQLITE) as tmp:
         db = sqlite3.connect(tmp, isolation_level=None)
         try:
@@ -148,9 +181,9 @@ def write_meta(
             db.execute("BEGIN")
             for statement in _SCHEMA:
                 db.execute(statement)
-            for tar_id, (name, members) in enumerate(shards):
+            for tar_id, (_, members) in enumerate(shards):
                 spans = sample_spans(members)
-                counts[name] = len(spans)
+                total += len(spans)
                 db.executemany(
                     "INSERT INTO samples VALUES (?, ?, ?, ?, ?)",
                     ((tar_id, key, i, start, end - start) for i, (key, start, end) in enumerate(spans)),
@@ -160,18 +193,12 @@ def write_meta(
                     "INSERT INTO sample_parts VALUES (?, ?, ?, ?, ?)",
                     ((tar_id, index[m.key], m.ext, m.offset, m.size) for m in members),
                 )
-                digest.update(json.dumps([name, [list(m) for m in members]]).encode())
             for statement in _INDEXES:
                 db.execute(statement)
             db.execute("COMMIT")
         finally:
             db.close()
-    info = {"energon_version": FORMAT_VERSION, "shard_counts": counts}
-    atomic_write_text(meta / INFO, json.dumps(info, indent=2, sort_keys=True))  # no final newline, as energon's
-    atomic_write_text(meta / SPLIT, _yaml({"split_parts": split_parts(list(counts), val_shards), "exclude": []}))
-    atomic_write_text(meta / DATASET, dataset_yaml())
-    atomic_write_text(meta / UUID, str(uuid.UUID(bytes=digest.digest()[:16], version=4)))
-    return counts
+    return total
 
 
 def _expand(patterns: list[str]) -> list[str]:
@@ -180,11 +207,11 @@ def _expand(patterns: list[str]) -> list[str]:
     return [name for p in patterns for name in braceexpand.braceexpand(p)]
 
 
-def check_meta(out_dir: str | os.PathLike, sizes: dict[str, int]) -> list[str]:
+def check_meta(out_dir: str | os.PathLike, sizes: dict[str, int], sqlite: bool = True) -> list[str]:
     """Problems of `.nv-meta/` against sizes.json, read as energon reads it ([] when it is right).
 
-    The shard counts, the splits (brace patterns expanded, as energon does), the sample type, and the
-    index: samples per shard, numbered from 0, each with its image and caption part.
+    The shard counts, the splits (brace patterns expanded, as energon does), the sample type, and with
+    `sqlite` the index: samples per shard, numbered from 0, each with its image and caption part.
     """
     meta = Path(out_dir) / META
     problems: list[str] = []
@@ -207,6 +234,10 @@ def check_meta(out_dir: str | os.PathLike, sizes: dict[str, int]) -> list[str]:
         problems.append(f"{META}/{SPLIT}: the splits do not list every shard exactly once")
     if dataset != {"sample_type": SAMPLE_TYPE, "field_map": FIELD_MAP}:
         problems.append(f"{META}/{DATASET}: not {SAMPLE_TYPE['__class__']} with field_map {FIELD_MAP}")
+    if not sqlite:
+        return problems
+    if not (meta / SQLITE).is_file():  # sqlite3 would make an empty database where none is
+        return problems + [f"{META}/{SQLITE}: missing"]
     try:
         db = sqlite3.connect(f"file:{meta / SQLITE}?mode=ro", uri=True)
         try:

@@ -290,6 +290,7 @@ def check_dataset(
     tmp: str | None = None,
     energon_dir: str | None = None,
     planned: tuple[int, int] | None = None,
+    energon_sqlite: bool = True,
 ) -> dict:
     """Combine the shard reports with dataset-wide checks; raise ValidationFailed with a readable report.
 
@@ -297,7 +298,8 @@ def check_dataset(
     buckets.planned_keys), the keys the loader read in every shard must add up to exactly those, which holds
     only if no key is published twice and none is lost; memory and time grow with shards, not samples.
     Without it, the manifest's keys are sorted into bins on disk under `tmp` (every sample read).
-    `energon_dir`: the dataset folder whose `.nv-meta/` is checked against sizes.json (shardsmith.formats.energon).
+    `energon_dir`: the dataset folder whose `.nv-meta/` is checked against sizes.json (shardsmith.formats.energon),
+    its index.sqlite with `energon_sqlite`.
     """
     shard_reports = [json.loads(Path(p).read_text()) for p in reports]
     sizes = json.loads(Path(sizes_path).read_text())
@@ -324,7 +326,7 @@ def check_dataset(
             "workers x GPUs shards; lower samples_per_shard"
         )
     if energon_dir is not None and shard_reports:
-        problems += energon.check_meta(energon_dir, sizes)
+        problems += energon.check_meta(energon_dir, sizes, sqlite=energon_sqlite)
     total = sum(r["passed"] for r in shard_reports)
     if total == 0:
         problems.append("no sample was published: every input record was rejected (see rejected.parquet)")

@@ -1,6 +1,7 @@
 """Megatron-Energon's prepared-dataset files: what `energon prepare` writes, from the members write_shard
 recorded. The format tests run everywhere; those that run energon itself skip where it is not installed."""
 
+import hashlib
 import io
 import json
 import shutil
@@ -21,11 +22,14 @@ from shardsmith.shards.validate import loader_members
 ENERGON_CLI = str(sys.executable).rsplit("/", 1)[0] + "/energon"
 
 
-def prepare(folder, val_shards=0, counts=(3, 2, 2)):
+def prepare(folder, val_shards=0, counts=(3, 2, 2), sqlite=True):
     shards = write_shards(folder, counts=counts)
     for path, members in shards:
         energon.write_tar_index(path.with_name(energon.tar_index_name(path.name)), members)
-    energon.write_meta(folder, [(p.name, m) for p, m in shards], val_shards=val_shards)
+    infos = [(p.name, len(energon.sample_spans(m)), hashlib.sha256(p.read_bytes()).hexdigest()) for p, m in shards]
+    energon.write_meta(folder, infos, val_shards=val_shards)
+    if sqlite:
+        assert energon.write_sqlite(folder, [(p.name, m) for p, m in shards]) == sum(counts)
     return shards
 
 
@@ -109,6 +113,29 @@ def test_check_meta_finds_counts_splits_and_index_that_disagree_with_sizes(tmp_p
     assert energon.check_meta(out, sizes) == [".nv-meta/index.sqlite: 4 txt parts for 7 samples"]
 
 
+def test_sqlite_is_written_by_size_where_auto_and_as_told_otherwise():
+    limit = energon.SQLITE_AUTO_SAMPLES
+    assert energon.sqlite_wanted("auto", 12_423_374) and energon.sqlite_wanted("auto", limit)
+    assert not energon.sqlite_wanted("auto", limit + 1) and not energon.sqlite_wanted("auto", 413_871_335)
+    assert energon.sqlite_wanted(True, 5_850_000_000) and not energon.sqlite_wanted(False, 10)
+    with pytest.raises(energon.EnergonError, match="not true, false or auto"):
+        energon.sqlite_wanted("yes", 10)
+
+
+def test_meta_without_sqlite_is_checked_without_it_and_a_missing_one_is_named_where_asked_for(tmp_path):
+    out = tmp_path / "out"
+    prepare(out, sqlite=False)
+    assert not (out / ".nv-meta" / "index.sqlite").exists()
+    sizes = {"ds-000000.tar": 3, "ds-000001.tar": 2, "ds-000002.tar": 2}
+    assert energon.check_meta(out, sizes, sqlite=False) == []
+    assert energon.check_meta(out, sizes) == [".nv-meta/index.sqlite: missing"]
+    assert "shard_counts differ" in energon.check_meta(out, {**sizes, "ds-000002.tar": 5}, sqlite=False)[0]
+    with_sqlite = tmp_path / "with"
+    prepare(with_sqlite)
+    for name in (".info.json", "split.yaml", "dataset.yaml", "index.uuid"):  # the same files but the index
+        assert (out / ".nv-meta" / name).read_bytes() == (with_sqlite / ".nv-meta" / name).read_bytes(), name
+
+
 @needs_energon
 def test_files_match_what_energon_prepare_writes(tmp_path):
     ours = tmp_path / "ours"
@@ -164,3 +191,28 @@ def test_energon_loader_reads_every_sample_with_image_and_caption_and_lint_passe
         [ENERGON_CLI, "lint", str(out), "--split-parts", "train,val"], capture_output=True, text=True, timeout=300
     )
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+@needs_energon
+def test_without_sqlite_energon_trains_and_lints_every_sample_and_its_prepare_writes_the_same_index(tmp_path):
+    out = tmp_path / "out"
+    shards = prepare(out, val_shards=1, sqlite=False)
+    keys = set()
+    for path, _ in shards:
+        with tarfile.open(path) as tar:
+            keys |= {m.name.split(".")[0] for m in tar.getmembers()[::3]}
+    train, val = read_with_energon(str(out), "train"), read_with_energon(str(out), "val")
+    assert set(train) | set(val) == keys and not set(train) & set(val) and len(val) == 2
+    lint = subprocess.run(
+        [ENERGON_CLI, "lint", str(out), "--split-parts", "train,val"], capture_output=True, text=True, timeout=300
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert not (out / ".nv-meta" / "index.sqlite").exists()
+    # A user who needs the index later (to join datasets): Energon writes it from the shards themselves.
+    cmd = [ENERGON_CLI, "prepare", "--non-interactive", "--tar-index-only", "--num-workers", "1", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
+    ours = tmp_path / "ours"
+    prepare(ours, val_shards=1)
+    for query in ("SELECT * FROM samples ORDER BY rowid", "SELECT * FROM sample_parts ORDER BY rowid"):
+        rows = [sqlite3.connect(d / ".nv-meta" / "index.sqlite").execute(query).fetchall() for d in (ours, out)]
+        assert rows[0] == rows[1], query

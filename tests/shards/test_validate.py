@@ -289,20 +289,16 @@ def test_the_dataset_check_reads_energons_meta_against_sizes_json(tmp_path):
         tmp_path, {"ds-000000.tar": 2, "ds-000001.tar": 1}, [report("ds-000000.tar", 2), report("ds-000001.tar", 1)]
     )
     layout = {"ds-000000.tar": ["k0", "k1"], "ds-000001.tar": ["k2"]}
-    energon.write_meta(
-        tmp_path,
-        [
-            (
-                n,
-                [
-                    TarMember(k, e, 512 + 2048 * i + 1024 * j, 10)
-                    for i, k in enumerate(keys)
-                    for j, e in enumerate(("jpg", "txt"))
-                ],
-            )
-            for n, keys in layout.items()
-        ],
-    )
+    exts = ("jpg", "txt")
+    shards = [
+        (n, [TarMember(k, e, 512 + 2048 * i + 1024 * j, 10) for i, k in enumerate(keys) for j, e in enumerate(exts)])
+        for n, keys in layout.items()
+    ]
+    energon.write_meta(tmp_path, [(n, len(layout[n]), "0" * 64) for n, _ in shards])
+    with pytest.raises(ValidationFailed, match=r"index.sqlite: missing"):  # asked for, not written
+        check_dataset(*files, min_shards=1, energon_dir=str(tmp_path))
+    assert check_dataset(*files, min_shards=1, energon_dir=str(tmp_path), energon_sqlite=False)["ok"]
+    energon.write_sqlite(tmp_path, shards)
     summary = check_dataset(*files, min_shards=1, energon_dir=str(tmp_path))
     assert summary["ok"] and summary["loader_indexes"]["energon"] == f".nv-meta of energon {energon.FORMAT_VERSION}"
     files = dataset_files(

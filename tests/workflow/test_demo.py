@@ -11,7 +11,7 @@ import time
 import pandas as pd
 import pytest
 import yaml
-from loader_helpers import needs_dali, needs_energon, read_with_dali, read_with_energon
+from loader_helpers import installed, needs_dali, needs_energon, read_with_dali, read_with_energon
 from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
 
 from shardsmith.cli.demo import make_demo
@@ -200,6 +200,33 @@ def test_energon_reads_every_published_sample_with_image_and_caption_and_lint_pa
     lint = subprocess.run(
         [energon_cli, "lint", str(version), "--split-parts", "train"], capture_output=True, text=True, timeout=300
     )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_without_energon_sqlite_the_version_has_every_file_but_the_index_and_trains_the_same(
+    build, demo_data, tmp_path
+):
+    data, _ = demo_data
+    root = tmp_path / "no-sqlite"
+    run_workflow(root, demo_config(data, root, loaders={"energon_sqlite": False}))
+    version, with_index = published_version(root), published_version(build[0])
+    files = {str(p.relative_to(version)) for p in version.rglob("*") if p.is_file()}
+    assert files == {str(p.relative_to(with_index)) for p in with_index.rglob("*") if p.is_file()} - {
+        ".nv-meta/index.sqlite"
+    }
+    assert not (out_dir(root) / ".nv-meta" / "index.sqlite").exists()
+    assert not (root / "logs" / "write_energon_sqlite.log").exists()  # the job is not in the DAG
+    assert json.loads((version / "validation.json").read_text())["ok"]
+    for name in (n for n in files if n.endswith(".tar") or n.startswith(".nv-meta/")):
+        assert sha256(version / name) == sha256(with_index / name), name
+    if not installed("megatron.energon"):
+        return
+    got = read_with_energon(str(version), "train")
+    assert set(got) == set(expected_samples(version))
+    lint = subprocess.run(
+        [str(SNAKEMAKE.parent / "energon"), "lint", str(version), "--split-parts", "train"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
