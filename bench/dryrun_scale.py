@@ -1,4 +1,4 @@
-"""How long `snakemake -n --profile cluster` takes, and how much memory, at CC12M and LAION-400M scale.
+"""How long `snakemake -n --profile cluster` takes, and how much memory, at CC12M, LAION-400M and LAION-5B scale.
 
 The workflow has two checkpoints (plan_parts, plan_shards), so a dry run on a fresh folder shows only
 plan_parts. To measure the DAGs a user really meets, this bench writes the checkpoint outputs and the
@@ -10,10 +10,10 @@ at contents), and times three dry runs per scale:
 - `done`:   everything built; Snakemake checks every job and finds nothing to do (a refresh's start).
 
 Records are all assumed published (the most shards the input can give). Manifests are empty files
-named like the real ones (LAION-400M: 32 parquet files; CC12M: one TSV); nothing reads them in a
+named like the real ones (LAION-5B: 384 parquet files; LAION-400M: 32; CC12M: one TSV); nothing reads them in a
 dry run, which is what keeps parse time flat (the Snakefile is parsed again in every cluster job).
 
-    .venv/bin/python bench/dryrun_scale.py                 # both scales -> bench/results/dryrun.json
+    .venv/bin/python bench/dryrun_scale.py                 # every scale -> bench/results/dryrun.json
     .venv/bin/python bench/dryrun_scale.py --scale cc12m   # one scale (results file untouched)
 """
 
@@ -45,6 +45,13 @@ SCALES = {
     "laion400m": {
         "records": 413_871_335,
         "files": [f"part-{i:05d}.parquet" for i in range(32)],
+        "part_size": 250_000,
+        "samples_per_shard": 50_000,
+    },
+    # laion2B-en, laion2B-multi and laion1B-nolang: 128 parquet files each
+    "laion5b": {
+        "records": 5_850_000_000,
+        "files": [f"part-{i:05d}.parquet" for i in range(384)],
         "part_size": 250_000,
         "samples_per_shard": 50_000,
     },
@@ -95,13 +102,15 @@ def write_part_plan(work: Path, parts: list[str]) -> None:
 
 
 def write_shard_plan(work: Path, scale: dict, parts: list[str]) -> int:
-    """One .samples.parquet and one .parts file (the parts it draws from) per shard, as plan_shards writes."""
+    """A .samples.parquet, a .ranges.json and a .parts file (the parts it draws from) per shard, as plan_shards
+    writes."""
     plan = work / "bench" / "plan" / "shards"
     size, per_part = scale["samples_per_shard"], scale["part_size"]
     n = math.ceil(scale["records"] / size)
     for i in range(n):
         first, last = i * size // per_part, min(((i + 1) * size - 1) // per_part, len(parts) - 1)
         touch(plan / f"bench-{i:06d}.samples.parquet")
+        touch(plan / f"bench-{i:06d}.ranges.json")
         touch(plan / f"bench-{i:06d}.parts", "".join(f"{p}\n" for p in parts[first : last + 1]))
     touch(plan / "dropped.parquet")
     os.utime(plan, (MTIME, MTIME))

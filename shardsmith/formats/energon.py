@@ -14,7 +14,8 @@ Energon reads a WebDataset folder only once it is "prepared":
   the indexes energon creates, for access by key: joined datasets, auxiliary datasets (`as_file_store`),
   `energon mount` and media metadata read it; training (`get_train_dataset`, `get_val_dataset`) and
   `energon lint` read only `.info.json`, `split.yaml` and the `.tar.idx` files. One process fills it (about
-  280 bytes and 28 us a sample: bench/energon_scale.py), so `loaders.energon_sqlite: auto` writes it only up to SQLITE_AUTO_SAMPLES;
+  280 bytes and 28 us a sample: bench/energon_scale.py), so `loaders.energon_sqlite: auto` writes it only
+  up to SQLITE_AUTO_SAMPLES;
 - `.nv-meta/index.uuid`: an id of the index. `energon prepare` draws a random one; here it is derived from
   the shards' hashes (same shards, same id), so a rebuild writes the same bytes.
 
