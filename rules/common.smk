@@ -88,10 +88,23 @@ def list_dir(folder, suffix):
 
 
 def get_part_ids():
-    """Part ids fixed by the plan_parts checkpoint; sorted by source order, then number."""
-    order = {name: i for i, name in enumerate(SOURCES)}
+    """Part ids fixed by the plan_parts checkpoint; sorted by source order, then number (once per listing)."""
     ids = list_dir(checkpoint_dir(checkpoints.plan_parts), ".parquet")
-    return sorted(ids, key=lambda p: (order[p.rsplit("-", 1)[0]], p))
+    key = ("part_ids", id(ids))  # list_dir's cached list: a new one when the folder changes
+    if key not in _CACHE:
+        order = {name: i for i, name in enumerate(SOURCES)}
+        _CACHE[key] = (ids, sorted(ids, key=lambda p: (order[p.rsplit("-", 1)[0]], p)))
+    return _CACHE[key][1]
+
+
+def every(pattern, wildcard, count, **fixed):
+    """expand(pattern) over the `count` ids of `wildcard` (groups, buckets, partitions: 00000, 00001, ...), once
+    per process: the jobs of a step that read every group's or bucket's file would otherwise each build the
+    same list of thousands (at LAION-5B, 187,200 decision jobs over 62,400 partitions)."""
+    key = ("every", pattern, wildcard, count, tuple(sorted(fixed.items())))
+    if key not in _CACHE:
+        _CACHE[key] = expand(pattern, **{wildcard: [f"{i:05d}" for i in range(count)]}, **fixed)
+    return _CACHE[key]
 
 
 def get_part_records(wildcards):
@@ -126,7 +139,7 @@ def get_exclusions(wildcards):
     a group, in group order (so in part order)."""
     if not low_similarity_on():
         return []
-    return expand(rules.exclude_low_similarity.output[0], group=get_group_ids())
+    return every(rules.exclude_low_similarity.output[0], "group", get_group_count(None))
 
 
 def get_group_exclusions(wildcards):
@@ -169,26 +182,29 @@ def get_part_count(wildcards):
 
 
 def get_all_published_records(wildcards):
-    return expand(rules.split_published.output[0], group=get_group_ids())
+    return every(rules.split_published.output[0], "group", get_group_count(None))
 
 
 def get_all_published_lookups(wildcards):
-    return expand(rules.split_lookups.output[0], group=get_group_ids())
+    return every(rules.split_lookups.output[0], "group", get_group_count(None))
 
 
 def get_all_published_matches(wildcards):
-    return expand(rules.match_published.output.matches, bucket=get_bucket_ids())
+    return every(rules.match_published.output.matches, "bucket", get_plan_buckets(None))
 
 
 def get_all_published_gone(wildcards):
-    return expand(rules.match_published.output.gone, bucket=get_bucket_ids())
+    return every(rules.match_published.output.gone, "bucket", get_plan_buckets(None))
 
 
 def get_exact_exclusions(wildcards):
     """Tables of samples other steps left out, by key: decided with the repeated keys."""
     tables = get_exclusions(wildcards)
     if get_dedupe_settings() is not None:
-        tables += expand(rules.collect_published.output.exclusions, group=get_group_ids())
+        tables = [
+            *tables,
+            *every(rules.collect_published.output.exclusions, "group", get_group_count(None)),
+        ]
     return tables
 
 
@@ -207,7 +223,10 @@ def get_near_samples(wildcards):
 def get_near_layout(wildcards):
     from shardsmith.shards.neardup import NearSettings
 
-    return NearSettings(**config["dedupe"]).layout(get_near_samples(wildcards))
+    key = ("layout", get_near_samples(wildcards))
+    if key not in _CACHE:
+        _CACHE[key] = NearSettings(**config["dedupe"]).layout(key[1])
+    return _CACHE[key]
 
 
 def get_plan_buckets(wildcards):
@@ -253,11 +272,11 @@ def get_group_near_embeddings(wildcards):
 
 
 def get_all_group_keys(wildcards):
-    return expand(rules.split_keys.output[0], group=get_group_ids())
+    return every(rules.split_keys.output[0], "group", get_group_count(None))
 
 
 def get_key_drop_tables(wildcards):
-    return expand(rules.find_duplicate_keys.output[0], bucket=get_bucket_ids())
+    return every(rules.find_duplicate_keys.output[0], "bucket", get_plan_buckets(None))
 
 
 def get_planned_keys(wildcards):
@@ -270,17 +289,17 @@ def get_planned_keys(wildcards):
 
 
 def get_near_entries(wildcards):
-    return expand(rules.split_near_entries.output.entries, group=get_group_ids())
+    return every(rules.split_near_entries.output.entries, "group", get_group_count(None))
 
 
 def get_near_homes(wildcards):
-    return expand(rules.split_near_entries.output.homes, group=get_group_ids())
+    return every(rules.split_near_entries.output.homes, "group", get_group_count(None))
 
 
 def get_near_pairs(kind):
     """Every bucket's near pairs, `incoming` or `outgoing` (shardsmith.shards.neardecide)."""
-    return lambda wildcards: expand(
-        getattr(rules.find_near_pairs.output, kind), bucket=get_bucket_ids()
+    return lambda wildcards: every(
+        getattr(rules.find_near_pairs.output, kind), "bucket", get_plan_buckets(None)
     )
 
 
@@ -312,10 +331,11 @@ def listed(files, list_file):
 
 def get_round_outputs(kind, round=None):
     """Every partition's `kind` output (messages, found, pending) of a round: the wildcard's, or `round(wc)`."""
-    return lambda wildcards: expand(
+    return lambda wildcards: every(
         getattr(rules.decide_near_round.output, kind),
+        "partition",
+        get_plan_buckets(None),
         round=round(wildcards) if round else wildcards.round,
-        partition=get_bucket_ids(),
     )
 
 
@@ -443,7 +463,10 @@ def get_ledger_inputs(wildcards):
 
 def get_shard_ids():
     names = list_dir(checkpoint_dir(checkpoints.plan_shards), ".parts")
-    return sorted(name.rsplit("-", 1)[1] for name in names)
+    key = ("shard_ids", id(names))  # list_dir's cached list: a new one when the folder changes
+    if key not in _CACHE:
+        _CACHE[key] = (names, sorted(name.rsplit("-", 1)[1] for name in names))
+    return _CACHE[key][1]
 
 
 def shard_plan_path(shard):
