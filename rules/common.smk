@@ -97,13 +97,18 @@ def get_part_ids():
     return _CACHE[key][1]
 
 
+def numbered(count):
+    """The ids of `count` groups, buckets or partitions: 00000, 00001, ..."""
+    return [f"{i:05d}" for i in range(count)]
+
+
 def every(pattern, wildcard, count, **fixed):
     """expand(pattern) over the `count` ids of `wildcard` (groups, buckets, partitions: 00000, 00001, ...), once
     per process: the jobs of a step that read every group's or bucket's file would otherwise each build the
     same list of thousands (at LAION-5B, 187,200 decision jobs over 62,400 partitions)."""
     key = ("every", pattern, wildcard, count, tuple(sorted(fixed.items())))
     if key not in _CACHE:
-        _CACHE[key] = expand(pattern, **{wildcard: [f"{i:05d}" for i in range(count)]}, **fixed)
+        _CACHE[key] = expand(pattern, **{wildcard: numbered(count)}, **fixed)
     return _CACHE[key]
 
 
@@ -236,7 +241,7 @@ def get_plan_buckets(wildcards):
 
 
 def get_bucket_ids():
-    return [f"{b:05d}" for b in range(get_plan_buckets(None))]
+    return numbered(get_plan_buckets(None))
 
 
 def get_parts_per_group():
@@ -245,7 +250,7 @@ def get_parts_per_group():
 
 
 def get_group_ids():
-    return [f"{g:05d}" for g in range(get_group_count(None))]
+    return numbered(get_group_count(None))
 
 
 def get_group_count(wildcards):
