@@ -55,7 +55,7 @@ SCRATCH = f"{WORK}/tmp"  # jobs' scratch folders (not a node's /tmp): a killed j
 wildcard_constraints:
     part=r"[a-z0-9_]+-\d{6}",
     shard=r"\d{6}",
-    batch=r"\d{6}",
+    batch=r"\d{5}",
     bucket=r"\d{5}",
     group=r"\d{5}",
     partition=r"\d{5}",
@@ -552,6 +552,15 @@ def get_publish_files(wildcards):
         rules.write_card.output[0],
         rules.record_build.output[0],
     ]
+
+
+def get_upload_batch_count(wildcards):
+    """upload_shards jobs: one per publish.shards_per_job shards (with their share of the other files)."""
+    return max(1, -(-len(get_shard_ids()) // config["publish"]["shards_per_job"]))
+
+
+def get_upload_receipts(wildcards):
+    return every(rules.upload_shards.output[0], "batch", get_upload_batch_count(None))
 
 
 def get_shard_layout():

@@ -2,9 +2,10 @@
 (the loaders' per-shard indexes) and shardsmith.shards.validate (re-reading)."""
 
 import json
+import os
 from pathlib import Path
 
-from shardsmith.core.atomic import atomic_open
+from shardsmith.core.atomic import atomic_open, atomic_write_text, sha256_file
 from shardsmith.core.logs import run_job
 from shardsmith.formats import dali, energon
 from shardsmith.shards.buckets import shard_rows
@@ -25,6 +26,12 @@ def main() -> None:
     members = read_members(out.members)
     dali.write_index(out.dali_index, members)
     energon.write_tar_index(out.energon_index, members)
+    # the loaders' indexes, hashed now (still in the page cache) so that publishing need not read them again
+    info["files"] = {
+        Path(p).name: {"size": os.path.getsize(p), "sha256": sha256_file(p)}
+        for p in (out.dali_index, out.energon_index)
+    }
+    atomic_write_text(out.info, json.dumps(info, indent=1, sort_keys=True) + "\n")
     resize = snakemake.params.resize
     report = validate_shard(
         out.tar,

@@ -6,6 +6,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from shardsmith.core.atomic import sha256_file
@@ -69,23 +70,32 @@ def publish_names(paths: list[str], names_from: str | os.PathLike | None = None)
 
 
 def file_table(
-    paths: list[str], known: dict[str, dict] | None = None, names_from: str | os.PathLike | None = None
+    paths: list[str],
+    known: dict[str, dict] | None = None,
+    names_from: str | os.PathLike | None = None,
+    threads: int = 1,
 ) -> dict[str, dict]:
     """{name: {size, sha256}} of the files to publish, sorted by name (publish_names names them).
 
     `known` gives {size, sha256} recorded when a file was written (write_shard hashes every shard): such a
     file is not read and hashed a second time. Only a publish that reads back what lands on the destination
     and checks it against these hashes may pass them (see publish); a file whose size is no longer the
-    recorded one is refused here.
+    recorded one is refused here. The others are hashed `threads` at a time (hashing releases the GIL).
     """
     known = known or {}
-    table = {}
-    for name, p in publish_names(paths, names_from).items():
-        size, recorded = os.path.getsize(p), known.get(name)
-        if recorded and recorded["size"] != size:
+    named = publish_names(paths, names_from)
+    sizes = {name: os.path.getsize(p) for name, p in named.items()}
+    for name, p in named.items():
+        if name in known and known[name]["size"] != sizes[name]:
             raise PublishError(changed(name, p))
-        table[name] = {"size": size, "sha256": recorded["sha256"] if recorded else sha256_file(p)}
-    return table
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        hashed = dict(
+            zip((todo := [n for n in named if n not in known]), pool.map(sha256_file, (named[n] for n in todo)))
+        )
+    return {
+        name: {"size": sizes[name], "sha256": known[name]["sha256"] if name in known else hashed[name]}
+        for name in named
+    }
 
 
 def changed(name: str, source: str | os.PathLike) -> str:

@@ -59,6 +59,25 @@ def apply_retention(store: Store, keep: int | None, latest: str, markers: dict[s
     return doomed
 
 
+def prepare(
+    paths: list[str],
+    dest: str,
+    dataset: str,
+    settings: PublishSettings,
+    s3: S3Settings | None,
+    known: dict[str, dict] | None,
+    names_from: str | os.PathLike | None,
+    threads: int = 1,
+) -> tuple[Store, dict[str, str], dict[str, dict]]:
+    """(the destination, {name: path}, the file table) of a publish, its settings checked."""
+    if settings.verify not in VERIFY_MODES:
+        raise ValueError(f"publish.verify must be one of {VERIFY_MODES}, not {settings.verify!r}")
+    store = open_store(dest, dataset, s3)
+    if isinstance(store, S3Store) and settings.verify == "etag":
+        known = None  # ETags are checked against the files as they are now: their sha256 must be too
+    return store, publish_names(paths, names_from), file_table(paths, known, names_from, threads)
+
+
 def publish(
     paths: list[str],
     dest: str,
@@ -78,14 +97,8 @@ def publish(
     `threads`: files placed and read back at once on a mounted path. `names_from`: a folder; files inside
     it keep their path relative to it (sub-folders included), others their basename (publish_names).
     """
-    if settings.verify not in VERIFY_MODES:
-        raise ValueError(f"publish.verify must be one of {VERIFY_MODES}, not {settings.verify!r}")
     now = now or dt.datetime.fromtimestamp(time.time(), dt.UTC)
-    store = open_store(dest, dataset, s3)
-    if isinstance(store, S3Store) and settings.verify == "etag":
-        known = None  # ETags are checked against the files as they are now: their sha256 must be too
-    named = publish_names(paths, names_from)
-    table = file_table(paths, known, names_from)
+    store, named, table = prepare(paths, dest, dataset, settings, s3, known, names_from)
     previous, markers = store.state()
     if version == AUTO:
         current = markers.get(previous) if previous else None

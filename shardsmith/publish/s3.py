@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from shardsmith.core.atomic import hash_file, sha256_file
@@ -119,17 +119,29 @@ def read_back(store: S3Store, version: str, names: list[str], table: dict[str, d
 
 
 def verify_s3(
-    store: S3Store, version: str, table: dict[str, dict], paths: dict[str, str], settings: PublishSettings
+    store: S3Store,
+    version: str,
+    table: dict[str, dict],
+    paths: dict[str, str],
+    settings: PublishSettings,
+    objects: dict[str, dict] | None = None,
 ) -> dict[str, str]:
-    """{name: problem} for every file that is not on the destination as sent ({} when all are)."""
-    objects, _ = store.listing(store.where(version) + "/")
+    """{name: problem} for every file that is not on the destination as sent ({} when all are).
+
+    `objects`: {name: {size, etag}} listed by the caller (a batch lists its own range of keys); by default
+    the whole version is listed, and an object that is not part of it is a problem too.
+    """
+    strays = objects is None
+    if objects is None:
+        objects, _ = store.listing(store.where(version) + "/")
     problems = {n: "missing" for n in table if n not in objects}
     problems |= {
         n: f"size {objects[n]['size']} != {e['size']}"
         for n, e in table.items()
         if n in objects and objects[n]["size"] != e["size"]
     }
-    problems |= {n: "not part of this version" for n in objects if n not in table and n != MARKER}
+    if strays:
+        problems |= {n: "not part of this version" for n in objects if n not in table and n != MARKER}
     todo = [n for n in table if n not in problems]
     if settings.verify == "etag":
         threshold = human_bytes(settings.multipart_threshold or 8 * _MiB)
@@ -138,6 +150,41 @@ def verify_s3(
     got = read_back(store, version, todo, table) if todo else {}
     problems |= {n: f"read back {g['size']} bytes, sha256 {g['sha256'][:12]}" for n, g in got.items() if g != table[n]}
     return problems
+
+
+def mend(
+    store: S3Store,
+    version: str,
+    table: dict[str, dict],
+    by_name: dict[str, str],
+    settings: PublishSettings,
+    problems: dict[str, str],
+    verify: Callable[[], dict[str, str]],
+) -> None:
+    """Send again, one file at a time, what did not verify (twice at most), removing objects that are not part
+    of the version; PublishError naming what still does not verify (a source changed since it was hashed
+    first)."""
+    url = store.where(version) + "/"
+    for _ in range(2):  # what sync skipped or the store mangled is sent again, one file at a time
+        if not problems:
+            break
+        print(
+            f"re-sending {len(problems)} files that did not verify: "
+            + "; ".join(f"{n}: {p}" for n, p in sorted(problems.items())[:5])
+        )
+        for name in problems:
+            if name in by_name:
+                run(store.s3, "s3", "cp", "--only-show-errors", by_name[name], url + name, timeout=_NO_TIMEOUT)
+            else:
+                run(store.s3, "s3", "rm", "--only-show-errors", url + name)
+        problems = verify()
+    for name in sorted(n for n in problems if n in by_name):  # a source changed since it was hashed
+        if sha256_file(by_name[name]) != table[name]["sha256"]:
+            raise PublishError(changed(name, by_name[name]))
+    if problems:
+        raise PublishError(
+            f"{url} does not hold what was sent: " + "; ".join(f"{n}: {p}" for n, p in sorted(problems.items())[:10])
+        )
 
 
 @contextlib.contextmanager
@@ -201,28 +248,8 @@ def publish_s3(
         run(store.s3, "s3", "sync", "--only-show-errors", "--delete", stage + "/", url, timeout=_NO_TIMEOUT)
         print(f"uploaded {len(table)} files ({total / 1e6:.1f} MB) to {url} in {time.monotonic() - started:.1f} s")
         started = time.monotonic()
-        problems = verify_s3(store, version, table, by_name, settings)
-        for _ in range(2):  # what sync skipped or the store mangled is sent again, one file at a time
-            if not problems:
-                break
-            print(
-                f"re-sending {len(problems)} files that did not verify: "
-                + "; ".join(f"{n}: {p}" for n, p in sorted(problems.items())[:5])
-            )
-            for name in problems:
-                if name in by_name:
-                    run(store.s3, "s3", "cp", "--only-show-errors", by_name[name], url + name, timeout=_NO_TIMEOUT)
-                else:
-                    run(store.s3, "s3", "rm", "--only-show-errors", url + name)
-            problems = verify_s3(store, version, table, by_name, settings)
-        for name in sorted(n for n in problems if n in by_name):  # a source changed since it was hashed
-            if sha256_file(by_name[name]) != table[name]["sha256"]:
-                raise PublishError(changed(name, by_name[name]))
-        if problems:
-            raise PublishError(
-                f"{url} does not hold what was sent: "
-                + "; ".join(f"{n}: {p}" for n, p in sorted(problems.items())[:10])
-            )
+        check = lambda: verify_s3(store, version, table, by_name, settings)  # noqa: E731
+        mend(store, version, table, by_name, settings, check(), check)
         how = "ETags (reading back mismatches)" if settings.verify == "etag" else f"reading back {total / 1e6:.1f} MB"
         print(f"verified {len(table)} objects by size and {how} in {time.monotonic() - started:.1f} s")
     store.upload_bytes(

@@ -163,6 +163,27 @@ class S3Store(Store):
         prefixes = [p["Prefix"][len(prefix) :].rstrip("/") for p in data.get("CommonPrefixes") or []]
         return objects, prefixes
 
+    def listing_range(self, prefix_url: str, after: str | None, last: str, page: int = 1000) -> dict[str, dict]:
+        """{key below prefix: {size, etag}} of the keys after `after` (None: from the first) up to `last`, in
+        S3's key order (UTF-8 bytes, as Python orders str): a batch of a version lists its own keys, a page
+        of `page` per CLI run, not the whole version."""
+        bucket, prefix = split_url(prefix_url)
+        found: dict[str, dict] = {}
+        start = prefix + after if after is not None else None
+        while True:
+            args = ["s3api", "list-objects-v2", "--bucket", bucket, "--prefix", prefix, "--output", "json"]
+            args += ["--max-items", str(page), *(["--start-after", start] if start else [])]
+            out = run(self.s3, *args)
+            contents = (json.loads(out) if out.strip() else {}).get("Contents") or []
+            for o in contents:
+                name = o["Key"][len(prefix) :]
+                if name > last:
+                    return found
+                found[name] = {"size": int(o["Size"]), "etag": o.get("ETag", "").strip('"')}
+            if len(contents) < page:
+                return found
+            start = contents[-1]["Key"]
+
     def copy_folder(self, rel: str, out_dir: str | os.PathLike) -> None:
         run(self.s3, "s3", "cp", "--recursive", "--only-show-errors", f"{self.root}/{rel}/", str(out_dir),
             timeout=_NO_TIMEOUT)  # fmt: skip

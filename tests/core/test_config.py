@@ -38,7 +38,7 @@ def test_schema_fills_defaults():
     assert config["validate"] == {"min_shards": 1, "decode_per_shard": 64}
     assert config["publish"] == {
         "dest": None, "keep_versions": None, "verify": "readback", "hardlink": True, "multipart_threshold": None,
-        "multipart_chunksize": None, "max_concurrent_requests": None, "dedupe": True,
+        "multipart_chunksize": None, "max_concurrent_requests": None, "dedupe": True, "shards_per_job": 200,
     }  # fmt: skip
     assert config["sources"][0]["url_column"] == "url" and config["sources"][0]["format"] == "auto"
 

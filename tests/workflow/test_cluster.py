@@ -164,11 +164,13 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path, http_server):
     download = {**base["download"], **ALLOW_LOOPBACK, "concurrency": SLOW_CONCURRENCY}
     sources = [*base["sources"], slow_source(data, http_server)]
     settings = {"embed": embed, "samples_per_shard": 16, "dedupe": dedupe, "download": download, "sources": sources}
-    cluster = start_on_cluster(cluster_root, demo_config(data, cluster_root, **settings))
+    # a shard per upload job: several upload_shards jobs on the cluster, then publish_dataset's commit
+    publish = lambda root: {"dest": str(root / "fast-storage"), "shards_per_job": 1}  # noqa: E731
+    cluster = start_on_cluster(cluster_root, demo_config(data, cluster_root, **settings, publish=publish(cluster_root)))
     try:
         stopped = stop_slow_part(http_server, deadline_s=RUN_LIMIT_S / 3)
         # the local reference run meanwhile: the cluster run mostly waits for status polls
-        local = run_workflow(local_root, demo_config(data, local_root, **settings))
+        local = run_workflow(local_root, demo_config(data, local_root, **settings, publish=publish(local_root)))
         cluster.wait(timeout=RUN_LIMIT_S)
     finally:
         if cluster.poll() is None:
@@ -201,6 +203,7 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path, http_server):
     assert {"plan_parts", "download_part", "embed_part", "write_shard", "validate_dataset"} <= set(jobs_run)
     assert jobs_run["find_near_pairs"] == jobs_run["find_duplicate_keys"] == 3  # planning in 3 bucket jobs
     assert jobs_run["decide_near_round"] == 3  # 3 partitions, 1 round
+    assert jobs_run["upload_shards"] == jobs_run["write_shard"] > 1 and jobs_run["publish_dataset"] == 1
 
     # SLURM ran them to completion, in the partitions and with the CPUs the profile asks for.
     done = completed_jobs()

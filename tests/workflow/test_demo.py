@@ -230,16 +230,30 @@ def test_without_energon_sqlite_the_version_has_every_file_but_the_index_and_tra
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
-def test_rebuild_in_a_fresh_folder_is_byte_identical(build, demo_data, tmp_path):
+def test_rebuild_in_a_fresh_folder_is_byte_identical_and_so_is_its_version_published_by_several_jobs(
+    build, demo_data, tmp_path
+):
     root1, _ = build
     data, _ = demo_data
     root2 = tmp_path / "build2"
-    run_workflow(root2, demo_config(data, root2))
+    # the first build uploads in one job (the default 200 shards a job); this one a shard a job
+    run_workflow(root2, demo_config(data, root2, publish={"dest": str(root2 / "fast-storage"), "shards_per_job": 1}))
     files1 = sorted(str(p.relative_to(out_dir(root1))) for p in out_dir(root1).rglob("*") if p.is_file())
     assert files1 == sorted(str(p.relative_to(out_dir(root2))) for p in out_dir(root2).rglob("*") if p.is_file())
     assert any(f.endswith(".tar") for f in files1) and set(energon.META_FILES) <= set(files1)
     for name in files1:
         assert sha256(out_dir(root1) / name) == sha256(out_dir(root2) / name), name
+    shards = sum(f.endswith(".tar") for f in files1)
+    assert len(list((root1 / "logs" / "demo" / "upload_shards").glob("*.log"))) == 1
+    assert len(list((root2 / "logs" / "demo" / "upload_shards").glob("*.log"))) == shards > 1
+    one, several = published_version(root1), published_version(root2)
+    names = sorted(str(p.relative_to(one)) for p in one.rglob("*") if p.is_file())
+    assert names == sorted(str(p.relative_to(several)) for p in several.rglob("*") if p.is_file())
+    for name in names:
+        if name != "_COMPLETE.json":
+            assert sha256(one / name) == sha256(several / name), name
+    marker1, marker2 = (json.loads((v / "_COMPLETE.json").read_text()) for v in (one, several))
+    assert marker1.pop("published_at") and marker2.pop("published_at") and marker1 == marker2
 
 
 def test_overlapping_paths_are_refused_before_any_work(demo_data, tmp_path):
