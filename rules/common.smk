@@ -127,12 +127,49 @@ def get_retry_marker(wildcards):
     return [marker] if os.path.exists(marker) else []
 
 
+def every_part(pattern):
+    """expand(pattern) over the planned parts, once per process and part plan."""
+    ids = get_part_ids()
+    key = ("every_part", pattern, id(ids))
+    if key not in _CACHE:
+        _CACHE[key] = expand(pattern, part=ids)
+    return _CACHE[key]
+
+
 def get_all_part_samples(wildcards):
-    return expand(rules.download_part.output.samples, part=get_part_ids())
+    return every_part(rules.download_part.output.samples)
 
 
-def get_all_part_tars(wildcards):
-    return expand(rules.download_part.output.processed, part=get_part_ids())
+# What download_part and embed_part write for each part, listed (list_parts, list_part_embeddings) for the
+# jobs that read every part's: as with the shards (SHARD_FILES), one input each instead of one per part.
+PART_FILES = ("samples", "processed", "status", "rejected")
+PART_EMBED_FILES = ("scores", "info", "embeddings")
+
+
+def get_part_file_lists(wildcards):
+    """list_parts' params: every part's other outputs of download_part (its input is the samples tables)."""
+    return {kind: every_part(getattr(rules.download_part.output, kind)) for kind in PART_FILES}
+
+
+def get_part_embed_file_lists(wildcards):
+    """list_part_embeddings' params: every part's other outputs of embed_part (its input is the scores)."""
+    return {kind: every_part(getattr(rules.embed_part.output, kind)) for kind in PART_EMBED_FILES}
+
+
+def part_files(kind):
+    """Input function: every part's `kind` output of download_part, or their list (list_parts)."""
+    return listed(
+        lambda wildcards: every_part(getattr(rules.download_part.output, kind)),
+        lambda wildcards: getattr(rules.list_parts.output, kind),
+    )
+
+
+def part_embed_files(kind):
+    """Input function: every part's `kind` output of embed_part, or their list (list_part_embeddings)."""
+    return listed(
+        lambda wildcards: every_part(getattr(rules.embed_part.output, kind)),
+        lambda wildcards: getattr(rules.list_part_embeddings.output, kind),
+    )
 
 
 def low_similarity_on():
@@ -271,7 +308,7 @@ def get_group_samples(wildcards):
 
 
 def get_group_near_embeddings(wildcards):
-    if not get_near_embeddings(wildcards):
+    if not near_embeddings_on():
         return []
     return expand(rules.embed_part.output.embeddings, part=get_group_parts(wildcards))
 
@@ -381,16 +418,19 @@ def get_ledger_pieces(wildcards):
     return pieces
 
 
-def get_near_embeddings(wildcards):
-    """The parts' CLIP image embeddings, when the near-duplicate search uses them."""
+def near_embeddings_on():
+    """Whether the near-duplicate search uses the parts' CLIP image embeddings."""
     d = config["dedupe"]
-    if (
-        d["near"] == "off"
-        or d["embedding_min_similarity"] is None
-        or not config["embed"]["enabled"]
-    ):
-        return []
-    return expand(rules.embed_part.output.embeddings, part=get_part_ids())
+    return (
+        d["near"] != "off"
+        and d["embedding_min_similarity"] is not None
+        and config["embed"]["enabled"]
+    )
+
+
+def get_near_embeddings(wildcards):
+    """The parts' CLIP image embeddings (or their list), when the near-duplicate search uses them."""
+    return part_embed_files("embeddings")(wildcards) if near_embeddings_on() else []
 
 
 def get_embed_settings():
@@ -414,7 +454,7 @@ def get_embed_model_files(wildcards):
 
 
 def get_all_part_scores(wildcards):
-    return expand(rules.embed_part.output.scores, part=get_part_ids())
+    return every_part(rules.embed_part.output.scores)
 
 
 def get_group_scores(wildcards):
@@ -433,16 +473,42 @@ def get_shard_embed_inputs(wildcards):
     }
 
 
+def get_shard_scores(wildcards):
+    return every_shard(rules.write_shard_scores.output.scores)
+
+
+def get_shard_embeddings(wildcards):
+    return (
+        every_shard(rules.write_shard_embeddings.output[0])
+        if config["embed"]["save_embeddings"]
+        else []
+    )
+
+
+def get_shard_score_lists(wildcards):
+    """list_shard_scores' params: every shard's score sums (written with its scores, its input)."""
+    return {"sums": every_shard(rules.write_shard_scores.output.sums)}
+
+
+def shard_scores(kind):
+    """Input function: every shard's `kind` (scores, sums, embeddings) or their list (list_shard_scores)."""
+    files = {
+        "scores": get_shard_scores,
+        "sums": lambda wildcards: every_shard(rules.write_shard_scores.output.sums),
+        "embeddings": get_shard_embeddings,
+    }[kind]
+    return listed(files, lambda wildcards: getattr(rules.list_shard_scores.output, kind))
+
+
 def get_embed_summary_inputs(wildcards):
-    shards = get_shard_ids()
     save = config["embed"]["save_embeddings"]
     return {
         "plan_dir": PLANNED,
-        "scores": expand(rules.write_shard_scores.output.scores, shard=shards),
-        "sums": expand(rules.write_shard_scores.output.sums, shard=shards),
-        "infos": expand(rules.embed_part.output.info, part=get_part_ids()),
+        "scores": shard_scores("scores")(wildcards),
+        "sums": shard_scores("sums")(wildcards),
+        "infos": part_embed_files("info")(wildcards),
         "exclusions": get_exclusions(wildcards),
-        "embeddings": expand(rules.write_shard_embeddings.output[0], shard=shards) if save else [],
+        "embeddings": shard_scores("embeddings")(wildcards) if save else [],
     }
 
 
@@ -451,18 +517,18 @@ def get_embed_outputs(wildcards):
     if not config["embed"]["enabled"]:
         return []
     inputs = get_embed_summary_inputs(wildcards)
-    return [rules.summarize_embeddings.output[0], *inputs["scores"], *inputs["embeddings"]]
+    return [
+        rules.summarize_embeddings.output[0],
+        *as_list(inputs["scores"]),
+        *as_list(inputs["embeddings"]),
+    ]
 
 
 def get_ledger_inputs(wildcards):
     """Every part's status and rejection tables, plus the duplicate keys found when planning shards."""
-    parts = get_part_ids()
     return {
-        "status": expand(rules.download_part.output.status, part=parts),
-        "rejected": [
-            *expand(rules.download_part.output.rejected, part=parts),
-            *get_ledger_pieces(wildcards),
-        ],
+        "status": part_files("status")(wildcards),
+        "rejected": [*as_list(part_files("rejected")(wildcards)), *get_ledger_pieces(wildcards)],
     }
 
 
@@ -503,36 +569,52 @@ def get_shard_inputs(wildcards):
     }
 
 
-def get_manifest_pieces(wildcards):
-    return expand(rules.write_shard.output.manifest, shard=get_shard_ids())
+def every_shard(pattern):
+    """expand(pattern) over the planned shards, once per process and shard plan."""
+    ids = get_shard_ids()
+    key = ("every_shard", pattern, id(ids))
+    if key not in _CACHE:
+        _CACHE[key] = expand(pattern, shard=ids)
+    return _CACHE[key]
 
 
-def get_shards(wildcards):
-    return expand(rules.write_shard.output.tar, shard=get_shard_ids())
+# What write_shard writes for each shard, by the name of its output; list_shards lists them for the jobs that
+# read every shard's, so that each of those jobs has one input, not one per shard: Snakemake's work per input
+# file is what a dry run's time grows with (bench/dryrun_scale.py).
+SHARD_FILES = ("info", "tar", "members", "report", "manifest", "dali_index", "energon_index")
+
+
+def get_shard_file_lists(wildcards):
+    """{output of write_shard: every shard's file}, for list_shards' params (its input is the info files)."""
+    return {kind: every_shard(getattr(rules.write_shard.output, kind)) for kind in SHARD_FILES}
+
+
+def shard_files(kind):
+    """Input function: every shard's `kind` output of write_shard, or their list (list_shards)."""
+    return listed(
+        lambda wildcards: every_shard(getattr(rules.write_shard.output, kind)),
+        lambda wildcards: getattr(rules.list_shards.output, kind),
+    )
 
 
 def get_shard_infos(wildcards):
-    return expand(rules.write_shard.output.info, shard=get_shard_ids())
-
-
-def get_validation_reports(wildcards):
-    return expand(rules.write_shard.output.report, shard=get_shard_ids())
-
-
-def get_shard_members(wildcards):
-    return expand(rules.write_shard.output.members, shard=get_shard_ids())
+    return every_shard(rules.write_shard.output.info)
 
 
 def get_loader_files(wildcards):
     """Published beside the shards for NVIDIA DALI (an index per shard) and Megatron-Energon (an index per
     shard and .nv-meta/): shardsmith.formats.dali, shardsmith.formats.energon."""
-    shards = get_shard_ids()
     return [
-        *expand(rules.write_shard.output.dali_index, shard=shards),
-        *expand(rules.write_shard.output.energon_index, shard=shards),
+        *as_list(shard_files("dali_index")(wildcards)),
+        *as_list(shard_files("energon_index")(wildcards)),
         *rules.write_energon_meta.output,
         *get_energon_sqlite(wildcards),
     ]
+
+
+def as_list(named):
+    """An input function's result (a path or a list of them) as a list."""
+    return [named] if isinstance(named, str) else list(named)
 
 
 def get_energon_sqlite(wildcards):
@@ -543,8 +625,9 @@ def get_energon_sqlite(wildcards):
 
 
 def get_publish_files(wildcards):
+    """What a version holds; every shard's files as their lists (list_shards, list_shard_scores) where long."""
     return [
-        *get_shards(wildcards),
+        *as_list(shard_files("tar")(wildcards)),
         *get_loader_files(wildcards),
         *rules.index_shards.output,
         rules.validate_dataset.output[0],

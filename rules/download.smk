@@ -47,3 +47,20 @@ rule download_part:
         captions=config["captions"],
     script:
         "../scripts/download_part.py"
+
+
+# Every part's files, listed once for the jobs that read all of them (PART_FILES in rules/common.smk).
+rule list_parts:
+    input:
+        samples=get_all_part_samples,
+    output:
+        **{kind: f"{WORK}/processed/lists/{kind}.list" for kind in PART_FILES},
+    log:
+        f"{LOGS}/list_parts.log",
+    localrule: True
+    conda:
+        "../envs/shards.yaml"
+    params:
+        files=get_part_file_lists,  # the other outputs of the same download_part jobs
+    script:
+        "../scripts/list_files.py"

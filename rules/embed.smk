@@ -26,6 +26,23 @@ rule embed_part:
 
 
 # One job per group of parts (the groups of planning): each writes its parts' samples below min_similarity.
+# Every part's embedding outputs, listed once for the jobs that read all of them.
+rule list_part_embeddings:
+    input:
+        scores=get_all_part_scores,
+    output:
+        **{kind: f"{WORK}/embed/lists/{kind}.list" for kind in PART_EMBED_FILES},
+    log:
+        f"{LOGS}/list_part_embeddings.log",
+    localrule: True
+    conda:
+        "../envs/shards.yaml"
+    params:
+        files=get_part_embed_file_lists,  # the other outputs of the same embed_part jobs
+    script:
+        "../scripts/list_files.py"
+
+
 rule exclude_low_similarity:
     input:
         get_group_scores,
@@ -67,6 +84,26 @@ rule write_shard_embeddings:
         "../envs/shards.yaml"
     script:
         "../scripts/write_shard_embeddings.py"
+
+
+# Every shard's score tables (and embeddings), listed once for the jobs that read all of them.
+rule list_shard_scores:
+    input:
+        scores=get_shard_scores,
+        embeddings=get_shard_embeddings,
+    output:
+        scores=f"{WORK}/shards/lists/scores.list",
+        sums=f"{WORK}/shards/lists/sums.list",
+        embeddings=f"{WORK}/shards/lists/embeddings.list",
+    log:
+        f"{LOGS}/list_shard_scores.log",
+    localrule: True
+    conda:
+        "../envs/shards.yaml"
+    params:
+        files=get_shard_score_lists,  # the other output of the same write_shard_scores jobs
+    script:
+        "../scripts/list_files.py"
 
 
 rule summarize_embeddings:

@@ -27,7 +27,7 @@ rule record_build:
 rule plan_publish:
     input:
         files=get_publish_files,
-        infos=get_shard_infos,  # each shard's files' sizes and sha256, hashed when written: not hashed again
+        infos=shard_files("info"),  # each shard's files' sizes and sha256, hashed when written: not hashed again
         plan_dir=PLANNED,
     output:
         plan=f"{WORK}/publish/plan.json",

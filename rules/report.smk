@@ -45,7 +45,7 @@ rule tabulate_dataset:
     input:
         stats=rules.index_shards.output.stats,
         rejected=rules.index_shards.output.rejected,
-        infos=get_shard_infos,
+        infos=shard_files("info"),
         plan_dir=PLANNED,
     output:
         rejections=report(
@@ -71,7 +71,7 @@ rule tabulate_dataset:
 rule plot_embeddings:
     input:
         stats=rules.summarize_embeddings.output[0],
-        scores=get_all_part_scores,
+        scores=part_embed_files("scores"),
     output:
         report(
             f"{WORK}/report/clip_scores.png",
@@ -94,7 +94,7 @@ rule write_card:
         stats=rules.index_shards.output.stats,
         sizes=rules.index_shards.output.sizes,
         rejected=rules.index_shards.output.rejected,
-        reports=get_validation_reports,
+        reports=shard_files("report"),
         embedding_stats=get_card_embedding_stats,
         plan_dir=PLANNED,
     output:
@@ -119,8 +119,8 @@ rule write_card:
 rule plot_near_duplicates:
     input:
         plan_dir=PLANNED,
-        samples=get_all_part_samples,
-        tars=get_all_part_tars,
+        samples=part_files("samples"),
+        tars=part_files("processed"),
     output:
         distances=report(
             f"{WORK}/report/near_distances.png",

@@ -12,7 +12,7 @@ PARTS_PLANNED = ancient(rules.plan_parts.output[0])
 # their records and the samples split by lookup hash per group, matched per bucket, gathered per group.
 rule fetch_published:
     input:
-        samples=get_all_part_samples,
+        samples=part_files("samples"),
     output:
         manifests=directory(f"{WORK}/plan/published/manifests"),
     log:
@@ -251,7 +251,7 @@ rule collect_dropped:
 # per group, a job per bucket, and one decision over the pairs.
 rule train_near_cells:
     input:
-        samples=get_all_part_samples,
+        samples=part_files("samples"),
         embeddings=get_near_embeddings,
         parts_plan=PARTS_PLANNED,
     output:
@@ -391,7 +391,7 @@ rule decide_near_duplicates:
         pending=get_last_round("pending"),
         messages=get_last_round("messages"),
         entries=listed(get_near_entries, rules.list_near_entries.output.entries),
-        samples=get_all_part_samples,
+        samples=part_files("samples"),
     output:
         table=f"{WORK}/plan/near/near_duplicates.parquet",
         counts=f"{WORK}/plan/near/near_duplicates.json",
@@ -462,11 +462,28 @@ rule write_shard:
         "../scripts/write_shard.py"
 
 
+# Every shard's files, listed once for the jobs that read all of them (SHARD_FILES in rules/common.smk).
+rule list_shards:
+    input:
+        info=get_shard_infos,
+    output:
+        **{kind: f"{WORK}/shards/lists/{kind}.list" for kind in SHARD_FILES},
+    log:
+        f"{LOGS}/list_shards.log",
+    localrule: True
+    conda:
+        "../envs/shards.yaml"
+    params:
+        files=get_shard_file_lists,  # the other outputs of the same write_shard jobs
+    script:
+        "../scripts/list_files.py"
+
+
 rule index_shards:
     input:
         unpack(get_ledger_inputs),
-        infos=get_shard_infos,
-        manifests=get_manifest_pieces,
+        infos=shard_files("info"),
+        manifests=shard_files("manifest"),
         plan_dir=rules.plan_shards.output[0],
     output:
         sizes=f"{OUT}/{INDEX_FILES['sizes']}",
@@ -490,7 +507,7 @@ rule index_shards:
 # again, and the job reads a few bytes a shard.
 rule write_energon_meta:
     input:
-        infos=get_shard_infos,
+        infos=shard_files("info"),
         plan_dir=PLANNED,
     output:
         info=f"{OUT}/.nv-meta/.info.json",
@@ -512,7 +529,7 @@ rule write_energon_meta:
 # (get_energon_sqlite); training and `energon lint` do without it.
 rule write_energon_sqlite:
     input:
-        members=get_shard_members,
+        members=shard_files("members"),
         plan_dir=PLANNED,
     output:
         f"{OUT}/.nv-meta/index.sqlite",
@@ -531,7 +548,7 @@ rule write_energon_sqlite:
 rule validate_dataset:
     input:
         unpack(get_planned_keys),
-        reports=get_validation_reports,
+        reports=shard_files("report"),
         sizes=rules.index_shards.output.sizes,
         energon_info=rules.write_energon_meta.output.info,  # .nv-meta/ is checked against sizes.json
         energon_sqlite=get_energon_sqlite,  # and its index.sqlite, where one is written

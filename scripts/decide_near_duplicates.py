@@ -9,7 +9,7 @@ from shardsmith.shards.nearparts import entries_samples
 
 
 def main() -> None:
-    samples = list(snakemake.input.samples)
+    samples = listed_files(snakemake.input.samples)
     counts = decide_near_duplicates(
         listed_files(snakemake.input.found),
         listed_files(snakemake.input.pending),

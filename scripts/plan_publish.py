@@ -6,6 +6,7 @@ from pathlib import Path
 from shardsmith.core.atomic import atomic_write_text
 from shardsmith.core.leftovers import use_scratch
 from shardsmith.core.logs import run_job
+from shardsmith.formats.filelist import listed_files
 from shardsmith.publish.contents import PublishConflict
 from shardsmith.publish.settings import PublishSettings
 from shardsmith.publish.staged import plan_version, recorded_hashes
@@ -16,9 +17,9 @@ from shardsmith.storage.stores import PublishError
 def main() -> None:
     use_scratch(snakemake.params.scratch)
     t, out = snakemake.params.target, snakemake.output
-    infos = [json.loads(Path(p).read_text()) for p in snakemake.input.infos]
+    infos = [json.loads(Path(p).read_text()) for p in listed_files(snakemake.input.infos)]
     plan, batches = plan_version(
-        list(snakemake.input.files),
+        listed_files(snakemake.input.files),  # every shard's files through their lists
         t["dest"],
         t["dataset"],
         t["version"],

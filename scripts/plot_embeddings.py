@@ -7,13 +7,14 @@ import pyarrow.parquet as pq
 
 from shardsmith.core.errors import ConfigError
 from shardsmith.core.logs import run_job
+from shardsmith.formats.filelist import listed_files
 from shardsmith.report import numbers as report
 from shardsmith.report import plots
 
 
 def main() -> None:
     stats = json.loads(Path(snakemake.input.stats).read_text())
-    tables = list(snakemake.input.scores)
+    tables = listed_files(snakemake.input.scores)
     if not tables:
         raise ConfigError("plot_embeddings: no score tables; the embed stage (embed.enabled) scores each part first")
     names = pq.ParquetFile(tables[0]).schema_arrow.names

@@ -6,6 +6,7 @@ from pathlib import Path
 import pandas as pd
 
 from shardsmith.core.logs import run_job
+from shardsmith.formats.filelist import listed_files
 from shardsmith.report.near import image_places, pick_examples, plot_distances, sheet
 
 
@@ -15,8 +16,8 @@ def main() -> None:
     settings = json.loads((plan / "near_duplicates.json").read_text())["settings"]
     plot_distances(near, settings, snakemake.output.distances)
     part = lambda p: Path(p).name.split(".")[0]  # noqa: E731
-    samples = {part(p): p for p in snakemake.input.samples}
-    tars = {part(p): p for p in snakemake.input.tars}
+    samples = {part(p): p for p in listed_files(snakemake.input.samples)}
+    tars = {part(p): p for p in listed_files(snakemake.input.tars)}
     examples = pick_examples(near)
     sheet(examples, image_places(examples, samples, tars), snakemake.output.pairs)
     print(f"{len(near)} near-duplicates; {len(examples)} example pairs on the sheet")

@@ -2,18 +2,19 @@
 
 from shardsmith.core.logs import run_job
 from shardsmith.embed.stats import write_stats
+from shardsmith.formats.filelist import listed_files
 
 
 def main() -> None:
     stats = write_stats(
         snakemake.output[0],
-        shard_scores_paths=list(snakemake.input.scores),
-        shard_sums_paths=list(snakemake.input.sums),
-        part_infos=list(snakemake.input.infos),
+        shard_scores_paths=listed_files(snakemake.input.scores),
+        shard_sums_paths=listed_files(snakemake.input.sums),
+        part_infos=listed_files(snakemake.input.infos),
         model=snakemake.params.model,
         exclusions=list(snakemake.input.exclusions),
         min_similarity=snakemake.params.min_similarity,
-        shard_embeddings_paths=list(snakemake.input.embeddings),
+        shard_embeddings_paths=listed_files(snakemake.input.embeddings),
         resize=snakemake.params.resize,
     )
     sim = stats["similarity"]

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 from shardsmith.core.logs import run_job
+from shardsmith.formats.filelist import listed_files
 from shardsmith.report import numbers as report
 
 
@@ -15,7 +16,7 @@ def main() -> None:
         f"reason, with the first {report.EXAMPLES_PER_REASON} examples of each; every row is in rejected.parquet."
     )
     report.write_html(snakemake.output.rejections, report.html_table(reasons, "Rejections", intro))
-    infos = [json.loads(Path(p).read_text()) for p in snakemake.input.infos]
+    infos = [json.loads(Path(p).read_text()) for p in listed_files(snakemake.input.infos)]
     shards = report.shard_table(infos)
     intro = "Every published shard: samples, bytes and checksums of the tar file (also in wids-index.json)."
     report.write_html(snakemake.output.shards, report.html_table(shards, "Shards", intro))

@@ -10,7 +10,7 @@ from shardsmith.shards.validate import ValidationFailed, check_dataset, planned_
 def main() -> None:
     near = snakemake.input.get("near_dropped")
     summary = check_dataset(
-        list(snakemake.input.reports),
+        listed_files(snakemake.input.reports),
         snakemake.input.sizes,
         None,  # keys checked by bucket: the planned keys' digests against the shards'
         min_shards=snakemake.params.min_shards,

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from shardsmith.core.atomic import atomic_write_text
 from shardsmith.core.logs import run_job
+from shardsmith.formats.filelist import listed_files
 from shardsmith.formats.index import rejected_by_source
 from shardsmith.report.card import card_text
 
@@ -15,7 +16,7 @@ def load(path: str) -> dict:
 
 def main() -> None:
     emb = list(snakemake.input.embedding_stats)
-    reports = list(snakemake.input.reports)  # none when every record was rejected: validate_dataset says so
+    reports = listed_files(snakemake.input.reports)  # none when every record was rejected: validate_dataset says so
     stats = load(snakemake.input.stats)
     if "rejected_by_source" not in stats:  # indexed by an earlier version, which did not count them
         stats["rejected_by_source"] = rejected_by_source(snakemake.input.rejected)

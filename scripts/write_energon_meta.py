@@ -5,10 +5,12 @@ from pathlib import Path
 
 from shardsmith.core.logs import run_job
 from shardsmith.formats.energon import EnergonError, write_meta
+from shardsmith.formats.filelist import listed_files
 
 
 def main() -> None:
-    infos = (json.loads(Path(p).read_text()) for p in snakemake.input.infos)  # write_shard's, one at a time
+    # write_shard's, one at a time
+    infos = (json.loads(Path(p).read_text()) for p in listed_files(snakemake.input.infos))
     shards = ((i["shard"], i["nsamples"], i["sha256"]) for i in infos)
     out_dir = Path(snakemake.output.info).parent.parent
     counts = write_meta(out_dir, shards, val_shards=snakemake.params.val_shards)

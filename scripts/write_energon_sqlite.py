@@ -6,12 +6,13 @@ from pathlib import Path
 from shardsmith.core.leftovers import use_scratch
 from shardsmith.core.logs import run_job
 from shardsmith.formats.energon import EnergonError, write_sqlite
+from shardsmith.formats.filelist import listed_files
 from shardsmith.shards.write import read_members
 
 
 def main() -> None:
     use_scratch(snakemake.params.scratch)  # TMPDIR, where SQLite spills while it builds the indexes
-    tables = list(snakemake.input.members)
+    tables = listed_files(snakemake.input.members)
     shards = (
         (Path(p).name.removesuffix(".members.parquet") + ".tar", read_members(p)) for p in tables
     )  # one at a time
