@@ -350,11 +350,13 @@ def extrapolate(results: list[dict], n: int, plans: list[dict] = (), splits: lis
             out[kind] = {"jobs": 1, "peak_mib": round(got["max_peak_mib"]), "cpu_min": round(got["max_cpu_s"] / 60, 1)}
             continue
         if kind in PER_PIECE:
-            rounds = NearSettings().decision_rounds
+            rounds, per_job = NearSettings().decision_rounds, NearSettings().partitions_per_job
             count = {"find_duplicate_keys": layout.buckets, "find_near_pairs": layout.buckets,
                      "match_published": layout.buckets,
-                     "decide_near_round": layout.buckets * rounds}.get(kind, groups)  # fmt: skip
+                     "decide_near_round": -(-layout.buckets // per_job) * rounds}.get(kind, groups)  # fmt: skip
             peak, cpu = got["max_peak_mib"], got["max_cpu_s"]
+            if kind == "decide_near_round":  # a job decides per_job partitions one after another
+                cpu *= per_job / min(per_job, large.get("buckets", per_job))
             if kind == "split_near_entries":
                 extra = 2 * NearSettings().bucket_samples * (nearest_us(layout.cells) - nearest_us(large["cells"]))
                 if len(splits) >= 2:  # measured alone at two probe counts: a line through them, from the run's

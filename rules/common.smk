@@ -60,6 +60,7 @@ wildcard_constraints:
     group=r"\d{5}",
     partition=r"\d{5}",
     round=r"\d+",
+    slice=r"\d{5}",
 
 
 # Input functions run once per job or more, and a LAION-size DAG has ~30k jobs: the checkpoint folders,
@@ -371,12 +372,25 @@ def listed(files, list_file):
     return get
 
 
+def get_round_slices():
+    """decide_near_round jobs a round: dedupe.partitions_per_job consecutive partitions each."""
+    return -(-get_plan_buckets(None) // config["dedupe"]["partitions_per_job"])
+
+
+def get_slice_partitions(wildcards):
+    """The partitions the slice's decide_near_round job decides, one after another."""
+    k = config["dedupe"]["partitions_per_job"]
+    first = int(wildcards.slice) * k
+    return list(range(first, min(first + k, get_plan_buckets(None))))
+
+
 def get_round_outputs(kind, round=None):
-    """Every partition's `kind` output (messages, found, pending) of a round: the wildcard's, or `round(wc)`."""
+    """Every slice's `kind` folder (messages, found, pending: a file per partition) of a round: the
+    wildcard's, or `round(wc)`."""
     return lambda wildcards: every(
         getattr(rules.decide_near_round.output, kind),
-        "partition",
-        get_plan_buckets(None),
+        "slice",
+        get_round_slices(),
         round=round(wildcards) if round else wildcards.round,
     )
 

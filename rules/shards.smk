@@ -346,6 +346,7 @@ rule list_near_pairs:
 
 # The keep rule decided per partition (shardsmith.shards.neardecide): each round settles what its samples'
 # pairs and the other partitions' states of the round before allow; the last step settles what still waits.
+# A job decides a slice of dedupe.partitions_per_job partitions, one after another: a file per partition.
 rule decide_near_round:
     input:
         incoming=listed(get_near_pairs("incoming"), rules.list_near_pairs.output.incoming),
@@ -354,15 +355,16 @@ rule decide_near_round:
         messages=get_round_messages,
         parts_plan=PARTS_PLANNED,
     output:
-        messages=f"{WORK}/plan/near/rounds/{{round}}/{{partition}}.messages.arrow",
-        found=f"{WORK}/plan/near/rounds/{{round}}/{{partition}}.found.parquet",
-        pending=f"{WORK}/plan/near/rounds/{{round}}/{{partition}}.pending.parquet",
+        messages=directory(f"{WORK}/plan/near/rounds/{{round}}/messages/{{slice}}"),
+        found=directory(f"{WORK}/plan/near/rounds/{{round}}/found/{{slice}}"),
+        pending=directory(f"{WORK}/plan/near/rounds/{{round}}/pending/{{slice}}"),
     log:
-        f"{LOGS}/decide_near_round/{{round}}/{{partition}}.log",
+        f"{LOGS}/decide_near_round/{{round}}/{{slice}}.log",
     conda:
         "../envs/shards.yaml"
     params:
         partitions=get_plan_buckets,
+        own=get_slice_partitions,
     script:
         "../scripts/decide_near_round.py"
 

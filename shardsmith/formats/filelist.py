@@ -18,8 +18,14 @@ def read_file_list(path: str | os.PathLike) -> list[str]:
 
 
 def listed_files(paths: str | os.PathLike | list[str]) -> list[str]:
-    """The files a job's input names (one path or several), a `.list` file standing for the files it lists."""
+    """The files a job's input names (one path or several), a `.list` file standing for the files it lists
+    and a folder (a job's that writes a file per partition) for the files in it, by name, but hidden ones."""
     files: list[str] = []
     for p in map(str, [paths] if isinstance(paths, str | os.PathLike) else paths):
-        files += read_file_list(p) if p.endswith(".list") else [p]
+        for f in read_file_list(p) if p.endswith(".list") else [p]:
+            files += folder_files(f) if os.path.isdir(f) else [f]
     return files
+
+
+def folder_files(folder: str) -> list[str]:
+    return [os.path.join(folder, n) for n in sorted(os.listdir(folder)) if not n.startswith(".")]

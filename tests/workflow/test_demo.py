@@ -327,14 +327,14 @@ def _tables_are_whole(folder):
 
 @pytest.mark.parametrize("during", ["find_near_pairs", "decide_near_round", "plan_shards"])
 def test_planning_in_buckets_killed_mid_job_gives_the_one_bucket_build_on_rerun(build, demo_data, tmp_path, during):
-    """Planning in 3 buckets and 2 decision rounds, killed (SIGKILL, the whole run) as soon as a bucket's
-    search, a partition's decision or the plan starts: no torn table, and the rerun publishes what the
-    one-bucket build published, byte for byte, ledger included."""
+    """Planning in 3 buckets and 2 decision rounds (slices of 2 partitions), killed (SIGKILL, the whole run) as
+    soon as a bucket's search, a slice's decision or the plan starts: no torn table, and the rerun publishes
+    what the one-bucket build published, byte for byte, ledger included."""
     root1, _ = build
     data, _ = demo_data
     root = tmp_path / "killed"
     config = demo_config(data, root)
-    config["dedupe"] = {"near": "report", "buckets": 3, "decision_rounds": 2}
+    config["dedupe"] = {"near": "report", "buckets": 3, "decision_rounds": 2, "partitions_per_job": 2}
     root.mkdir()
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile",
