@@ -50,8 +50,7 @@ def main() -> None:
         plan = args.run / "work" / "bench" / "plan"
         last = max((plan / "near" / "rounds").iterdir(), key=lambda p: int(p.name))
         found, pending, messages = (
-            sorted(str(p) for p in last.glob(f"*.{kind}"))
-            for kind in ("found.parquet", "pending.parquet", "messages.arrow")
+            sorted(str(p) for p in (last / kind).glob("*/*.*")) for kind in ("found", "pending", "messages")
         )
         parts = [p.name.split(".")[0] for p in sorted((plan / "parts").glob("*.parquet"))]
         peers = {"before": before.merged, "after": neardecide.merged}

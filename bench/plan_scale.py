@@ -227,8 +227,8 @@ def analyse(root: Path, n: int, planted, wall: float | None = None, cpu_all: flo
     parts = len(list((plan / "parts").glob("*.parquet")))
     layout = NearSettings(near="exclude").layout(parts * PART_SIZE)
     rounds = NearSettings(near="exclude").rounds_for(layout)
-    ins = sorted(str(p) for p in (plan / "near" / "pairs").glob("*.in.arrow"))
-    pending = sorted(str(p) for p in (plan / "near" / "rounds" / str(rounds)).glob("*.pending.parquet"))
+    ins = sorted(str(p) for p in (plan / "near" / "pairs" / "in").glob("*/*.arrow"))
+    pending = sorted(str(p) for p in (plan / "near" / "rounds" / str(rounds) / "pending").glob("*/*.parquet"))
     pieces = sorted(str(p) for p in (plan / "dropped").glob("*.parquet"))
     result = outcome(n, planted, ins, pending, pieces, plan / "near" / "near_duplicates.parquet", jobs)
     total_job_cpu = sum(j["cpu_s"] for v in jobs.values() for j in v)
@@ -350,7 +350,7 @@ def extrapolate(results: list[dict], n: int, plans: list[dict] = (), splits: lis
             out[kind] = {"jobs": 1, "peak_mib": round(got["max_peak_mib"]), "cpu_min": round(got["max_cpu_s"] / 60, 1)}
             continue
         if kind in PER_PIECE:
-            rounds, per_job = NearSettings().decision_rounds, NearSettings().partitions_per_job
+            rounds, per_job = NearSettings().decision_rounds, NearSettings().buckets_per_job
             count = {"find_duplicate_keys": layout.buckets, "find_near_pairs": layout.buckets,
                      "match_published": layout.buckets,
                      "decide_near_round": -(-layout.buckets // per_job) * rounds}.get(kind, groups)  # fmt: skip

@@ -233,11 +233,11 @@ def get_all_published_lookups(wildcards):
 
 
 def get_all_published_matches(wildcards):
-    return every(rules.match_published.output.matches, "bucket", get_plan_buckets(None))
+    return every(rules.match_published.output.matches, "slice", get_slice_count())
 
 
 def get_all_published_gone(wildcards):
-    return every(rules.match_published.output.gone, "bucket", get_plan_buckets(None))
+    return every(rules.match_published.output.gone, "slice", get_slice_count())
 
 
 def get_exact_exclusions(wildcards):
@@ -319,7 +319,7 @@ def get_all_group_keys(wildcards):
 
 
 def get_key_drop_tables(wildcards):
-    return every(rules.find_duplicate_keys.output[0], "bucket", get_plan_buckets(None))
+    return every(rules.find_duplicate_keys.output[0], "slice", get_slice_count())
 
 
 def get_planned_keys(wildcards):
@@ -340,9 +340,9 @@ def get_near_homes(wildcards):
 
 
 def get_near_pairs(kind):
-    """Every bucket's near pairs, `incoming` or `outgoing` (shardsmith.shards.neardecide)."""
+    """Every bucket's near pairs, `incoming` or `outgoing` (shardsmith.shards.neardecide): a folder a slice."""
     return lambda wildcards: every(
-        getattr(rules.find_near_pairs.output, kind), "bucket", get_plan_buckets(None)
+        getattr(rules.find_near_pairs.output, kind), "slice", get_slice_count()
     )
 
 
@@ -372,14 +372,14 @@ def listed(files, list_file):
     return get
 
 
-def get_round_slices():
-    """decide_near_round jobs a round: dedupe.partitions_per_job consecutive partitions each."""
-    return -(-get_plan_buckets(None) // config["dedupe"]["partitions_per_job"])
+def get_slice_count(wildcards=None):
+    """Jobs of a bucket step (and of a decision round): dedupe.buckets_per_job consecutive buckets each."""
+    return -(-get_plan_buckets(None) // config["dedupe"]["buckets_per_job"])
 
 
-def get_slice_partitions(wildcards):
-    """The partitions the slice's decide_near_round job decides, one after another."""
-    k = config["dedupe"]["partitions_per_job"]
+def get_slice_buckets(wildcards):
+    """The buckets (or partitions) the slice's job takes, one after another."""
+    k = config["dedupe"]["buckets_per_job"]
     first = int(wildcards.slice) * k
     return list(range(first, min(first + k, get_plan_buckets(None))))
 
@@ -390,7 +390,7 @@ def get_round_outputs(kind, round=None):
     return lambda wildcards: every(
         getattr(rules.decide_near_round.output, kind),
         "slice",
-        get_round_slices(),
+        get_slice_count(),
         round=round(wildcards) if round else wildcards.round,
     )
 

@@ -53,6 +53,7 @@ rule download_part:
 rule list_parts:
     input:
         samples=get_all_part_samples,
+        parts_plan=ancient(rules.plan_parts.output[0]),  # listed again when the part plan changes within a run
     output:
         **{kind: f"{WORK}/processed/lists/{kind}.list" for kind in PART_FILES},
     log:

@@ -30,6 +30,7 @@ rule embed_part:
 rule list_part_embeddings:
     input:
         scores=get_all_part_scores,
+        parts_plan=PARTS_PLANNED,  # listed again when the part plan changes within a run
     output:
         **{kind: f"{WORK}/embed/lists/{kind}.list" for kind in PART_EMBED_FILES},
     log:
@@ -91,6 +92,7 @@ rule list_shard_scores:
     input:
         scores=get_shard_scores,
         embeddings=get_shard_embeddings,
+        plan_dir=PLANNED,  # listed again when the shard plan changes within a run (see PLANNED)
     output:
         scores=f"{WORK}/shards/lists/scores.list",
         sums=f"{WORK}/shards/lists/sums.list",

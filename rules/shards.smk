@@ -82,16 +82,17 @@ rule match_published:
         lookups=listed(get_all_published_lookups, rules.list_published_splits.output.lookups),
         parts_plan=PARTS_PLANNED,
     output:
-        matches=f"{WORK}/plan/published/matches/{{bucket}}.arrow",
-        gone=f"{WORK}/plan/published/matches/{{bucket}}.gone.arrow",
+        matches=directory(f"{WORK}/plan/published/matches/found/{{slice}}"),
+        gone=directory(f"{WORK}/plan/published/matches/gone/{{slice}}"),
     log:
-        f"{LOGS}/match_published/{{bucket}}.log",
+        f"{LOGS}/match_published/{{slice}}.log",
     conda:
         "../envs/shards.yaml"
     params:
         groups=get_group_count,
         parts_per_group=get_parts_per_group(),
         near=config["dedupe"]["near"] != "off",
+        own=get_slice_buckets,
     script:
         "../scripts/match_published.py"
 
@@ -204,13 +205,14 @@ rule find_duplicate_keys:
         key_tables=listed(get_all_group_keys, rules.list_key_tables.output.tables),
         excluded=rules.split_exclusions.output[0],
     output:
-        f"{WORK}/plan/keys/drops/{{bucket}}.arrow",
+        directory(f"{WORK}/plan/keys/drops/{{slice}}"),
     log:
-        f"{LOGS}/find_duplicate_keys/{{bucket}}.log",
+        f"{LOGS}/find_duplicate_keys/{{slice}}.log",
     conda:
         "../envs/shards.yaml"
     params:
         parts_per_group=get_parts_per_group(),
+        own=get_slice_buckets,
     script:
         "../scripts/find_duplicate_keys.py"
 
@@ -308,10 +310,10 @@ rule find_near_pairs:
         entries=listed(get_near_entries, rules.list_near_entries.output.entries),
         parts_plan=PARTS_PLANNED,
     output:
-        incoming=f"{WORK}/plan/near/pairs/{{bucket}}.in.arrow",
-        outgoing=f"{WORK}/plan/near/pairs/{{bucket}}.out.arrow",
+        incoming=directory(f"{WORK}/plan/near/pairs/in/{{slice}}"),
+        outgoing=directory(f"{WORK}/plan/near/pairs/out/{{slice}}"),
     log:
-        f"{LOGS}/find_near_pairs/{{bucket}}.log",
+        f"{LOGS}/find_near_pairs/{{slice}}.log",
     conda:
         "../envs/shards.yaml"
     resources:
@@ -319,6 +321,7 @@ rule find_near_pairs:
     params:
         near=config["dedupe"],
         partitions=get_plan_buckets,
+        own=get_slice_buckets,
     script:
         "../scripts/find_near_pairs.py"
 
@@ -364,7 +367,7 @@ rule decide_near_round:
         "../envs/shards.yaml"
     params:
         partitions=get_plan_buckets,
-        own=get_slice_partitions,
+        own=get_slice_buckets,
     script:
         "../scripts/decide_near_round.py"
 
@@ -468,6 +471,7 @@ rule write_shard:
 rule list_shards:
     input:
         info=get_shard_infos,
+        plan_dir=PLANNED,  # listed again when the shard plan changes within a run (see PLANNED)
     output:
         **{kind: f"{WORK}/shards/lists/{kind}.list" for kind in SHARD_FILES},
     log:

@@ -73,7 +73,7 @@ class NearSettings:
     bucket_samples: int = 500_000  # samples' entries a bucket job reads: sets the jobs' size
     buckets: int | None = None  # bucket jobs; None: from the dataset's size and bucket_samples
     decision_rounds: int = 3  # rounds of the partitions' decision before one job settles what still waits
-    partitions_per_job: int = 16  # partitions a decide_near_round job decides, one after another
+    buckets_per_job: int = 16  # buckets (and decision partitions) a planning job takes, one after another
 
     def __post_init__(self) -> None:
         if self.near not in MODES:

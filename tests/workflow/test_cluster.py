@@ -159,7 +159,7 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path, http_server):
     cluster_root, local_root = tmp_path / "cluster", tmp_path / "local"
     # 3 shards: fewer jobs, still several per rule; the near-duplicate search in 3 bucket jobs, decided in one
     # round of 3 partitions and the last step (rounds that send states on: test_demo's kill test, test_neardecide)
-    dedupe = {"near": "report", "buckets": 3, "decision_rounds": 1, "partitions_per_job": 2}
+    dedupe = {"near": "report", "buckets": 3, "decision_rounds": 1, "buckets_per_job": 1}
     base = demo_config(data, cluster_root)
     download = {**base["download"], **ALLOW_LOOPBACK, "concurrency": SLOW_CONCURRENCY}
     sources = [*base["sources"], slow_source(data, http_server)]
@@ -202,7 +202,7 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path, http_server):
     assert Counter(rule for _, rule in submitted) == jobs_run - local
     assert {"plan_parts", "download_part", "embed_part", "write_shard", "validate_dataset"} <= set(jobs_run)
     assert jobs_run["find_near_pairs"] == jobs_run["find_duplicate_keys"] == 3  # planning in 3 bucket jobs
-    assert jobs_run["decide_near_round"] == 2  # 3 partitions in slices of 2, 1 round
+    assert jobs_run["decide_near_round"] == 3  # 3 partitions, a job each (buckets_per_job: 1), 1 round
     assert jobs_run["upload_shards"] == jobs_run["write_shard"] > 1 and jobs_run["publish_dataset"] == 1
 
     # SLURM ran them to completion, in the partitions and with the CPUs the profile asks for.

@@ -334,7 +334,7 @@ def test_planning_in_buckets_killed_mid_job_gives_the_one_bucket_build_on_rerun(
     data, _ = demo_data
     root = tmp_path / "killed"
     config = demo_config(data, root)
-    config["dedupe"] = {"near": "report", "buckets": 3, "decision_rounds": 2, "partitions_per_job": 2}
+    config["dedupe"] = {"near": "report", "buckets": 3, "decision_rounds": 2, "buckets_per_job": 2}
     root.mkdir()
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile",
