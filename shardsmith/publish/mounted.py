@@ -40,7 +40,7 @@ def publish_mounted(
         # Files in parallel: copies to NFS or Lustre gain from several streams, and hashing (which releases
         # the GIL) from several cores.
         with ThreadPoolExecutor(max(1, threads)) as pool:
-            placed = {name: pool.submit(_place, by_name[name], tmp / name, hardlink, readable) for name in table}
+            placed = {name: pool.submit(place, by_name[name], tmp / name, hardlink, readable) for name in table}
             try:
                 linked = 0
                 for name, want in table.items():  # read back what landed on the destination
@@ -54,12 +54,12 @@ def publish_mounted(
                 raise
         print(f"{len(table)} files in place and read back: {linked} hard-linked, {len(table) - linked} copied")
         for folder in folders:
-            _fsync_dir(folder)
-        _fsync_dir(tmp)  # the files' entries before the marker's
+            fsync_dir(folder)
+        fsync_dir(tmp)  # the files' entries before the marker's
         atomic_write_text(tmp / MARKER, json.dumps(marker, indent=1, sort_keys=True) + "\n")
         os.chmod(tmp, 0o777 & ~_umask())
         os.rename(tmp, final)
-        _fsync_dir(store.root)
+        fsync_dir(store.root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -72,7 +72,7 @@ _NO_LINK = frozenset(
 )
 
 
-def _place(src: str, dst: Path, hardlink: bool, readable: int) -> tuple[dict, bool]:
+def place(src: str, dst: Path, hardlink: bool, readable: int) -> tuple[dict, bool]:
     """Put `src` at `dst`; returns ({size, sha256} of what is there now, whether it is a hard link).
 
     A hard link where allowed: the workflow never changes a written file in place (it writes a new file and
@@ -85,11 +85,11 @@ def _place(src: str, dst: Path, hardlink: bool, readable: int) -> tuple[dict, bo
     linked = hardlink and os.stat(src).st_mode & readable == readable and _link(src, dst)
     if not linked:
         shutil.copyfile(src, dst)
-        _fsync(dst)
+        fsync_file(dst)
     return {"size": os.path.getsize(dst), "sha256": sha256_file(dst)}, linked
 
 
-def _fsync(path: str | os.PathLike) -> None:
+def fsync_file(path: str | os.PathLike) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -97,10 +97,10 @@ def _fsync(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def _fsync_dir(path: str | os.PathLike) -> None:
+def fsync_dir(path: str | os.PathLike) -> None:
     """Make renames and new entries in a folder durable (some file systems refuse: then there is nothing to do)."""
     with contextlib.suppress(OSError):
-        _fsync(path)
+        fsync_file(path)
 
 
 def _link(src: str, dst: Path) -> bool:

@@ -25,10 +25,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from shardsmith.core.atomic import atomic_write_text, sha256_file
+from shardsmith.core.atomic import UMASK, atomic_write_text, sha256_file
 from shardsmith.publish.contents import AUTO, auto_version, conflict, mismatch, same_data
 from shardsmith.publish.dataset import apply_retention, prepare
-from shardsmith.publish.mounted import _fsync, _fsync_dir, _place, _umask
+from shardsmith.publish.mounted import fsync_dir, fsync_file, place
 from shardsmith.publish.s3 import cli_config, mend, verify_s3
 from shardsmith.publish.settings import PublishSettings
 from shardsmith.storage.s3 import S3Settings, run
@@ -132,7 +132,7 @@ def _upload_mounted(store: LocalStore, version: str, batch: dict[str, dict], har
             raise conflict(str(final), version)
         return
     staging = staging_dir(store, version)
-    readable = 0o666 & ~_umask()
+    readable = 0o666 & ~UMASK
     for folder in sorted({(staging / n).parent for n in batch}):
         folder.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max(1, threads)) as pool:
@@ -150,7 +150,7 @@ def _upload_mounted(store: LocalStore, version: str, batch: dict[str, dict], har
             pool.shutdown(cancel_futures=True)
             raise
     for folder in sorted({(staging / n).parent for n in batch}, reverse=True):
-        _fsync_dir(folder)
+        fsync_dir(folder)
     print(
         f"{len(batch)} files in {staging} and read back: {how['kept']} already there from an earlier attempt, "
         f"{how['linked']} hard-linked, {how['copied']} copied"
@@ -162,11 +162,11 @@ def _stage(src: str, dst: Path, want: dict, hardlink: bool, readable: int) -> tu
     ({size, sha256} of what is there now, kept / linked / copied)."""
     there = dst.is_file() and not dst.is_symlink() and dst.stat().st_size == want["size"]
     if there and sha256_file(dst) == want["sha256"]:
-        _fsync(dst)  # a copy a killed attempt made may not be on disk yet
+        fsync_file(dst)  # a copy a killed attempt made may not be on disk yet
         return {"size": want["size"], "sha256": want["sha256"]}, "kept"
     if dst.exists() or dst.is_symlink():
         dst.unlink()
-    got, linked = _place(src, dst, hardlink, readable)
+    got, linked = place(src, dst, hardlink, readable)
     return got, "linked" if linked else "copied"
 
 
@@ -260,12 +260,12 @@ def _commit_mounted(store: LocalStore, version: str, marker: dict) -> dict:
         if not any(folder.iterdir()):
             folder.rmdir()
         else:
-            _fsync_dir(folder)
-    _fsync_dir(staging)  # the files' entries before the marker's
+            fsync_dir(folder)
+    fsync_dir(staging)  # the files' entries before the marker's
     atomic_write_text(staging / MARKER, json.dumps(marker, indent=1, sort_keys=True) + "\n")
-    os.chmod(staging, 0o777 & ~_umask())
+    os.chmod(staging, 0o777 & ~UMASK)
     os.rename(staging, store.where(version))
-    _fsync_dir(store.root)
+    fsync_dir(store.root)
     print(f"{len(table)} files committed as {store.where(version)}")
     return marker
 
