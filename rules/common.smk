@@ -11,6 +11,13 @@ from shardsmith.core.config import check_config, plain_data, schema_error_messag
 from shardsmith.core.errors import ConfigError
 from shardsmith.formats.energon import sqlite_wanted as energon_sqlite_wanted
 from shardsmith.formats.index import INDEX_FILES
+from shardsmith.formats.batches import (
+    batch_count,
+    batch_shards,
+    score_paths,
+    shard_paths,
+    shards_per_job,
+)
 from shardsmith.report.summary import print_failure, print_success, stop_scheduler_timers
 
 if not config and "--lint" in sys.argv:
@@ -178,18 +185,18 @@ def low_similarity_on():
 
 
 def get_exclusions(wildcards):
-    """Tables of samples to leave out of the shards (key, stage, reason, detail), from optional stages: one
-    a group, in group order (so in part order)."""
+    """Tables of samples to leave out of the shards (key, stage, reason, detail), from optional stages: a
+    folder a group job, a table a group, in group order (so in part order)."""
     if not low_similarity_on():
         return []
-    return every(rules.exclude_low_similarity.output[0], "group", get_group_count(None))
+    return every_group_slice(rules.exclude_low_similarity.output[0])
 
 
-def get_group_exclusions(wildcards):
-    """The exclusion tables of the group's own parts."""
+def get_slice_exclusions(wildcards):
+    """The exclusion tables of the slice's own groups (a folder, a table a group)."""
     if not low_similarity_on():
         return []
-    return [rules.exclude_low_similarity.output[0].format(group=wildcards.group)]
+    return [rules.exclude_low_similarity.output[0].format(slice=wildcards.slice)]
 
 
 def get_dedupe_settings():
@@ -206,18 +213,18 @@ def get_dedupe_settings():
     }
 
 
-def get_group_published(wildcards):
-    """The group's samples already published (part, row, version); none without publish.dest."""
+def get_slice_published(wildcards):
+    """The slice's groups' samples already published (part, row, version); none without publish.dest."""
     if get_dedupe_settings() is None:
         return []
-    return [rules.collect_published.output.old.format(group=wildcards.group)]
+    return [rules.collect_published.output.old.format(slice=wildcards.slice)]
 
 
-def get_group_gone(wildcards):
-    """The published records gone from the build that the group's piece of the manifests holds."""
+def get_slice_gone(wildcards):
+    """The published records gone from the build that the slice's groups' pieces of the manifests hold."""
     if get_dedupe_settings() is None:
         return []
-    return [rules.collect_published.output.gone.format(group=wildcards.group)]
+    return [rules.collect_published.output.gone.format(slice=wildcards.slice)]
 
 
 def get_part_count(wildcards):
@@ -225,11 +232,11 @@ def get_part_count(wildcards):
 
 
 def get_all_published_records(wildcards):
-    return every(rules.split_published.output[0], "group", get_group_count(None))
+    return every_group_slice(rules.split_published.output[0])
 
 
 def get_all_published_lookups(wildcards):
-    return every(rules.split_lookups.output[0], "group", get_group_count(None))
+    return every_group_slice(rules.split_lookups.output[0])
 
 
 def get_all_published_matches(wildcards):
@@ -246,7 +253,7 @@ def get_exact_exclusions(wildcards):
     if get_dedupe_settings() is not None:
         tables = [
             *tables,
-            *every(rules.collect_published.output.exclusions, "group", get_group_count(None)),
+            *every_group_slice(rules.collect_published.output.exclusions),
         ]
     return tables
 
@@ -287,35 +294,18 @@ def get_parts_per_group():
     return max(1, config["dedupe"]["bucket_samples"] // config["part_size"])
 
 
-def get_group_ids():
-    return numbered(get_group_count(None))
-
-
 def get_group_count(wildcards):
     return max(1, -(-len(get_part_ids()) // get_parts_per_group()))
 
 
-def get_group_parts(wildcards):
-    k, g = get_parts_per_group(), int(wildcards.group)
-    return get_part_ids()[g * k : (g + 1) * k]
-
-
-def get_group_first_part(wildcards):
-    return int(wildcards.group) * get_parts_per_group()
-
-
-def get_group_samples(wildcards):
-    return expand(rules.download_part.output.samples, part=get_group_parts(wildcards))
-
-
-def get_group_near_embeddings(wildcards):
+def get_slice_near_embeddings(wildcards):
     if not near_embeddings_on():
         return []
-    return expand(rules.embed_part.output.embeddings, part=get_group_parts(wildcards))
+    return expand(rules.embed_part.output.embeddings, part=get_slice_parts(wildcards))
 
 
 def get_all_group_keys(wildcards):
-    return every(rules.split_keys.output[0], "group", get_group_count(None))
+    return every_group_slice(rules.split_keys.output[0])
 
 
 def get_key_drop_tables(wildcards):
@@ -332,11 +322,11 @@ def get_planned_keys(wildcards):
 
 
 def get_near_entries(wildcards):
-    return every(rules.split_near_entries.output.entries, "group", get_group_count(None))
+    return every_group_slice(rules.split_near_entries.output.entries)
 
 
 def get_near_homes(wildcards):
-    return every(rules.split_near_entries.output.homes, "group", get_group_count(None))
+    return every_group_slice(rules.split_near_entries.output.homes)
 
 
 def get_near_pairs(kind):
@@ -372,16 +362,59 @@ def listed(files, list_file):
     return get
 
 
+def near_settings():
+    from shardsmith.shards.neardup import NearSettings
+
+    return NearSettings(**config["dedupe"])
+
+
+def get_buckets_per_job():
+    return near_settings().buckets_in_a_job(get_plan_buckets(None))
+
+
 def get_slice_count(wildcards=None):
     """Jobs of a bucket step (and of a decision round): dedupe.buckets_per_job consecutive buckets each."""
-    return -(-get_plan_buckets(None) // config["dedupe"]["buckets_per_job"])
+    return -(-get_plan_buckets(None) // get_buckets_per_job())
 
 
 def get_slice_buckets(wildcards):
     """The buckets (or partitions) the slice's job takes, one after another."""
-    k = config["dedupe"]["buckets_per_job"]
+    k = get_buckets_per_job()
     first = int(wildcards.slice) * k
     return list(range(first, min(first + k, get_plan_buckets(None))))
+
+
+def get_groups_per_job():
+    return near_settings().groups_in_a_job(get_group_count(None))
+
+
+def get_group_slice_count(wildcards=None):
+    """Jobs of a group step: dedupe.groups_per_job consecutive groups each."""
+    return -(-get_group_count(None) // get_groups_per_job())
+
+
+def every_group_slice(pattern):
+    """Every group job's folder of a step (a file per group in it)."""
+    return every(pattern, "slice", get_group_slice_count())
+
+
+def get_slice_groups(wildcards):
+    """The groups the slice's job takes, one after another: id, first part's index and parts."""
+    k, per = get_groups_per_job(), get_parts_per_group()
+    first = int(wildcards.slice) * k
+    ids = get_part_ids()
+    return [
+        {"group": f"{g:05d}", "first_part": g * per, "parts": ids[g * per : (g + 1) * per]}
+        for g in range(first, min(first + k, get_group_count(None)))
+    ]
+
+
+def get_slice_parts(wildcards):
+    return [p for group in get_slice_groups(wildcards) for p in group["parts"]]
+
+
+def get_slice_samples(wildcards):
+    return expand(rules.download_part.output.samples, part=get_slice_parts(wildcards))
 
 
 def get_round_outputs(kind, round=None):
@@ -426,7 +459,7 @@ def get_last_round(kind):
 def get_ledger_pieces(wildcards):
     """The samples planning left out, as ledger pieces: each group's (exclusions, repeated keys), then the
     near-duplicates' (empty unless dedupe.near: exclude)."""
-    pieces = expand(rules.collect_dropped.output[0], group=get_group_ids())
+    pieces = list(every_group_slice(rules.collect_dropped.output[0]))
     if config["dedupe"]["near"] != "off":
         pieces.append(rules.decide_near_duplicates.output.dropped)
     return pieces
@@ -471,47 +504,45 @@ def get_all_part_scores(wildcards):
     return every_part(rules.embed_part.output.scores)
 
 
-def get_group_scores(wildcards):
-    return expand(rules.embed_part.output.scores, part=get_group_parts(wildcards))
+def get_slice_scores(wildcards):
+    return expand(rules.embed_part.output.scores, part=get_slice_parts(wildcards))
 
 
-def get_shard_embed_inputs(wildcards):
-    """The shard's plan and the scores and embeddings of only the parts it draws from."""
-    plan = get_shard_plan(wildcards)
-    parts = get_shard_parts(wildcards.shard)
+def get_batch_embed_inputs(wildcards):
+    """The batch's shards (write_shard's record of them) and the scores and embeddings of only the parts they
+    draw from."""
+    parts = get_batch_parts(wildcards)
     return {
-        "plan": plan,
+        "batch": rules.write_shard.output[0].format(batch=wildcards.batch),
         "plan_dir": PLANNED,
         "scores": expand(rules.embed_part.output.scores, part=parts),
         "embeddings": expand(rules.embed_part.output.embeddings, part=parts),
     }
 
 
-def get_shard_scores(wildcards):
-    return every_shard(rules.write_shard_scores.output.scores)
+def get_score_batches(wildcards):
+    return every(rules.write_shard_scores.output[0], "batch", get_write_batch_count())
 
 
-def get_shard_embeddings(wildcards):
-    return (
-        every_shard(rules.write_shard_embeddings.output[0])
-        if config["embed"]["save_embeddings"]
-        else []
-    )
+def get_embedding_batches(wildcards):
+    if not config["embed"]["save_embeddings"]:
+        return []
+    return every(rules.write_shard_embeddings.output[0], "batch", get_write_batch_count())
 
 
 def get_shard_score_lists(wildcards):
-    """list_shard_scores' params: every shard's score sums (written with its scores, its input)."""
-    return {"sums": every_shard(rules.write_shard_scores.output.sums)}
+    """list_shard_scores' params: every shard's scores and sums (and embeddings), as SCORE_PATHS names them."""
+    save = config["embed"]["save_embeddings"]
+    return {
+        "scores": every_shard(SCORE_PATHS["scores"]),
+        "sums": every_shard(SCORE_PATHS["sums"]),
+        "embeddings": every_shard(SCORE_PATHS["embeddings"]) if save else [],
+    }
 
 
 def shard_scores(kind):
-    """Input function: every shard's `kind` (scores, sums, embeddings) or their list (list_shard_scores)."""
-    files = {
-        "scores": get_shard_scores,
-        "sums": lambda wildcards: every_shard(rules.write_shard_scores.output.sums),
-        "embeddings": get_shard_embeddings,
-    }[kind]
-    return listed(files, lambda wildcards: getattr(rules.list_shard_scores.output, kind))
+    """Input function: the list (list_shard_scores) of every shard's `kind` (scores, sums, embeddings)."""
+    return lambda wildcards: getattr(rules.list_shard_scores.output, kind)
 
 
 def get_embed_summary_inputs(wildcards):
@@ -554,9 +585,11 @@ def get_shard_ids():
     return _CACHE[key][1]
 
 
-def shard_plan_path(shard):
-    """The shard's samples, as its write_shard job read them from its parts."""
-    return f"{WORK}/shards/{DATASET}-{shard}.samples.parquet"
+# Where each shard's files are (shardsmith.formats.batches): write_shard and write_shard_scores write a batch of
+# shards a job, so these are not their declared outputs but what the list rules list.
+SHARD_LAYOUT = {"work": WORK, "out": OUT, "dataset": DATASET}
+SHARD_PATHS = shard_paths(WORK, OUT, DATASET, "{shard}")
+SCORE_PATHS = score_paths(WORK, OUT, DATASET, "{shard}")
 
 
 def get_shard_parts(shard):
@@ -568,19 +601,42 @@ def get_shard_parts(shard):
     return _CACHE[key]
 
 
-def get_shard_plan(wildcards):
-    return shard_plan_path(wildcards.shard)
+def get_shards_per_job():
+    return shards_per_job(config["shards_per_job"], len(get_shard_ids()))
 
 
-def get_shard_inputs(wildcards):
-    """The shard's ranges and only the parts it draws from (listed in its .parts file): their processed tars
-    and samples tables."""
-    parts = get_shard_parts(wildcards.shard)
+def get_write_batch_count(wildcards=None):
+    """write_shard (and write_shard_scores) jobs: shards_per_job consecutive shards each."""
+    return batch_count(len(get_shard_ids()), get_shards_per_job())
+
+
+def get_batch_shards(wildcards):
+    """write_shard's params: the batch's shards, each with the parts it draws from."""
+    ids = batch_shards(get_shard_ids(), get_shards_per_job(), int(wildcards.batch))
+    return [{"shard": shard, "parts": get_shard_parts(shard)} for shard in ids]
+
+
+def get_batch_parts(wildcards):
+    """The parts the batch's shards draw from, in order, once each."""
+    return list(dict.fromkeys(p for shard in get_batch_shards(wildcards) for p in shard["parts"]))
+
+
+def get_batch_inputs(wildcards):
+    """The batch's shards' ranges (in the shards' order) and only the parts they draw from: their processed
+    tars and samples tables."""
+    plan = checkpoint_dir(checkpoints.plan_shards)
+    parts = get_batch_parts(wildcards)
     return {
-        "ranges": f"{checkpoint_dir(checkpoints.plan_shards)}/{DATASET}-{wildcards.shard}.ranges.json",
+        "ranges": [
+            f"{plan}/{DATASET}-{s['shard']}.ranges.json" for s in get_batch_shards(wildcards)
+        ],
         "parts": expand(rules.download_part.output.processed, part=parts),
         "samples": expand(rules.download_part.output.samples, part=parts),
     }
+
+
+def get_write_batches(wildcards):
+    return every(rules.write_shard.output[0], "batch", get_write_batch_count())
 
 
 def every_shard(pattern):
@@ -592,27 +648,20 @@ def every_shard(pattern):
     return _CACHE[key]
 
 
-# What write_shard writes for each shard, by the name of its output; list_shards lists them for the jobs that
-# read every shard's, so that each of those jobs has one input, not one per shard: Snakemake's work per input
-# file is what a dry run's time grows with (bench/dryrun_scale.py).
+# What write_shard writes for each shard, by kind; list_shards lists them for the jobs that read every shard's,
+# so that each of those jobs has one input, not one per shard: Snakemake's work per input file is what a dry
+# run's time grows with (bench/dryrun_scale.py).
 SHARD_FILES = ("info", "tar", "members", "report", "manifest", "dali_index", "energon_index")
 
 
 def get_shard_file_lists(wildcards):
-    """{output of write_shard: every shard's file}, for list_shards' params (its input is the info files)."""
-    return {kind: every_shard(getattr(rules.write_shard.output, kind)) for kind in SHARD_FILES}
+    """{kind: every shard's file}, for list_shards' params (its input is the write_shard jobs' records)."""
+    return {kind: every_shard(SHARD_PATHS[kind]) for kind in SHARD_FILES}
 
 
 def shard_files(kind):
-    """Input function: every shard's `kind` output of write_shard, or their list (list_shards)."""
-    return listed(
-        lambda wildcards: every_shard(getattr(rules.write_shard.output, kind)),
-        lambda wildcards: getattr(rules.list_shards.output, kind),
-    )
-
-
-def get_shard_infos(wildcards):
-    return every_shard(rules.write_shard.output.info)
+    """Input function: the list (list_shards) of every shard's `kind` file of SHARD_PATHS."""
+    return lambda wildcards: getattr(rules.list_shards.output, kind)
 
 
 def get_loader_files(wildcards):

@@ -46,43 +46,52 @@ rule list_part_embeddings:
 
 rule exclude_low_similarity:
     input:
-        get_group_scores,
+        scores=get_slice_scores,
+        parts_plan=PARTS_PLANNED,
     output:
-        f"{WORK}/embed/excluded/{{group}}.parquet",
+        directory(f"{WORK}/embed/excluded/{{slice}}"),
     log:
-        f"{LOGS}/exclude_low_similarity/{{group}}.log",
+        f"{LOGS}/exclude_low_similarity/{{slice}}.log",
     conda:
         "../envs/shards.yaml"
     params:
+        groups=get_slice_groups,
         model=config["embed"]["model"],
         min_similarity=config["embed"]["min_similarity"],
     script:
         "../scripts/exclude_low_similarity.py"
 
 
+# A batch of shards a job, as write_shard's (shardsmith.formats.batches): each shard's scores and sums (and
+# embeddings) at SCORE_PATHS, from only the parts it draws from.
 rule write_shard_scores:
     input:
-        unpack(get_shard_embed_inputs),
+        unpack(get_batch_embed_inputs),
     output:
-        scores=f"{OUT}/{DATASET}-{{shard}}.scores.parquet",
-        sums=f"{WORK}/embed/shards/{DATASET}-{{shard}}.json",
+        f"{WORK}/embed/batches/{{batch}}.json",
     log:
-        f"{LOGS}/write_shard_scores/{{shard}}.log",
+        f"{LOGS}/write_shard_scores/{{batch}}.log",
     conda:
         "../envs/shards.yaml"
+    params:
+        shards=get_batch_shards,
+        layout=SHARD_LAYOUT,
     script:
         "../scripts/write_shard_scores.py"
 
 
 rule write_shard_embeddings:
     input:
-        unpack(get_shard_embed_inputs),
+        unpack(get_batch_embed_inputs),
     output:
-        f"{OUT}/{DATASET}-{{shard}}.embeddings.npz",
+        f"{WORK}/embed/batches/{{batch}}.embeddings.json",
     log:
-        f"{LOGS}/write_shard_embeddings/{{shard}}.log",
+        f"{LOGS}/write_shard_embeddings/{{batch}}.log",
     conda:
         "../envs/shards.yaml"
+    params:
+        shards=get_batch_shards,
+        layout=SHARD_LAYOUT,
     script:
         "../scripts/write_shard_embeddings.py"
 
@@ -90,8 +99,8 @@ rule write_shard_embeddings:
 # Every shard's score tables (and embeddings), listed once for the jobs that read all of them.
 rule list_shard_scores:
     input:
-        scores=get_shard_scores,
-        embeddings=get_shard_embeddings,
+        score_batches=get_score_batches,
+        embedding_batches=get_embedding_batches,
         plan_dir=PLANNED,  # listed again when the shard plan changes within a run (see PLANNED)
     output:
         scores=f"{WORK}/shards/lists/scores.list",
@@ -103,7 +112,7 @@ rule list_shard_scores:
     conda:
         "../envs/shards.yaml"
     params:
-        files=get_shard_score_lists,  # the other output of the same write_shard_scores jobs
+        files=get_shard_score_lists,  # what the write_shard_scores (and _embeddings) jobs wrote, shard by shard
     script:
         "../scripts/list_files.py"
 

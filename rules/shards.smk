@@ -30,13 +30,14 @@ rule split_published:
         manifests=rules.fetch_published.output.manifests,
         parts_plan=PARTS_PLANNED,
     output:
-        f"{WORK}/plan/published/records/{{group}}.arrow",
+        directory(f"{WORK}/plan/published/records/{{slice}}"),
     log:
-        f"{LOGS}/split_published/{{group}}.log",
+        f"{LOGS}/split_published/{{slice}}.log",
     conda:
         "../envs/shards.yaml"
     params:
         pieces=get_group_count,
+        groups=get_slice_groups,
         buckets=get_plan_buckets,
     script:
         "../scripts/split_published.py"
@@ -44,17 +45,17 @@ rule split_published:
 
 rule split_lookups:
     input:
-        samples=get_group_samples,
-        exclusions=get_group_exclusions,
+        samples=get_slice_samples,
+        exclusions=get_slice_exclusions,
         parts_plan=PARTS_PLANNED,
     output:
-        f"{WORK}/plan/published/lookups/{{group}}.arrow",
+        directory(f"{WORK}/plan/published/lookups/{{slice}}"),
     log:
-        f"{LOGS}/split_lookups/{{group}}.log",
+        f"{LOGS}/split_lookups/{{slice}}.log",
     conda:
         "../envs/shards.yaml"
     params:
-        first_part=get_group_first_part,
+        groups=get_slice_groups,
         buckets=get_plan_buckets,
     script:
         "../scripts/split_lookups.py"
@@ -117,18 +118,18 @@ rule collect_published:
     input:
         matches=listed(get_all_published_matches, rules.list_published_matches.output.matches),
         gone=listed(get_all_published_gone, rules.list_published_matches.output.gone),
-        samples=get_group_samples,
+        samples=get_slice_samples,
         parts_plan=PARTS_PLANNED,
     output:
-        old=f"{WORK}/plan/published/old/{{group}}.parquet",
-        exclusions=f"{WORK}/plan/published/already_published/{{group}}.parquet",
-        gone=f"{WORK}/plan/published/gone/{{group}}.parquet",
+        old=directory(f"{WORK}/plan/published/old/{{slice}}"),
+        exclusions=directory(f"{WORK}/plan/published/already_published/{{slice}}"),
+        gone=directory(f"{WORK}/plan/published/gone/{{slice}}"),
     log:
-        f"{LOGS}/collect_published/{{group}}.log",
+        f"{LOGS}/collect_published/{{slice}}.log",
     conda:
         "../envs/shards.yaml"
     params:
-        first_part=get_group_first_part,
+        groups=get_slice_groups,
         exact=config["publish"]["dedupe"],
         near=config["dedupe"]["near"] != "off",
     script:
@@ -138,16 +139,16 @@ rule collect_published:
 # Repeated keys and the exclusions (shardsmith.shards.buckets): by key bucket, gathered per group.
 rule split_keys:
     input:
-        samples=get_group_samples,
+        samples=get_slice_samples,
         parts_plan=PARTS_PLANNED,
     output:
-        f"{WORK}/plan/keys/{{group}}.arrow",
+        directory(f"{WORK}/plan/keys/groups/{{slice}}"),
     log:
-        f"{LOGS}/split_keys/{{group}}.log",
+        f"{LOGS}/split_keys/{{slice}}.log",
     conda:
         "../envs/shards.yaml"
     params:
-        first_part=get_group_first_part,
+        groups=get_slice_groups,
         buckets=get_plan_buckets,
     script:
         "../scripts/split_keys.py"
@@ -234,17 +235,16 @@ rule list_key_drops:
 rule collect_dropped:
     input:
         drops=listed(get_key_drop_tables, rules.list_key_drops.output.drops),
-        samples=get_group_samples,
+        samples=get_slice_samples,
         parts_plan=PARTS_PLANNED,
     output:
-        f"{WORK}/plan/dropped/{{group}}.parquet",
+        directory(f"{WORK}/plan/dropped/{{slice}}"),
     log:
-        f"{LOGS}/collect_dropped/{{group}}.log",
+        f"{LOGS}/collect_dropped/{{slice}}.log",
     conda:
         "../envs/shards.yaml"
     params:
-        first_part=get_group_first_part,
-        parts=get_group_parts,
+        groups=get_slice_groups,
     script:
         "../scripts/collect_dropped.py"
 
@@ -271,21 +271,22 @@ rule train_near_cells:
 
 rule split_near_entries:
     input:
-        samples=get_group_samples,
+        samples=get_slice_samples,
         dropped=rules.collect_dropped.output[0],
         cells=rules.train_near_cells.output.cells,
-        published=get_group_published,
-        gone=get_group_gone,
-        embeddings=get_group_near_embeddings,
+        published=get_slice_published,
+        gone=get_slice_gone,
+        embeddings=get_slice_near_embeddings,
+        parts_plan=PARTS_PLANNED,
     output:
-        entries=f"{WORK}/plan/near/entries/{{group}}.arrow",
-        homes=f"{WORK}/plan/near/homes/{{group}}.arrow",
+        entries=directory(f"{WORK}/plan/near/entries/{{slice}}"),
+        homes=directory(f"{WORK}/plan/near/homes/{{slice}}"),
     log:
-        f"{LOGS}/split_near_entries/{{group}}.log",
+        f"{LOGS}/split_near_entries/{{slice}}.log",
     conda:
         "../envs/shards.yaml"
     params:
-        first_part=get_group_first_part,
+        groups=get_slice_groups,
         parts=get_part_count,
     script:
         "../scripts/split_near_entries.py"
@@ -435,32 +436,23 @@ checkpoint plan_shards:
 PLANNED = ancient(rules.plan_shards.output[0])
 
 
+# Shards a batch a job (shards_per_job; shardsmith.formats.batches): each shard's files at SHARD_PATHS, written,
+# indexed for DALI and Energon and re-read with OpenCLIP's reader and filter; the batch's record is the output.
+# A rerun keeps the shards whose inputs, settings and code are unchanged (a refresh, a killed job).
 rule write_shard:
     input:
-        unpack(get_shard_inputs),
+        unpack(get_batch_inputs),
         plan_dir=PLANNED,
     output:
-        # the shard's samples, read from its parts by the plan's ranges: the manifest and the scores are made from it
-        plan=f"{WORK}/shards/{DATASET}-{{shard}}.samples.parquet",
-        tar=f"{OUT}/{DATASET}-{{shard}}.tar",
-        info=f"{WORK}/shards/{DATASET}-{{shard}}.json",
-        # the shard re-read from disk with OpenCLIP's reader and filter (shardsmith.shards.validate), in the same
-        # job: a job of its own cost a start-up per batch and a step on every run's critical path
-        report=f"{WORK}/validate/{DATASET}-{{shard}}.json",
-        # where each member landed, recorded as written: the loaders' indexes are made from it
-        members=f"{WORK}/shards/{DATASET}-{{shard}}.members.parquet",
-        # the shard's rows of the manifest: index_shards links them into manifest.parquet/
-        manifest=f"{WORK}/shards/{DATASET}-{{shard}}.manifest.parquet",
-        # NVIDIA DALI's index (shardsmith.formats.dali) and Megatron-Energon's (shardsmith.formats.energon), checked
-        # against the shard as re-read, with it
-        dali_index=f"{OUT}/{DATASET}-{{shard}}.idx",
-        energon_index=f"{OUT}/{DATASET}-{{shard}}.tar.idx",
+        f"{WORK}/shards/batches/{{batch}}.json",
     log:
-        f"{LOGS}/write_shard/{{shard}}.log",
+        f"{LOGS}/write_shard/{{batch}}.log",
     priority: 1  # on the way to publish_dataset: ahead of the report jobs
     conda:
         "../envs/validate.yaml"
     params:
+        shards=get_batch_shards,  # and the parts each draws from: a batch made of other shards is run again
+        layout=SHARD_LAYOUT,
         resize=config["resize"],
         decode_per_shard=config["validate"]["decode_per_shard"],
     script:
@@ -470,7 +462,7 @@ rule write_shard:
 # Every shard's files, listed once for the jobs that read all of them (SHARD_FILES in rules/common.smk).
 rule list_shards:
     input:
-        info=get_shard_infos,
+        batches=get_write_batches,
         plan_dir=PLANNED,  # listed again when the shard plan changes within a run (see PLANNED)
     output:
         **{kind: f"{WORK}/shards/lists/{kind}.list" for kind in SHARD_FILES},
@@ -480,7 +472,7 @@ rule list_shards:
     conda:
         "../envs/shards.yaml"
     params:
-        files=get_shard_file_lists,  # the other outputs of the same write_shard jobs
+        files=get_shard_file_lists,  # what the write_shard jobs wrote, shard by shard
     script:
         "../scripts/list_files.py"
 

@@ -4,6 +4,7 @@ before it (collect_published, decide_near_duplicates, find_duplicate_keys); this
 from pathlib import Path
 
 from shardsmith.core.logs import run_job
+from shardsmith.formats.filelist import listed_files
 from shardsmith.shards.neardup import NearSettings
 from shardsmith.shards.plan import plan_from_counts
 
@@ -12,7 +13,7 @@ def main() -> None:
     layout = snakemake.params.layout
     near = list(snakemake.input.near)
     names = plan_from_counts(
-        list(snakemake.input.pieces),
+        listed_files(snakemake.input.pieces),
         snakemake.output[0],
         dataset=layout["dataset"],
         samples_per_shard=layout["samples_per_shard"],

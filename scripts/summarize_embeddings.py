@@ -12,7 +12,7 @@ def main() -> None:
         shard_sums_paths=listed_files(snakemake.input.sums),
         part_infos=listed_files(snakemake.input.infos),
         model=snakemake.params.model,
-        exclusions=list(snakemake.input.exclusions),
+        exclusions=listed_files(snakemake.input.exclusions),
         min_similarity=snakemake.params.min_similarity,
         shard_embeddings_paths=listed_files(snakemake.input.embeddings),
         resize=snakemake.params.resize,

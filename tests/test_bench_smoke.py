@@ -328,3 +328,16 @@ def test_the_energon_bench_runs_both_jobs_and_extrapolates_each_by_what_it_grows
     got = extrapolate(meta, sqlite)
     assert got["LAION-5B"]["shards"] == 117_000 and got["CC12M"]["shards"] == 1_243
     assert got["LAION-5B"]["write_energon_sqlite"]["sqlite_gb"] > got["LAION-400M"]["write_energon_sqlite"]["sqlite_gb"]
+
+
+def test_the_group_bench_runs_each_group_job_on_one_part(tmp_path):
+    """bench/group_scale.py at a tiny size: each group job's work on one generated part, its figures its log's."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "group-scale.json"
+    bench = Path(__file__).resolve().parents[1] / "bench" / "group_scale.py"
+    subprocess.run([sys.executable, str(bench), "--sizes", "30000", "--out", str(out)], check=True, capture_output=True)
+    (size,) = json.loads(out.read_text())["sizes"]
+    assert size["samples"] == 30_000 and set(size["jobs"]) == {"split_keys", "split_lookups", "split_near_entries"}
+    assert all(j["peak_mib"] > 50 and j["cpu_s"] > 0 for j in size["jobs"].values())

@@ -21,8 +21,9 @@ _CODE = ("Snakefile", "rules/*.smk", "scripts/*.py", "shardsmith/**/*.py", "envs
 
 
 # Config keys that cannot change a byte of the shards: where files go, which version name they get, how S3
-# is reached. Everything else (sources, sizes, captions, optional stages) is in the fingerprint.
-FINGERPRINT_EXCLUDES = ("paths", "publish", "s3", "version")
+# is reached, how many shards a job writes. Everything else (sources, sizes, captions, optional stages) is in
+# the fingerprint.
+FINGERPRINT_EXCLUDES = ("paths", "publish", "s3", "version", "shards_per_job")
 PACKAGES = (
     "snakemake", "webdataset", "pillow-simd", "pillow", "ftfy", "pandas", "pyarrow", "numpy",
     "braceexpand", "open-clip-torch", "torch", "matplotlib",

@@ -29,3 +29,14 @@ def listed_files(paths: str | os.PathLike | list[str]) -> list[str]:
 
 def folder_files(folder: str) -> list[str]:
     return [os.path.join(folder, n) for n in sorted(os.listdir(folder)) if not n.startswith(".")]
+
+
+def by_part(paths: list[str]) -> dict[str, str]:
+    """{part id: path} of per-part files named `{part}.{suffix}`."""
+    return {os.path.basename(p).split(".")[0]: p for p in paths}
+
+
+def slice_file(folder: str | os.PathLike, unit: str, suffix: str) -> str:
+    """A group's (or bucket's) file in its job's folder, the folder made where missing."""
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"{unit}{suffix}")

@@ -84,6 +84,13 @@ def file_table(
     """
     known = known or {}
     named = publish_names(paths, names_from)
+    missing = [p for p in named.values() if not os.path.exists(p)]
+    if missing:
+        raise PublishError(
+            f"{missing[0]} is missing ({len(missing)} files in all), though the job that writes it ran: deleted "
+            "since? Run again with --forcerun write_shard (each batch keeps its shards that are whole) or the "
+            "rule that writes it"
+        )
     sizes = {name: os.path.getsize(p) for name, p in named.items()}
     for name, p in named.items():
         if name in known and known[name]["size"] != sizes[name]:

@@ -58,6 +58,7 @@ from shardsmith.shards.nearparts import (
 )
 
 MODES = ("report", "exclude", "off")
+SLICE_JOBS = 500  # buckets_per_job and groups_per_job: auto keeps a planning step near this many jobs
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ class NearSettings:
     bucket_samples: int = 500_000  # samples' entries a bucket job reads: sets the jobs' size
     buckets: int | None = None  # bucket jobs; None: from the dataset's size and bucket_samples
     decision_rounds: int = 3  # rounds of the partitions' decision before one job settles what still waits
-    buckets_per_job: int = 16  # buckets (and decision partitions) a planning job takes, one after another
+    buckets_per_job: int | str = "auto"  # buckets (and decision partitions) a planning job takes, in turn
+    groups_per_job: int | str = "auto"  # groups of parts a planning job takes, one after another
 
     def __post_init__(self) -> None:
         if self.near not in MODES:
@@ -91,6 +93,24 @@ class NearSettings:
             raise ConfigError(f"dedupe.cell_probes must be >= 1 or null, got {self.cell_probes}")
         if self.decision_rounds < 1:
             raise ConfigError(f"dedupe.decision_rounds must be >= 1, got {self.decision_rounds}")
+        for key in ("buckets_per_job", "groups_per_job"):
+            value = getattr(self, key)
+            if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"dedupe.{key} must be a positive number or auto, got {value!r}")
+
+    def buckets_in_a_job(self, buckets: int) -> int:
+        """Buckets a job of a bucket step takes: buckets_per_job, or for auto 16, or enough to keep a step
+        near SLICE_JOBS jobs."""
+        if self.buckets_per_job == "auto":
+            return max(16, -(-buckets // SLICE_JOBS))
+        return self.buckets_per_job
+
+    def groups_in_a_job(self, groups: int) -> int:
+        """Groups a job of a group step takes: groups_per_job, or for auto 4 (a job of a few minutes, not
+        seconds), or enough to keep a step near SLICE_JOBS jobs."""
+        if self.groups_per_job == "auto":
+            return max(4, -(-groups // SLICE_JOBS))
+        return self.groups_per_job
 
     def layout(self, samples: int) -> Layout:
         """Cells and bucket jobs for a dataset of this many samples."""

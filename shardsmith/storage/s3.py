@@ -95,20 +95,22 @@ def _env() -> dict[str, str]:
     return {**os.environ, "AWS_PAGER": "", "AWS_CLI_AUTO_PROMPT": "off"}
 
 
-def run(s: S3Settings, *args: str, timeout: float = 600) -> str:
-    """Run an `aws` command; raise S3Error with a short reason and a redacted message on failure."""
+def run(s: S3Settings, *args: str, timeout: float = 600, stdin: bytes | None = None) -> str:
+    """Run an `aws` command (`stdin`: what it reads as `-`); raise S3Error with a short reason and a redacted
+    message on failure."""
     try:
-        proc = subprocess.run(aws_command(s, *args), capture_output=True, text=True, timeout=timeout, env=_env())
+        proc = subprocess.run(aws_command(s, *args), input=stdin, capture_output=True, timeout=timeout, env=_env())
     except FileNotFoundError:
         raise S3Error("no_aws_cli", f"the AWS CLI ({s.aws_cli}) is not installed or not on PATH") from None
     except subprocess.TimeoutExpired:
         raise S3Error(
             "timeout", f"aws {args[0]} {args[1] if len(args) > 1 else ''} took over {timeout:.0f} s"
         ) from None
+    out, stderr = (b.decode(errors="replace") for b in (proc.stdout, proc.stderr))
     if proc.returncode != 0:
-        err = redact(proc.stderr.strip() or proc.stdout.strip())
+        err = redact(stderr.strip() or out.strip())
         raise S3Error(classify(err), err.splitlines()[-1] if err else f"aws exited with {proc.returncode}")
-    return proc.stdout
+    return out
 
 
 @contextlib.contextmanager

@@ -209,10 +209,8 @@ class S3Store(Store):
         return latest, by_age(markers)
 
     def upload_bytes(self, rel: str, data: bytes, *options: str) -> None:
-        with tempfile.TemporaryDirectory(prefix="shardsmith-publish-") as tmp:
-            path = Path(tmp, rel.rsplit("/", 1)[-1])
-            path.write_bytes(data)
-            run(self.s3, "s3", "cp", "--only-show-errors", *options, str(path), f"{self.root}/{rel}")
+        # from stdin: no temporary file for a killed job to leave behind
+        run(self.s3, "s3", "cp", "--only-show-errors", *options, "-", f"{self.root}/{rel}", stdin=data)
 
     def write_latest(self, version: str) -> None:
         # no-cache: a reader behind a caching proxy or CDN must not follow a stale pointer

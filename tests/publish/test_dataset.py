@@ -76,6 +76,10 @@ def test_hashes_recorded_when_written_are_not_computed_again_and_are_checked_on_
     assert table["ds-000001.tar"]["sha256"] == hashlib.sha256(b"shard one").hexdigest()  # none recorded: hashed
     with pytest.raises(PublishError, match="ds-000001.tar: changed since it was written and hashed .* --forcerun"):
         file_table(files, {**recorded, "ds-000001.tar": {"size": 1, "sha256": "cd" * 32}})  # another size
+    Path(files[1]).rename(tmp_path / "away")  # deleted after write_shard wrote it: named, with what to run
+    with pytest.raises(PublishError, match=r"ds-000001.tar is missing \(1 files in all\).* --forcerun write_shard"):
+        file_table(files, recorded)
+    (tmp_path / "away").rename(files[1])
     # the recorded hash is wrong, as for a shard changed after write_shard hashed it: the copy is refused
     with pytest.raises(PublishError, match="ds-000000.tar: changed since it was written and hashed"):
         publish(files, str(tmp_path / "fast"), "ds", "v1", known=recorded)

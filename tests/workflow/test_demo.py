@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tarfile
@@ -236,8 +237,10 @@ def test_rebuild_in_a_fresh_folder_is_byte_identical_and_so_is_its_version_publi
     root1, _ = build
     data, _ = demo_data
     root2 = tmp_path / "build2"
-    # the first build uploads in one job (the default 200 shards a job); this one a shard a job
-    run_workflow(root2, demo_config(data, root2, publish={"dest": str(root2 / "fast-storage"), "shards_per_job": 1}))
+    # the first build writes a shard a job and uploads in one (the defaults at this size); this one writes
+    # batches of 3 shards (the last one shorter) and uploads a shard a job
+    publish = {"dest": str(root2 / "fast-storage"), "shards_per_job": 1}
+    run_workflow(root2, demo_config(data, root2, shards_per_job=3, publish=publish))
     files1 = sorted(str(p.relative_to(out_dir(root1))) for p in out_dir(root1).rglob("*") if p.is_file())
     assert files1 == sorted(str(p.relative_to(out_dir(root2))) for p in out_dir(root2).rglob("*") if p.is_file())
     assert any(f.endswith(".tar") for f in files1) and set(energon.META_FILES) <= set(files1)
@@ -246,6 +249,8 @@ def test_rebuild_in_a_fresh_folder_is_byte_identical_and_so_is_its_version_publi
     shards = sum(f.endswith(".tar") for f in files1)
     assert len(list((root1 / "logs" / "demo" / "upload_shards").glob("*.log"))) == 1
     assert len(list((root2 / "logs" / "demo" / "upload_shards").glob("*.log"))) == shards > 1
+    assert len(list((root1 / "logs" / "demo" / "write_shard").glob("*.log"))) == shards
+    assert len(list((root2 / "logs" / "demo" / "write_shard").glob("*.log"))) == -(-shards // 3) > 1
     one, several = published_version(root1), published_version(root2)
     names = sorted(str(p.relative_to(one)) for p in one.rglob("*") if p.is_file())
     assert names == sorted(str(p.relative_to(several)) for p in several.rglob("*") if p.is_file())
@@ -254,6 +259,45 @@ def test_rebuild_in_a_fresh_folder_is_byte_identical_and_so_is_its_version_publi
             assert sha256(one / name) == sha256(several / name), name
     marker1, marker2 = (json.loads((v / "_COMPLETE.json").read_text()) for v in (one, several))
     assert marker1.pop("published_at") and marker2.pop("published_at") and marker1 == marker2
+
+
+def batch_record(root, batch="00000"):
+    return json.loads((root / "work" / "demo" / "shards" / "batches" / f"{batch}.json").read_text())
+
+
+def test_a_batch_of_shards_run_again_keeps_every_shard_written_from_the_same_inputs(build, tmp_path):
+    """write_shard takes a batch of shards; a rerun (the batch made again, a job killed after some shards, a
+    changed part) writes only the shards whose inputs changed or that were never committed."""
+    root1, config1 = build
+    root = tmp_path / "copy"
+    shutil.copytree(root1, root, symlinks=True)  # mtimes kept: the copy is as up to date as the build
+    config = json.loads(json.dumps(config1).replace(str(root1), str(root)))
+    tars = sorted((root / "output" / "demo").glob("demo-*.tar"))
+    shards = [t.name.removesuffix(".tar").split("-")[1] for t in tars]
+    before = {t.name: (sha256(t), t.stat().st_mtime_ns) for t in tars}
+
+    # one batch of every shard instead of a shard a job: the batch runs, and keeps them all
+    config["shards_per_job"] = len(shards)
+    run_workflow(root, config, "--forcerun", "write_shard", "--until", "list_shards")
+    assert batch_record(root) == {"written": [], "kept": shards}
+    assert {t.name: (sha256(t), t.stat().st_mtime_ns) for t in tars} == before
+
+    # as a job killed while writing the third shard leaves it: two shards committed, the third not
+    (root / "work" / "demo" / "shards" / f"demo-{shards[2]}.written").unlink()
+    tars[2].unlink()
+    run_workflow(root, config, "--forcerun", "write_shard", "--until", "list_shards")
+    assert batch_record(root) == {"written": [shards[2]], "kept": shards[:2] + shards[3:]}
+    assert {t.name: sha256(t) for t in tars} == {name: digest for name, (digest, _) in before.items()}
+
+    # a part rewritten (a refresh's grown part): the shards that draw from it are written again, no other
+    parts_of = {s: (root / "work" / "demo" / "plan" / "shards" / f"demo-{s}.parts").read_text().split() for s in shards}
+    part = parts_of[shards[-1]][-1]
+    processed = next((root / "work" / "demo").rglob(f"{part}.tar"))
+    os.utime(processed, ns=(time.time_ns(), time.time_ns()))
+    run_workflow(root, config, "--forcerun", "write_shard", "--until", "list_shards")
+    changed = [s for s in shards if part in parts_of[s]]
+    assert batch_record(root) == {"written": changed, "kept": [s for s in shards if s not in changed]}
+    assert 0 < len(changed) < len(shards)
 
 
 def test_overlapping_paths_are_refused_before_any_work(demo_data, tmp_path):
