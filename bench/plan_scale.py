@@ -229,12 +229,12 @@ def analyse(root: Path, n: int, planted, wall: float | None = None, cpu_all: flo
     rounds = NearSettings(near="exclude").rounds_for(layout)
     ins = sorted(str(p) for p in (plan / "near" / "pairs" / "in").glob("*/*.arrow"))
     pending = sorted(str(p) for p in (plan / "near" / "rounds" / str(rounds) / "pending").glob("*/*.parquet"))
-    pieces = sorted(str(p) for p in (plan / "dropped").glob("*.parquet"))
+    pieces = sorted(str(p) for p in (plan / "dropped").glob("*/*.parquet"))  # a folder a job, a piece a group
     result = outcome(n, planted, ins, pending, pieces, plan / "near" / "near_duplicates.parquet", jobs)
     total_job_cpu = sum(j["cpu_s"] for v in jobs.values() for j in v)
     published = pd.read_parquet(root / "fast-storage" / "bench" / "v0" / "manifest.parquet", columns=["key"])
     result.update(
-        parts=parts, groups=len(jobs.get("split_keys", [])), cells=layout.cells, probes=layout.probes,
+        parts=parts, groups=len(pieces), cells=layout.cells, probes=layout.probes,
         buckets=layout.buckets,
         shards=len(list((plan / "shards").glob("*.parts"))), decision_rounds=rounds, published_overlap=len(published),
         wall_s=round(wall, 1) if wall is not None else None,
@@ -350,7 +350,7 @@ def extrapolate(results: list[dict], n: int, plans: list[dict] = (), splits: lis
             out[kind] = {"jobs": 1, "peak_mib": round(got["max_peak_mib"]), "cpu_min": round(got["max_cpu_s"] / 60, 1)}
             continue
         if kind in PER_PIECE:
-            rounds, per_job = NearSettings().decision_rounds, NearSettings().buckets_per_job
+            rounds, per_job = NearSettings().decision_rounds, NearSettings().buckets_in_a_job(layout.buckets)
             count = {"find_duplicate_keys": layout.buckets, "find_near_pairs": layout.buckets,
                      "match_published": layout.buckets,
                      "decide_near_round": -(-layout.buckets // per_job) * rounds}.get(kind, groups)  # fmt: skip
@@ -445,12 +445,11 @@ def measure_split(probes: int, work: Path) -> dict:
     code = (
         "import numpy as np\n"
         "from shardsmith.core.logs import run_job\n"
-        "from shardsmith.shards.neardup import NearSettings, no_published, split_near_group, train_near_cells\n"
+        "from shardsmith.shards.neardup import NearSettings, split_near_group, train_near_cells\n"
         "from shardsmith.shards.nearparts import Layout\n"
         f"w, paths = {str(work)!r}, {paths!r}\n"
         f"layout = Layout(cells=max(64, 4 * {probes}), buckets=16, probes={probes})\n"
-        f"train_near_cells(paths, NearSettings(), {samples}, no_published(), [], w + '/cells.npz', w + '/g.arrow',\n"
-        "                  w + '/g.homes.arrow', layout)\n"
+        f"train_near_cells(paths, NearSettings(), {samples}, [], w + '/cells.npz', layout)\n"
         f"run_job({str(log)!r}, lambda: split_near_group(paths, 0, [np.empty(0, np.int64)] * len(paths), None,\n"
         "        w + '/cells.npz', w + '/e.arrow', w + '/h.arrow', []))\n"
     )
