@@ -25,7 +25,6 @@ rule embed_part:
         "../scripts/embed_part.py"
 
 
-# One job per group of parts (the groups of planning): each writes its parts' samples below min_similarity.
 # Every part's embedding outputs, listed once for the jobs that read all of them.
 rule list_part_embeddings:
     input:
@@ -44,6 +43,7 @@ rule list_part_embeddings:
         "../scripts/list_files.py"
 
 
+# A slice of planning's groups of parts a job: each group's samples below min_similarity, a file a group.
 rule exclude_low_similarity:
     input:
         scores=get_slice_scores,

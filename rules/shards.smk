@@ -4,8 +4,9 @@ PARTS_PLANNED = ancient(rules.plan_parts.output[0])
 
 
 # Planning (docs/architecture.md, section 3): no job holds the dataset. Parts are taken in groups of
-# consecutive parts; keys and near-duplicate entries go to buckets by hash, each bucket is decided by a job of
-# its own, and plan_shards needs only each part's count of samples kept.
+# consecutive parts; keys and near-duplicate entries go to buckets by hash, and plan_shards needs only each
+# part's count of samples kept. A group job takes a slice of dedupe.groups_per_job groups, a bucket job one of
+# dedupe.buckets_per_job buckets, one after another, a file each in the slice's folder.
 
 
 # Records already published (scheduled refreshes; shardsmith.shards.published): the manifests copied once,
