@@ -67,7 +67,8 @@ import os, signal, subprocess, sys, tempfile
 args, mode, target = sys.argv[1:], os.environ.get("FAULT", ""), os.environ.get("FAULT_AT", "")
 s3 = [i for i, a in enumerate(args) if a.startswith("s3://")]
 dest = s3[-1] if s3 else None
-upload = args[:2] == ["s3", "cp"] and dest is not None and os.path.isfile(args[dest - 1])
+# an upload: of a file, or of what the publisher writes to the CLI's stdin (`-`: markers and latest)
+upload = args[:2] == ["s3", "cp"] and dest is not None and (args[dest - 1] == "-" or os.path.isfile(args[dest - 1]))
 if mode == "kill" and upload and args[dest].endswith(target):
     os.kill(os.getppid(), signal.SIGKILL)  # the publisher dies at once, like an OOM kill
     sys.exit(1)
