@@ -409,6 +409,24 @@ def get_slice_groups(wildcards):
     ]
 
 
+# The time limit of the two long planning steps follows their slice (dedupe.groups_per_job, buckets_per_job):
+# twice what a group's samples or a bucket took at LAION-5B (docs/sizing.md), plus a start-up margin, and
+# more on a retry. The profile sets their memory only.
+NEAR_ENTRIES_MS_A_SAMPLE = (
+    0.85  # split_near_entries at 28 probes: 7.1 minutes a 500,000-sample group
+)
+NEAR_PAIRS_MIN_A_BUCKET = 1.7  # find_near_pairs: minutes a bucket
+
+
+def get_near_entries_runtime(wildcards, attempt):
+    samples = len(get_slice_parts(wildcards)) * config["part_size"]
+    return attempt * (30 + round(2 * samples * NEAR_ENTRIES_MS_A_SAMPLE / 60_000))
+
+
+def get_near_pairs_runtime(wildcards, attempt):
+    return attempt * (30 + round(2 * len(get_slice_buckets(wildcards)) * NEAR_PAIRS_MIN_A_BUCKET))
+
+
 def get_slice_parts(wildcards):
     return [p for group in get_slice_groups(wildcards) for p in group["parts"]]
 

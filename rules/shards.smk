@@ -286,6 +286,8 @@ rule split_near_entries:
         f"{LOGS}/split_near_entries/{{slice}}.log",
     conda:
         "../envs/shards.yaml"
+    resources:
+        runtime=get_near_entries_runtime,
     params:
         groups=get_slice_groups,
         parts=get_part_count,
@@ -320,6 +322,7 @@ rule find_near_pairs:
         "../envs/shards.yaml"
     resources:
         mem_mb=lambda wc, attempt: 2000 * attempt,
+        runtime=get_near_pairs_runtime,
     params:
         near=config["dedupe"],
         partitions=get_plan_buckets,

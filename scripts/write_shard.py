@@ -59,24 +59,22 @@ def main() -> None:
     samples = {name(p): p for p in snakemake.input.samples}
     settings = {"resize": snakemake.params.resize, "decode_per_shard": snakemake.params.decode_per_shard}
     code = batches.code_digest([__file__])  # Snakemake sets __file__ to the script itself
-    done = {"written": [], "kept": []}
-    for shard, ranges_path in zip(snakemake.params.shards, snakemake.input.ranges, strict=True):
-        out = batches.shard_paths(layout["work"], layout["out"], layout["dataset"], shard["shard"])
-        parts = shard["parts"]
-        fp = batches.fingerprint(
-            [ranges_path], [p for part in parts for p in (processed[part], samples[part])], settings, code
-        )
-        files = [p for kind, p in out.items() if kind != "written"]
-        if batches.is_written(out["written"], fp, files):
-            print(f"{shard['shard']}: kept (written before from the same inputs, settings and code)")
-            done["kept"].append(shard["shard"])
-            continue
-        batches.forget_written(out["written"])
-        write_one(out, ranges_path, {p: processed[p] for p in parts}, {p: samples[p] for p in parts})
-        batches.mark_written(out["written"], fp)
-        done["written"].append(shard["shard"])
-    atomic_write_text(snakemake.output[0], json.dumps(done, indent=1) + "\n")
-    print(f"{len(done['written'])} shards written, {len(done['kept'])} kept")
+
+    def work():
+        for shard, ranges in zip(snakemake.params.shards, snakemake.input.ranges, strict=True):
+            out = batches.shard_paths(layout["work"], layout["out"], layout["dataset"], shard["shard"])
+            parts = shard["parts"]
+            yield batches.ShardWork(
+                shard["shard"],
+                out["written"],
+                batches.fingerprint([ranges], [f for p in parts for f in (processed[p], samples[p])], settings, code),
+                [p for kind, p in out.items() if kind != "written"],
+                lambda out=out, ranges=ranges, parts=parts: write_one(
+                    out, ranges, {p: processed[p] for p in parts}, {p: samples[p] for p in parts}
+                ),
+            )
+
+    batches.write_batch(work(), snakemake.output[0])
 
 
 run_job(snakemake.log[0], main)

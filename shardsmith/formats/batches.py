@@ -12,7 +12,8 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from shardsmith.core.atomic import atomic_write_text, sha256_file
@@ -95,6 +96,36 @@ def fingerprint(contents: Iterable[str], stats: Iterable[str], settings: object,
         },
         sort_keys=True,
     )
+
+
+@dataclass
+class ShardWork:
+    """One shard of a batch: its `.written` record, the fingerprint to commit, the files that must be there
+    for it to be kept, and what writes it."""
+
+    shard: str
+    record: str
+    fingerprint: str
+    files: list[str]
+    write: Callable[[], object]
+
+
+def write_batch(work: Iterable[ShardWork], out: str | os.PathLike) -> dict[str, list[str]]:
+    """Write each shard in turn unless it is written from the same inputs already, commit it, and record the
+    batch (shards written, shards kept) at `out`, the job's output."""
+    done: dict[str, list[str]] = {"written": [], "kept": []}
+    for w in work:
+        if is_written(w.record, w.fingerprint, w.files):
+            print(f"{w.shard}: kept (written before from the same inputs, settings and code)")
+            done["kept"].append(w.shard)
+            continue
+        forget_written(w.record)
+        w.write()
+        mark_written(w.record, w.fingerprint)
+        done["written"].append(w.shard)
+    atomic_write_text(out, json.dumps(done, indent=1) + "\n")
+    print(f"{len(done['written'])} shards written, {len(done['kept'])} kept")
+    return done
 
 
 def is_written(record: str, fp: str, files: Iterable[str]) -> bool:

@@ -75,3 +75,26 @@ def test_the_code_digest_changes_with_a_script(tmp_path):
     assert batches.code_digest([script]) == first
     script.write_text("print(2)\n")
     assert batches.code_digest([script]) != first
+
+
+def test_a_batch_writes_what_is_not_committed_and_a_write_that_dies_leaves_no_record(tmp_path):
+    def work(fp, wrote, fail=None):
+        for s in ("000000", "000001"):
+            f = tmp_path / f"{s}.tar"
+
+            def write(s=s, f=f):
+                if s == fail:
+                    raise RuntimeError("killed")
+                f.write_text(fp)
+                wrote.append(s)
+
+            yield batches.ShardWork(s, str(tmp_path / f"{s}.written"), fp, [str(f)], write)
+
+    wrote = []
+    assert batches.write_batch(work("a", wrote), tmp_path / "b.json") == {"written": ["000000", "000001"], "kept": []}
+    assert batches.write_batch(work("a", wrote), tmp_path / "b.json") == {"written": [], "kept": ["000000", "000001"]}
+    assert wrote == ["000000", "000001"]
+    with pytest.raises(RuntimeError):  # new inputs; the job dies on the second shard
+        batches.write_batch(work("b", wrote, fail="000001"), tmp_path / "b.json")
+    assert (tmp_path / "000000.written").read_text() == "b" and not (tmp_path / "000001.written").exists()
+    assert batches.write_batch(work("b", wrote), tmp_path / "b.json") == {"written": ["000001"], "kept": ["000000"]}
