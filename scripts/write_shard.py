@@ -43,6 +43,7 @@ def write_one(out: dict[str, str], ranges_path: str, parts: dict[str, str], samp
         snakemake.params.decode_per_shard,
         dali_index=out["dali_index"],
         energon_index=out["energon_index"],
+        parts=parts,
     )
     write_json(out["report"], report)  # problems fail validate_dataset, with every shard's listed
     print(

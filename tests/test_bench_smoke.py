@@ -244,7 +244,8 @@ def test_the_workflow_side_of_the_benchmark_runs_and_measures_a_tiny_set(tmp_pat
     # each download_part forks a resize process: its CPU is the job's, it is not a job of its own
     assert o["jobs"] >= 2 + 4 and o["job_s_by_rule"]["download_part"]["jobs"] == 2 and 0 < o["share"] < 1
     assert run["phases"]["fetch_and_resize_s"] > 0 and run["phases"]["head_s"] > 0
-    assert set(run["in_job_work_s"]) == {"fetch", "process"} and run["in_job_work_s"]["process"] > 0
+    assert set(run["in_job_work_s"]) == {"fetch", "process", "fetching_process_cpu_s"}
+    assert run["in_job_work_s"]["process"] > 0 and sum(run["in_job_work_s"]["fetching_process_cpu_s"].values()) > 0
     s = e2e.summarize([run], count)
     assert s["median_img_per_s"] == s["best_img_per_s"] == round(count / run["wall_s"], 2)
     assert s["cpu_s_per_image"] == round(run["cpu_s"] / count, 4) > 0 and s["peak_rss_mib"] == peaks
@@ -341,3 +342,17 @@ def test_the_group_bench_runs_each_group_job_on_one_part(tmp_path):
     (size,) = json.loads(out.read_text())["sizes"]
     assert size["samples"] == 30_000 and set(size["jobs"]) == {"split_keys", "split_lookups", "split_near_entries"}
     assert all(j["peak_mib"] > 50 and j["cpu_s"] > 0 for j in size["jobs"].values())
+
+
+def test_the_shard_checks_bench_measures_each_lever_on_one_shard(tmp_path):
+    """bench/shard_checks.py at a tiny size: every lever measured, on a shard that passes validation both ways."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "shard-checks.json"
+    bench = Path(__file__).resolve().parents[1] / "bench" / "shard_checks.py"
+    cmd = [sys.executable, str(bench), "--samples", "200", "--image-kb", "8", "--rounds", "1", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    result = json.loads(out.read_text())
+    assert result["samples"] == 200 and len(result["cpu_us_per_sample"]) == 7
+    assert all(us > 0 for us in result["cpu_us_per_sample"].values())

@@ -154,6 +154,61 @@ class HashingWriter:
         return {a: h.hexdigest() for a, h in self._hashes.items()}
 
 
+def scan_members(path: str | os.PathLike) -> list[tarfile.TarInfo]:
+    """The members of a tar (name, size, type, offsets) as `tarfile.open(path).getmembers()` gives them, from a
+    walk of its headers alone.
+
+    A shard's headers are ustar_header's: each is read with one pread and must equal, byte for byte, the one
+    ustar_header makes of its name and size (so its checksum is right too), a few microseconds a member
+    against tarfile's 50. Anything else (another writer's header form, a link, a cut header, a bad
+    checksum) is left to tarfile, which reads the whole tar again and gives its own members or errors.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        members = []
+        end = os.fstat(fd).st_size
+        offset = 0
+        while offset + tarfile.BLOCKSIZE <= end:
+            block = os.pread(fd, tarfile.BLOCKSIZE, offset)
+            if block == _ZERO_BLOCK:
+                break  # end of archive, as tarfile reads it
+            info = _plain_ustar(block, offset)
+            if info is None or info.offset_data + info.size > end:
+                return _members_by_tarfile(path)
+            members.append(info)
+            offset = info.offset_data + info.size + (-info.size % tarfile.BLOCKSIZE)
+        else:
+            return _members_by_tarfile(path)  # no end-of-archive block where one should start
+        return members
+    finally:
+        os.close(fd)
+
+
+_ZERO_BLOCK = bytes(tarfile.BLOCKSIZE)
+
+
+def _plain_ustar(block: bytes, offset: int) -> tarfile.TarInfo | None:
+    """The TarInfo (name, size, type, offsets) of a header exactly as ustar_header writes it; None for any
+    other (its checksum is then tarfile's to check)."""
+    try:
+        size = int(block[124:135], 8)
+    except ValueError:
+        return None
+    raw = block[:100].split(b"\0", 1)[0]
+    name = raw.decode(tarfile.ENCODING, "surrogateescape")
+    if not raw or len(raw) > 100 or size >= 8**11 or block != ustar_header(name, size):
+        return None
+    info = tarfile.TarInfo(name)
+    info.size, info.type = size, tarfile.REGTYPE
+    info.offset, info.offset_data = offset, offset + tarfile.BLOCKSIZE
+    return info
+
+
+def _members_by_tarfile(path: str | os.PathLike) -> list[tarfile.TarInfo]:
+    with tarfile.open(path, "r:") as tar:
+        return tar.getmembers()
+
+
 def split_member_name(name: str) -> tuple[str, str] | None:
     """(key, ext) of a member, split at the LAST dot of its basename; None for names without an extension.
 

@@ -8,20 +8,25 @@ Those functions need only webdataset, but importing open_clip_train.data imports
 job): they are compiled from the installed module's source instead, and webdataset is loaded without torch.
 So the job that writes a shard validates it too, reading the file back from disk; a scheduled refresh
 rewrites, and so re-reads, only the shards that changed.
-Every image's bytes are checked against the sha256 of the image download_part's processor decoded and verified, so
-decoding them all a second time proves nothing new; validate.decode_per_shard of them are, as a spot check.
+Every image the loader yields is checked to be the image download_part's processor decoded and verified: byte
+for byte against the processed part it was copied from (the shard's own bytes were hashed as they were written,
+so no image is hashed a second time), or against its sha256 where no part is given. Decoding them all a second
+time proves nothing new; validate.decode_per_shard of them are, as a spot check.
 """
 
 import ast
+import contextlib
 import functools
 import hashlib
 import importlib
 import importlib.util
 import json
 import logging
+import os
 import re
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -31,7 +36,7 @@ import pyarrow.parquet as pq
 from shardsmith.core.atomic import atomic_write_text
 from shardsmith.formats import dali, energon
 from shardsmith.formats.tables import key_digest_sum, repeated_keys, table_files
-from shardsmith.formats.tario import TarMember
+from shardsmith.formats.tario import TarMember, scan_members
 
 MEMBER_NAME = re.compile(r"^[A-Za-z0-9_-]+\.(jpg|txt|json)$")
 
@@ -113,12 +118,15 @@ def _openclip_stages() -> tuple[object, object, str]:
 IMAGE_EXTS = ("jpg", "png", "jpeg", "webp")  # the order of OpenCLIP's rename(image="jpg;png;jpeg;webp")
 
 
-def read_like_openclip(url: str, decode: set[int] | None = None) -> tuple[list[dict], str]:
+def read_like_openclip(
+    url: str, decode: set[int] | None = None, same_image: Callable[[str, bytes], bool] | None = None
+) -> tuple[list[dict], str]:
     """Every sample group of the tar as OpenCLIP's pipeline meets it, in one pass; and the loader's name.
 
-    Per group: key, whether OpenCLIP's filter keeps it, the sha256 of its image member, its text; and for
-    the groups whose index is in `decode` (None: all), the image as webdataset's decode("pilrgb") gives it
-    (size and mode, or the error). Images are not held: a 10,000-sample shard held decoded is ~8 GB.
+    Per group: key, whether OpenCLIP's filter keeps it, its image member checked by `same_image(key, bytes)`
+    (`image_ok`) or else its sha256, its text; and for the groups whose index is in `decode` (None: all),
+    the image as webdataset's decode("pilrgb") gives it (size and mode, or the error). Images are not held:
+    a 10,000-sample shard held decoded is ~8 GB.
     """
     wds = import_webdataset()
     to_samples, keep, loader = _openclip_stages()
@@ -127,7 +135,9 @@ def read_like_openclip(url: str, decode: set[int] | None = None) -> tuple[list[d
     for i, sample in enumerate(wds.DataPipeline(wds.SimpleShardList(url), to_samples)):
         ext = next((e for e in IMAGE_EXTS if e in sample), None)
         row = {"__key__": sample["__key__"], "kept": bool(keep(sample)), "sha256": None, "text": None}
-        if ext is not None:
+        if ext is not None and same_image is not None:
+            row["image_ok"] = same_image(sample["__key__"], sample[ext])
+        elif ext is not None:
             row["sha256"] = hashlib.sha256(sample[ext]).hexdigest()
         if "txt" in sample:
             row["text"] = sample["txt"].decode("utf-8", errors="replace")
@@ -191,7 +201,7 @@ def _sample_problems(
         want = planned.get(s["__key__"])
         if want is None:
             continue
-        if s["sha256"] != want["sha256"]:
+        if not s["image_ok"] if "image_ok" in s else s["sha256"] != want["sha256"]:
             problems.append(f"{name}/{s['__key__']}: image bytes differ from the processed image")
         w, h = want["width"], want["height"]
         if "size" in s:
@@ -205,6 +215,24 @@ def _sample_problems(
     return problems, decoded
 
 
+def _same_as_part(plan: list[dict], parts: dict[str, str], stack: contextlib.ExitStack) -> Callable[[str, bytes], bool]:
+    """Whether an image the loader read is, byte for byte, the planned one in its processed part (one pread
+    and a compare: the part was just copied from, so the page cache holds it)."""
+    fds = {}
+    for part in {r["part"] for r in plan}:
+        fds[part] = os.open(parts[part], os.O_RDONLY)
+        stack.callback(os.close, fds[part])
+    planned = {r["key"]: r for r in plan}
+
+    def same_image(key: str, data: bytes) -> bool:
+        r = planned.get(key)
+        if r is None or len(data) != r["jpg_size"]:
+            return False
+        return os.pread(fds[r["part"]], r["jpg_size"], r["jpg_offset"]) == data
+
+    return same_image
+
+
 def validate_shard(
     shard: str,
     plan_path: str,
@@ -213,28 +241,37 @@ def validate_shard(
     decode_per_shard: int | None = None,
     dali_index: str | None = None,
     energon_index: str | None = None,
+    parts: dict[str, str] | None = None,
 ) -> dict:
     """Problems found in one shard (an empty list when it is good).
 
     Every sample group is read with OpenCLIP's tarfile_to_samples_nothrow and filter_no_caption_or_no_image,
-    and its image bytes must be the ones download_part's processor decoded and checked (sha256 from the plan), so every
-    image is known to decode to an RGB image of the planned size. `decode_per_shard` images (None: all) are
-    decoded again with webdataset's decode("pilrgb"), as OpenCLIP does, as a second line of defence.
-    The DALI and Energon index files given must point at every member and sample of the tar as read.
+    and its image bytes must be the ones download_part's processor decoded and checked, so every image is
+    known to decode to an RGB image of the planned size: compared with the processed part's bytes where the
+    plan says they lie, when `parts` ({part: processed tar}) holds every part the plan names, else by the
+    plan's sha256. `decode_per_shard` images (None: all) are decoded again with webdataset's
+    decode("pilrgb"), as OpenCLIP does, as a second line of defence. The DALI and Energon index files given
+    must point at every member and sample of the tar as read (one walk of its headers).
     """
     problems: list[str] = []
     name = Path(shard).name
-    plan = pq.ParquetFile(plan_path).read(columns=["key", "sha256", "width", "height"]).to_pylist()
+    plan_file = pq.ParquetFile(plan_path)
+    placed = ["part", "jpg_offset", "jpg_size"]
+    columns = ["key", "sha256", "width", "height"]
+    plan = plan_file.read(columns=columns + placed if set(placed) <= set(plan_file.schema_arrow.names) else columns)
+    plan = plan.to_pylist()
     plan_keys = [r["key"] for r in plan]
+    by_part = parts is not None and all(r.get("part") in parts for r in plan)
     try:
-        with tarfile.open(shard, "r:") as tar:
-            members = tar.getmembers()
+        members = scan_members(shard)
     except (tarfile.TarError, OSError) as e:  # cut short or overwritten since write_shard
         problems.append(f"{name}: not a readable tar ({e}); run write_shard for it again")
         return {"shard": name, "loader": None, "groups": 0, "passed": 0, "decoded": 0, "problems": problems}
     problems += _member_problems(name, members)
     problems += check_loader_indexes(members, dali_index, energon_index)
-    rows, loader = read_like_openclip(shard, spread(len(plan_keys), decode_per_shard))
+    with contextlib.ExitStack() as stack:
+        check = _same_as_part(plan, parts, stack) if by_part else None
+        rows, loader = read_like_openclip(shard, spread(len(plan_keys), decode_per_shard), check)
     samples = [r for r in rows if r["kept"] and "decode_error" not in r]
     keys = [s["__key__"] for s in samples]
     if len(rows) != len(plan_keys):

@@ -14,6 +14,7 @@ from shardsmith.formats.tario import (
     ShardWriter,
     iter_tar_groups,
     read_member,
+    scan_members,
     split_member_name,
     ustar_header,
     write_samples,
@@ -206,3 +207,61 @@ def test_iter_tar_groups_raises_on_a_tar_cut_at_or_inside_a_header(into_header):
     header_of_k1_txt = offsets[0]["txt"][0] - tarfile.BLOCKSIZE
     with pytest.raises(tarfile.ReadError):
         list(iter_tar_groups(io.BytesIO(data[: header_of_k1_txt + into_header])))
+
+
+def fields(members: list[tarfile.TarInfo]) -> list[tuple]:
+    return [(m.name, m.size, m.offset, m.offset_data, m.type, m.isreg()) for m in members]
+
+
+def tarfile_members(path) -> list[tarfile.TarInfo]:
+    with tarfile.open(path, "r:") as tar:
+        return tar.getmembers()
+
+
+def test_scan_members_reads_a_shard_as_tarfile_does_without_it(tmp_path, monkeypatch):
+    path = tmp_path / "s.tar"
+    path.write_bytes(write_bytes()[0])
+    want = fields(tarfile_members(path))
+    monkeypatch.setattr(tarfile, "open", None)  # the walk of ustar_header's headers needs no tarfile reader
+    assert fields(scan_members(path)) == want
+    assert len(want) == N_MEMBERS
+
+
+@pytest.mark.parametrize("kind", ["long name", "directory", "symlink", "pax", "gnu", "bad checksum"])
+def test_scan_members_leaves_other_headers_to_tarfile(tmp_path, kind):
+    path = tmp_path / "other.tar"
+    data = write_bytes()[0]
+    if kind == "bad checksum":
+        path.write_bytes(data[:148] + b"0000001\0" + data[156:])
+        with pytest.raises(tarfile.ReadError):
+            tarfile_members(path)
+        with pytest.raises(tarfile.ReadError):
+            scan_members(path)
+        return
+    fmt = {"pax": tarfile.PAX_FORMAT, "gnu": tarfile.GNU_FORMAT}.get(kind, tarfile.USTAR_FORMAT)
+    with tarfile.open(path, "w", format=fmt) as tar:
+        tar.addfile(tarfile.TarInfo("a.txt"), io.BytesIO())
+        info = tarfile.TarInfo(
+            {"long name": "d/" * 60 + "k.jpg", "directory": "d", "symlink": "s.jpg"}.get(kind, "k.jpg")
+        )
+        info.type = {"directory": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE}.get(kind, tarfile.REGTYPE)
+        info.linkname = "a.txt" if kind == "symlink" else ""
+        if kind in ("pax", "gnu"):
+            info.pax_headers = {"comment": "x" * 200} if kind == "pax" else {}
+            info.name = "n" * 120 + ".jpg"  # GNU: a long-name member
+        tar.addfile(info, io.BytesIO())
+    assert fields(scan_members(path)) == fields(tarfile_members(path))
+
+
+def outcome(read, path) -> object:
+    try:
+        return fields(read(path))
+    except tarfile.TarError as e:
+        return f"{type(e).__name__}: {e}"
+
+
+@pytest.mark.parametrize("cut", [100, 512, 512 + 5, 1024 + 300, 1536, 2048 + 7])
+def test_scan_members_of_a_cut_tar_gives_what_tarfile_gives(tmp_path, cut):
+    path = tmp_path / "cut.tar"
+    path.write_bytes(write_bytes()[0][:cut])
+    assert outcome(scan_members, path) == outcome(tarfile_members, path)

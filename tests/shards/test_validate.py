@@ -78,6 +78,51 @@ def test_every_image_is_checked_against_the_processed_bytes_and_a_spread_is_deco
     assert report["problems"] == ["ds-000000.tar/s0003: image bytes differ from the processed image"]
 
 
+def made_from_a_part(
+    folder: Path, samples: list, in_shard: list, planned: dict | None = None
+) -> tuple[str, str, dict[str, str]]:
+    """(tar, plan, parts) as write_shard validates them: the plan says where each image lies in its processed
+    part, which holds `samples`; the shard holds `in_shard`."""
+    part = folder / "web-000000.tar"
+    with open(part, "wb") as f, ShardWriter(f, unique_keys=False) as w:
+        where = {key: w.write(key, members)["jpg"] for key, members in samples}
+    tar, plan, _ = make_shard(folder, "ds-000000", in_shard, planned)
+    rows = pd.read_parquet(plan).assign(part="web-000000")
+    rows["jpg_offset"], rows["jpg_size"] = [where[k][0] for k in rows["key"]], [where[k][1] for k in rows["key"]]
+    rows.to_parquet(plan, index=False)
+    return tar, plan, {"web-000000": str(part)}
+
+
+def test_images_are_compared_with_their_processed_part_and_not_hashed_again(tmp_path, monkeypatch):
+    samples = good(6)
+    flipped = bytearray(IMAGE)
+    flipped[len(IMAGE) // 2] ^= 1  # same size, one bit off
+    in_shard = [*samples[:2], ("s0002", {**samples[2][1], "jpg": bytes(flipped)}), *samples[3:]]
+    tar, plan, parts = made_from_a_part(tmp_path, samples, in_shard)
+    good_dir = tmp_path / "good"
+    good_dir.mkdir()
+    good_tar, good_plan, good_parts = made_from_a_part(good_dir, samples, samples)
+    sha256 = hashlib.sha256
+
+    def no_image_hashed(data=b"", *args, **kwargs):
+        assert len(data) != len(IMAGE), "an image hashed a second time"
+        return sha256(data, *args, **kwargs)
+
+    monkeypatch.setattr(hashlib, "sha256", no_image_hashed)
+    report = validate_shard(tar, plan, max_side=512, max_pixels=25_000_000, decode_per_shard=0, parts=parts)
+    assert report["passed"] == 6
+    assert report["problems"] == ["ds-000000.tar/s0002: image bytes differ from the processed image"]
+    assert validate_shard(good_tar, good_plan, 512, 25_000_000, 0, parts=good_parts)["problems"] == []
+
+
+def test_a_plan_naming_a_part_not_given_is_checked_by_sha256(tmp_path):
+    samples = good(3)
+    in_shard = [samples[0], ("s0001", {**samples[1][1], "jpg": jpeg(photo(RNG, 96, 64))}), samples[2]]
+    tar, plan, _ = made_from_a_part(tmp_path, samples, in_shard, planned={"s0001": IMAGE})
+    report = validate_shard(tar, plan, 512, 25_000_000, 0, parts={"web-000009": "elsewhere.tar"})
+    assert report["problems"] == ["ds-000000.tar/s0001: image bytes differ from the processed image"]
+
+
 def test_an_image_that_does_not_decode_is_caught_by_the_spot_check(tmp_path):
     broken = IMAGE[: len(IMAGE) // 2]
     samples = good(3)

@@ -314,31 +314,41 @@ class Fetcher:
                 )
             stop_at = min(started + self.s.request_timeout_s, self.deadline)
             self._tls.held = self.budget.take(declared, stop_at - time.monotonic())
-            buf = bytearray()
+            # a body of declared length is read into a buffer of that size: growing one chunk by chunk copies it
+            # again at every growth once its memory comes from a reused heap (shardsmith.core.memory)
+            sized = declared is not None and "Content-Encoding" not in resp.headers
+            buf = bytearray(declared) if sized else bytearray()
+            view = memoryview(buf) if sized else None
+            n = 0
             while True:
                 now = time.monotonic()
                 if now > stop_at:
                     reason = "deadline" if now >= self.deadline else "timeout"
-                    raise AttemptError(
-                        reason, f"slow response: {len(buf)} bytes in {now - started:.1f} s", status, nbytes=len(buf)
-                    )
+                    raise AttemptError(reason, f"slow response: {n} bytes in {now - started:.1f} s", status, nbytes=n)
                 try:
                     chunk = resp.read1(1 << 16)
                 except (urllib3.exceptions.HTTPError, OSError) as e:
                     reason, detail = classify_exception(e)
-                    raise AttemptError(reason, detail, status, nbytes=len(buf)) from None
+                    raise AttemptError(reason, detail, status, nbytes=n) from None
                 if not chunk:
                     break
-                buf += chunk
-                if len(buf) > self.s.max_bytes:
+                if view is not None and n + len(chunk) <= len(buf):
+                    view[n : n + len(chunk)] = chunk
+                else:  # no length declared, or more than it said
+                    if view is not None:
+                        view.release()
+                        view = None
+                        del buf[n:]
+                    buf += chunk
+                n += len(chunk)
+                if n > self.s.max_bytes:
                     raise AttemptError(
-                        "too_large",
-                        f"body is over max_bytes={self.s.max_bytes}; stopped reading",
-                        status,
-                        nbytes=len(buf),
+                        "too_large", f"body is over max_bytes={self.s.max_bytes}; stopped reading", status, nbytes=n
                     )
-            if declared is not None and len(buf) < declared and "Content-Encoding" not in resp.headers:
-                raise AttemptError("truncated_download", f"got {len(buf)} of {declared} bytes", status, nbytes=len(buf))
+            if view is not None:
+                view.release()
+            if sized and n < declared:
+                raise AttemptError("truncated_download", f"got {n} of {declared} bytes", status, nbytes=n)
             clean = True
             # the bytearray itself, not bytes(buf): a copy doubled the memory of 32 multi-MB bodies in flight
             return buf, status, resp.headers.get("Content-Type", "")

@@ -152,6 +152,19 @@ def test_a_failure_in_the_child_fails_the_part_and_leaves_no_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.tar"] and find_leftovers([tmp_path]) == []
 
 
+@pytest.mark.skipif(not Path("/proc/self/comm").exists(), reason="process names are read from /proc")
+def test_the_resize_process_and_its_threads_are_named_for_top_and_perf(tmp_path):
+    child = ChildProcessor(str(tmp_path / "c.tar"), RESIZE, CaptionSettings(), label="web-000003")
+    try:
+        (tmp_path / "raw.tar").write_bytes(b"")
+        child.read_from(tmp_path / "raw.tar")  # answered once the child runs: named by then
+        pid = child._child.pid
+        names = {Path(t, "comm").read_text().strip() for t in Path(f"/proc/{pid}/task").iterdir()}
+        assert names == {"resize web-0000"}  # the kernel keeps 15 bytes
+    finally:
+        child.abort()
+
+
 def test_an_aborted_part_leaves_no_file(tmp_path):
     for proc in (
         ChildProcessor(str(tmp_path / "c.tar"), RESIZE, CaptionSettings()),
