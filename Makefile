@@ -38,6 +38,7 @@ bench: setup
 	$(PY) bench/resize_bench.py
 	$(PY) bench/e2e_bench.py --mix web-size
 	$(PY) bench/e2e_bench.py --mix large
+	$(PY) bench/shard_checks.py
 	$(PY) bench/demo_overhead.py
 	$(PY) bench/memory_scale.py
 	$(PY) bench/near_bench.py

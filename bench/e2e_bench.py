@@ -937,7 +937,8 @@ def main() -> None:
         },
     }
     mix = a.mix or ("large" if large else "small")
-    shard = "" if a.samples_per_shard is None else f"-shard{per_shard}"
+    named = a.mix and MIXES[a.mix].get("samples_per_shard") == a.samples_per_shard  # the mix's own size
+    shard = "" if a.samples_per_shard is None or named else f"-shard{per_shard}"
     out = a.out or BENCH / "results" / f"e2e-{mix}{shard}.json"
     save_result(out, result)
     print(json.dumps({k: result[k] for k in ("ratio_b_over_a", "targets")}, indent=1))
