@@ -9,11 +9,12 @@ process (the same server for every run), then alternates (a) img2dataset (its ow
 bench/setup_img2dataset.sh; 2 processes x 32 threads, count/8 samples per shard so both processes stay busy)
 and (b) this workflow from manifest to published, validated, indexed shards (embedding off; `--parts` parts,
 one per core by default; the same shard size unless `--our-samples-per-shard`), `--rounds` times each. Reports
-records/s (records in / wall s), the ratio b/a (best and median round), CPU s per record (rusage of the whole
-process tree), peak RSS per process (psutil samples), the workflow overhead (wall time with no job running,
-plus job start-up), and checks output quality on a sample: EXIF orientation, colour, no upscaling, and for
-this workflow the byte-identical pass-through of small RGB JPEGs and a ledger that adds up. Raw figures go to
-bench/results/e2e-<mix>.json. A failed quality check is reported as a failure, never as a win."""
+records/s (records in / wall s) and published samples/s, the ratio b/a (best and median round), CPU s per
+record and per published sample (rusage of the whole process tree), peak RSS per process (psutil samples), the
+workflow overhead (wall time with no job running, plus job start-up), and checks output quality on a sample:
+EXIF orientation, colour, no upscaling, and for this workflow the byte-identical pass-through of small RGB
+JPEGs and a ledger that adds up. Raw figures go to bench/results/e2e-<mix>.json. A failed quality check is
+reported as a failure, never as a win."""
 
 from __future__ import annotations
 
