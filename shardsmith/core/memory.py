@@ -33,7 +33,7 @@ def keep_freed_heap(limit: int) -> None:
         pass
 
 
-def reuse_freed_buffers(kept: int) -> None:
+def reuse_freed_buffers(kept: int = 64 << 20) -> None:
     """Serve every buffer up to 32 MiB from one malloc heap and keep up to `kept` bytes of it freed, so a
     body buffer is made of the pages the last body left, not of fresh ones the kernel must fault in and zero.
 

@@ -24,7 +24,6 @@ from pathlib import Path
 import pandas as pd
 
 from shardsmith.core.atomic import atomic_open
-from shardsmith.core.memory import reuse_freed_buffers
 from shardsmith.core.stopping import Stopped, deferred
 from shardsmith.download.commits import Commits
 from shardsmith.download.fetch.client import Fetcher
@@ -131,7 +130,6 @@ def download_records(
     ]
 
 
-KEPT_FREE = 64 << 20  # bytes of freed body buffers the fetching process keeps for the next bodies
 _REFETCH = object()  # _rewrite_kept: the kept bytes no longer match the manifest's hash
 
 
@@ -225,9 +223,6 @@ def download_part(
     """
     settings = FetchSettings.from_config(settings)
     s3 = s3 if isinstance(s3, S3Settings) else S3Settings(**(s3 or {}))
-    # bodies are freed once written out: the next ones reuse their pages (on the large mix: 6.0 -> 4.5 ms of
-    # the fetching process's CPU a record, bench/README.md)
-    reuse_freed_buffers(KEPT_FREE)
     records = pd.read_parquet(records_path)
     label = Path(out_tar).name.removesuffix(".tar")
     fetcher = Fetcher(settings, s3, log=log, local_folders=local_folders(source))

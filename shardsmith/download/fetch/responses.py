@@ -165,11 +165,13 @@ def classify_exception(e: BaseException) -> tuple[str, str]:
 
 
 def content_length(resp: urllib3.BaseHTTPResponse) -> int | None:
+    """The declared body length; None when absent, or not a length (a server's -1 is read as no length)."""
     try:
         value = resp.headers.get("Content-Length")
-        return int(value) if value is not None else None
+        n = int(value) if value is not None else None
     except ValueError:
         return None
+    return n if n is None or n >= 0 else None
 
 
 def reusable(resp: urllib3.BaseHTTPResponse) -> bool:

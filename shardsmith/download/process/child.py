@@ -208,7 +208,8 @@ class PartProcessor:
 
     def _copy_committed(self, rid: int, record: dict, source: str) -> bool:
         """Take a committed result for this record over (its members copied from the committed tar): only one
-        made from the same source fields and image size, under the same key."""
+        made from the same source fields and image size, under the same key, whose members read back whole
+        and whose image has the sha256 its row names (else the record is processed again)."""
         got = self._reusable.pop(rid, None)
         if got is None or got["key"] != record["key"] or got["source"] != source:
             return False
@@ -219,7 +220,14 @@ class PartProcessor:
                 old = {ext: tuple(v) for ext, v in json.loads(got["placed"]).items()}
                 fd = self._old_file.fileno()
                 members = {ext: os.pread(fd, size, off) for ext, (off, size) in old.items()}
-                self._done(rid, record, source, json.loads(got["row"]), self._tar.write(record["key"], members))
+                row = json.loads(got["row"])
+                # the image must be the one its row's sha256 names: the shard's re-read compares images with
+                # this part, not with that hash (shardsmith.shards.validate)
+                if any(len(members[e]) != size for e, (_, size) in old.items()) or (
+                    hashlib.sha256(members.get("jpg", b"")).hexdigest() != row.get("sha256")
+                ):
+                    return False
+                self._done(rid, record, source, row, self._tar.write(record["key"], members))
             self.progress.update(1)
         return True
 

@@ -41,6 +41,9 @@ def test_every_kind_of_reply_gets_its_reason_status_and_attempts(http_server):
     s.route("/loop/b", redirect("/loop/a"))
     urls = {
         "good": s.route("/good.jpg", Reply(body=img)),
+        "bad_length": s.route(
+            "/bad-length.jpg", Reply(body=img, headers=[*JPEG, ("Content-Length", "-1")], content_length=None)
+        ),
         "missing": s.url("/missing.jpg"),
         "flaky": s.route("/flaky.jpg", Reply(500, b"oops"), Reply(body=img)),
         "down": s.route("/down.jpg", Reply(503, b"oops")),
@@ -61,6 +64,7 @@ def test_every_kind_of_reply_gets_its_reason_status_and_attempts(http_server):
     out = fetch(urls)
     expected = {
         "good": ("ok", 200, 1),
+        "bad_length": ("ok", 200, 1),  # a length that is none: read to the end, as without one
         "missing": ("not_found", 404, 1),  # permanent: not retried
         "flaky": ("ok", 200, 2),
         "down": ("server_error", 503, 3),  # 1 + retries
@@ -79,7 +83,7 @@ def test_every_kind_of_reply_gets_its_reason_status_and_attempts(http_server):
         "ftp": ("unsupported_url", 0, 1),
     }
     assert {k: summary(o) for k, o in out.items()} == expected
-    for name in ("good", "flaky", "busy", "moved"):
+    for name in ("good", "bad_length", "flaky", "busy", "moved"):
         assert out[name].data == img and out[name].nbytes == len(img)
     assert all(o.data is None for o in out.values() if not o.ok)
     # what the server saw: each attempt is one request, redirects are followed and counted
