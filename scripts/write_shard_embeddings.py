@@ -15,8 +15,7 @@ def main() -> None:
 
     def work():
         for shard in snakemake.params.shards:
-            plan = batches.shard_paths(layout["work"], layout["out"], layout["dataset"], shard["shard"])["plan"]
-            out = batches.score_paths(layout["work"], layout["out"], layout["dataset"], shard["shard"])
+            plan, out = batches.scored_shard(layout, shard["shard"])
             parts = [embeddings[p] for p in shard["parts"]]
             yield batches.ShardWork(
                 shard["shard"],

@@ -69,6 +69,12 @@ def score_paths(work: str, out: str, dataset: str, shard: str) -> dict[str, str]
     }
 
 
+def scored_shard(layout: dict[str, str], shard: str) -> tuple[str, dict[str, str]]:
+    """(the shard's plan, what the embedding jobs write for it), for a rule's `layout` param."""
+    plan = shard_paths(layout["work"], layout["out"], layout["dataset"], shard)["plan"]
+    return plan, score_paths(layout["work"], layout["out"], layout["dataset"], shard)
+
+
 def code_digest(scripts: Iterable[str | os.PathLike] = ()) -> str:
     """sha256 over the given scripts and every shardsmith module this process has imported: a change to the
     code that writes a shard writes it again."""

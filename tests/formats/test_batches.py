@@ -36,6 +36,8 @@ def test_paths_are_those_of_a_job_per_shard():
     assert paths["tar"] == "o/ds-000007.tar" and paths["dali_index"] == "o/ds-000007.idx"
     assert paths["energon_index"] == "o/ds-000007.tar.idx" and paths["report"] == "w/validate/ds-000007.json"
     assert batches.score_paths("w", "o", "ds", "000007")["scores"] == "o/ds-000007.scores.parquet"
+    plan, scored = batches.scored_shard({"work": "w", "out": "o", "dataset": "ds"}, "000007")
+    assert plan == paths["plan"] and scored == batches.score_paths("w", "o", "ds", "000007")
 
 
 def test_the_fingerprint_follows_contents_part_files_settings_and_code(tmp_path):
