@@ -8,6 +8,7 @@ from snakemake.utils import validate
 sys.path.insert(0, workflow.basedir)  # the shardsmith package beside this Snakefile
 
 from shardsmith.core.config import check_config, plain_data, schema_error_message
+from shardsmith.download.filters import parse_filters
 from shardsmith.core.errors import ConfigError
 from shardsmith.formats.energon import sqlite_wanted as energon_sqlite_wanted
 from shardsmith.formats.index import INDEX_FILES
@@ -47,6 +48,7 @@ except WorkflowError as e:
     sys.exit(f"shardsmith: config error: {schema_error_message(e)}\n  {hint}")
 try:
     check_config(config, inputs_needed="--lint" not in sys.argv)
+    parse_filters(config["filters"], config["sources"])
 except ConfigError as e:
     sys.exit(f"shardsmith: config error: {e}")
 

@@ -8,6 +8,7 @@ checkpoint plan_parts:
     params:
         sources=config["sources"],
         part_size=config["part_size"],
+        filters=config["filters"],
         # remote manifests are read through the project's own clients, as images are
         download=config["download"],
         s3=config["s3"],
@@ -45,6 +46,7 @@ rule download_part:
         s3=config["s3"],
         resize=config["resize"],
         captions=config["captions"],
+        blur=config["blur"],
     script:
         "../scripts/download_part.py"
 

@@ -12,7 +12,8 @@ def main() -> None:
     use_scratch(snakemake.params.scratch)  # remote manifests are copied there to be read
     settings = FetchSettings.from_config({**snakemake.params.download, "part_deadline_s": None})
     fetcher = Fetcher(settings, S3Settings(**snakemake.params.s3))
-    parts = plan_parts(snakemake.params.sources, snakemake.params.part_size, snakemake.output[0], fetcher)
+    p = snakemake.params
+    parts = plan_parts(p.sources, p.part_size, snakemake.output[0], fetcher, filters=p.filters)
     print(f"planned {len(parts)} parts of at most {snakemake.params.part_size} records")
 
 

@@ -356,3 +356,28 @@ def test_the_shard_checks_bench_measures_each_lever_on_one_shard(tmp_path):
     result = json.loads(out.read_text())
     assert result["samples"] == 200 and len(result["cpu_us_per_sample"]) == 7
     assert all(us > 0 for us in result["cpu_us_per_sample"].values())
+
+
+def test_the_blur_bench_checks_its_outputs_at_a_tiny_size(tmp_path):
+    """bench/blur_bench.py at a tiny size: each boxed image blurred, each other one as without the feature."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "blur.json"
+    bench = Path(__file__).resolve().parents[1] / "bench" / "blur_bench.py"
+    cmd = [sys.executable, str(bench), "--count", "20", "--every", "4", "--rounds", "1",
+           "--data", str(tmp_path / "images"), "--out", str(out)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True)
+    result = json.loads(out.read_text())
+    assert result["images"] == 20 and result["boxed_images"] == 5 and result["checks"]["ok"]
+    assert result["checks"]["unboxed_identical_to_run_without_boxes"] == "15/15"
+    assert result["checks"]["boxed_blurred_and_not_passed_through"] == "5/5"
+    assert all(ms > 0 for ms in result["cpu_ms_per_record"]["with_boxes"])
+
+
+def test_a_missed_blur_target_says_by_how_much_and_why():
+    from bench.blur_bench import verdict
+
+    assert verdict(0.03) == {"target": "< 5% extra CPU per record", "measured": 0.03, "met": True}
+    missed = verdict(0.08)
+    assert not missed["met"] and missed["short_by"] == "3.0% of a record's CPU" and missed["bounded_by"]

@@ -6,13 +6,22 @@ stage that takes published-to-be samples out (embed, dedupe) writes EXCLUSION_CO
 turns into ledger rows.
 """
 
-# The `stage` of a ledger row.
-DOWNLOAD, CAPTION, RESIZE, PROCESS = "download", "caption", "resize", "process"
+# The `stage` of a ledger row. FILTER: a record a filter on manifest columns left out (its reason is the
+# filter's name), never downloaded.
+FILTER, DOWNLOAD, CAPTION, RESIZE, PROCESS = "filter", "download", "caption", "resize", "process"
 EMBED, DEDUPE = "embed", "dedupe"  # optional stages
 SHARD = "shard"
 # Pipeline order of the stages every build runs; optional ones (embed, dedupe) go between these and LAST_STAGES.
-STAGE_ORDER = (DOWNLOAD, CAPTION, RESIZE, PROCESS)
+STAGE_ORDER = (FILTER, DOWNLOAD, CAPTION, RESIZE, PROCESS)
 LAST_STAGES = (SHARD,)
 
 REJECT_COLUMNS = ["source", "source_id", "url", "key", "stage", "reason", "detail"]  # a row of the rejection ledger
 EXCLUSION_COLUMNS = ["key", "stage", "reason", "detail"]  # a sample an optional stage leaves out
+
+
+def filter_name(item: dict) -> str:
+    """The ledger reason of a config filter's rejections (`filter/<name>`): its name, or by default its column
+    lower-cased, other characters as '_' (the report and the card name it the same way)."""
+    import re
+
+    return item.get("name") or re.sub(r"[^a-z0-9_]", "_", item["column"].lower()).strip("_")[:48] or "filter"

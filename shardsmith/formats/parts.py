@@ -11,6 +11,7 @@ from tarfile import BLOCKSIZE
 SAMPLE_COLUMNS = [
     "key", "source", "source_id", "url", "width_before", "height_before", "width", "height",
     "bytes", "sha256", "caption_length", "caption_field", "passthrough", "phash", "phash_mirror", "bytes_before",
+    "language", "language_score", "blurred",
     "jpg_offset", "jpg_size", "txt_offset", "txt_size", "json_offset", "json_size",
 ]  # fmt: skip
 

@@ -5,6 +5,7 @@ config built in another folder give a byte-identical card, like every other publ
 training command names the shards relative to the folder the card sits in.
 """
 
+from shardsmith.core.ledger import filter_name
 from shardsmith.formats.build import FINGERPRINT_EXCLUDES, config_fingerprint, fingerprinted_config, package_versions
 from shardsmith.formats.names import brace_pattern
 from shardsmith.report.summary import openclip_command
@@ -160,6 +161,7 @@ def card_text(
     if shards:
         out += _train_section(config, sizes)
     out += _counts_section(config, stats)
+    out += _curation_section(config, stats)
     out += _rejections_section(stats)
     if emb_stats is not None:
         out += _clip_section(emb_stats)
@@ -229,6 +231,53 @@ def _counts_section(config: dict, stats: dict) -> list[str]:
         published, rejected = by_source.get(src["name"], 0), rejected_by_source.get(src["name"], 0)
         src_rows.append([src["name"], src["type"], f"`{src['path']}`", published + rejected, published, rejected])
     out += _table(["source", "type", "path", "input", "published", "rejected"], src_rows)
+    return out
+
+
+def _curation_section(config: dict, stats: dict) -> list[str]:
+    """What the build chose to leave out or change, each rule with its count: filters on manifest columns,
+    caption and image rules, blurred faces. Nothing when the config asks for none of them."""
+    reasons = stats.get("rejected_by_reason", {})
+    captions, resize, blur = config.get("captions", {}), config.get("resize", {}), config.get("blur", {})
+    rows = []
+    for f in config.get("filters") or []:
+        name = filter_name(f)
+        shown = f"[{', '.join(map(str, f['value']))}]" if isinstance(f["value"], list) else f["value"]
+        where = ", ".join(f.get("sources") or ["every manifest source"])
+        rows.append(
+            [f"filter/{name}", f"`{f['column']} {f['op']} {shown}` ({where})", reasons.get(f"filter/{name}", 0)]
+        )
+    if captions.get("min_words", 1) > 1:
+        rows.append(
+            [
+                "caption/too_few_words",
+                f"at least {captions['min_words']} words",
+                reasons.get("caption/too_few_words", 0),
+            ]
+        )
+    if captions.get("languages"):
+        rule = f"language in [{', '.join(captions['languages'])}]"
+        if captions.get("min_language_score"):
+            rule += f", probability at least {captions['min_language_score']:g}"
+        rows.append(["caption/language", rule + " (fastText lid.176)", reasons.get("caption/language", 0)])
+    if resize.get("max_aspect_ratio"):
+        rule = f"long side at most {resize['max_aspect_ratio']:g} x the short side"
+        rows.append(["resize/aspect_ratio", rule, reasons.get("resize/aspect_ratio", 0)])
+    marked = [s["name"] for s in config.get("sources", []) if s.get("blur_boxes")]
+    if not rows and not marked:
+        return []
+    out = ["", "## Curation", ""]
+    if rows:
+        out += _table(["rule (ledger stage/reason)", "keeps", "records left out"], rows)
+    if marked:
+        out += [
+            "",
+            f"Faces blurred from the boxes of {', '.join(f'`{s}`' for s in marked)} in "
+            f"{stats.get('blurred_images', 0):,} published images (boxes grown by {blur.get('grow', 0.1):g} of their "
+            f"longer side, Gaussian sigma {blur.get('sigma', 0.1):g} of the largest box's longer side, the ImageNet "
+            "face obfuscation convention); each sample's json holds its boxes (`blur`). Records whose boxes were "
+            f"missing or malformed were left out: {reasons.get('resize/bad_boxes', 0):,}.",
+        ]
     return out
 
 

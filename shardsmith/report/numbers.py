@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_write_text
-from shardsmith.core.ledger import LAST_STAGES, STAGE_ORDER
+from shardsmith.core.ledger import FILTER, LAST_STAGES, STAGE_ORDER
 from shardsmith.formats.tables import table_files
 
 if TYPE_CHECKING:  # imported where tables need it: write_card (numbers only) starts 0.3 s sooner
@@ -42,7 +42,15 @@ def funnel(stats: dict) -> list[tuple[str, int, int]]:
     left = int(stats["input_records"])
     steps = [("input records", left, 0)]
     by_stage = stats.get("rejected_by_stage", {})
+    by_reason = stats.get("rejected_by_reason", {})
     for stage in ordered_stages(by_stage):
+        if stage == FILTER:  # a step per filter: each is a choice of the user's, with its own count
+            named = sorted(r for r in by_reason if r.startswith(f"{FILTER}/"))
+            if sum(by_reason[r] for r in named) == by_stage[stage]:
+                for r in named:
+                    left -= int(by_reason[r])
+                    steps.append((f"after {r}", left, int(by_reason[r])))
+                continue
         left -= int(by_stage[stage])
         steps.append((f"after {stage}", left, int(by_stage[stage])))
     if left != stats["published"]:  # index_shards refuses such a ledger; say so rather than plot a lie

@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import io
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -253,6 +254,205 @@ def test_a_flag_naming_no_column_is_refused(tmp_path):
     tsv = write_tsv(tmp_path / "cc3m.tsv", list(zip(SENTENCES, urls(10))))
     with pytest.raises(InputError, match="no such column; give a number from 1 to 2"):
         guess([tsv], out=tmp_path / "build", caption_column="caption")
+
+
+# --- curation: LAION's and DataComp's metadata -------------------------------------------------------------
+
+OPS = {"<", "<=", ">", ">=", "==", "!=", "in", "not_in"}
+DATACOMP_BASIC = {  # docs/curation.md's "DataComp basic" recipe, as settings
+    "resize": {"min_side": 200, "max_aspect_ratio": 3},
+    "captions": {"languages": ["en"], "min_words": 3, "min_chars": 6},
+}
+
+
+def written(paths, **kw) -> tuple[str, list[str]]:
+    """(new-config's text, stderr lines) for `paths`."""
+    lines: list[str] = []
+    return new_config([str(p) for p in paths], Options(**kw), log=lines.append), lines
+
+
+def uncommented_filters(text: str) -> list[dict]:
+    """What a user gets by uncommenting the suggested filters: `# filters:` and the lines under it, up to the
+    blank line, each without its leading '# ', read as YAML."""
+    lines = text.splitlines()
+    start = lines.index("# filters:")
+    block = [ln.removeprefix("# ") for ln in lines[start : lines.index("", start)]]
+    loaded = yaml.safe_load("\n".join(block))
+    assert list(loaded) == ["filters"]
+    return loaded["filters"]
+
+
+def uncommented_settings(text: str) -> dict:
+    """The config with the commented DataComp-basic settings of resize and captions uncommented."""
+    keys = tuple(f"  # {k}:" for section in DATACOMP_BASIC.values() for k in section)
+    return yaml.safe_load("\n".join(ln.replace("# ", "", 1) if ln.startswith(keys) else ln for ln in text.splitlines()))
+
+
+def reasons(text: str) -> str:
+    """The suggested filters' comments, one text (they wrap)."""
+    return " ".join(ln.removeprefix("#   # ") for ln in text.splitlines() if ln.startswith("#   # "))
+
+
+def check_suggestions(text: str, config: dict) -> list[dict]:
+    """The suggested filters are off, each item is a filter as the schema describes it with a comment line above
+    it, and the config with all of them and DataComp's basic settings switched on is valid."""
+    assert "filters" not in config
+    filters = uncommented_filters(text)
+    for f in filters:
+        assert set(f) <= {"name", "column", "op", "value", "sources"} and f["op"] in OPS
+        assert re.fullmatch(r"[a-z0-9][a-z0-9_]{0,47}", f["name"])
+        assert set(f["sources"]) <= {s["name"] for s in config["sources"]}
+    assert len({f["name"] for f in filters}) == len(filters)
+    lines = text.splitlines()
+    for i, ln in enumerate(lines):
+        if ln.startswith("#   - {"):
+            assert lines[i - 1].startswith("#   # "), ln  # where its cut-off comes from
+    on = uncommented_settings(text)
+    for section, settings in DATACOMP_BASIC.items():
+        assert {k: on[section][k] for k in settings} == settings
+    check_against_schema({**on, "filters": filters})
+    return filters
+
+
+def laion_rows(n: int = 20, base: str = "https://img.example.org/laion") -> dict:
+    return {
+        "url": urls(n, base),
+        "caption": [SENTENCES[i % 10] + f" no. {i}" for i in range(n)],
+        "punsafe": [i / 50 for i in range(n)],
+        "pwatermark": [i / 40 for i in range(n)],
+        "similarity": [0.28 + i / 200 for i in range(n)],
+        "width": [640 - 20 * i for i in range(n)],
+        "height": [480] * n,
+        "LANGUAGE": ["en", "de", "en", "fr"] * (n // 4),
+    }
+
+
+def datacomp_rows(n: int = 20) -> dict:
+    return {
+        "uid": [hashlib.md5(f"uid{i}".encode()).hexdigest() for i in range(n)],
+        "url": urls(n, "https://cc.example.org/datacomp"),
+        "text": [SENTENCES[i % 10] + f" ({i})" for i in range(n)],
+        "original_width": [800 - 40 * i for i in range(n)],
+        "original_height": [600] * n,
+        "clip_b32_similarity_score": [0.15 + i / 100 for i in range(n)],
+        "clip_l14_similarity_score": [0.1 + i / 100 for i in range(n)],
+        "face_bboxes": [[[0.1, 0.2, 0.3, 0.45], [0.5, 0.5, 0.6, 0.7]] if i % 5 == 0 else [] for i in range(n)],
+        "sha256": [hashlib.sha256(f"img{i}".encode()).hexdigest() for i in range(n)],
+    }
+
+
+def test_laion_metadata_gets_commented_filters_naming_its_source_and_no_blur(tmp_path):
+    pd.DataFrame(laion_rows()).to_parquet(tmp_path / "laion.parquet", index=False)
+    text, lines = written([tmp_path / "laion.parquet"], out=str(tmp_path / "build"))
+    config = yaml.safe_load(text)
+    (src,) = config["sources"]
+    assert src == {"name": "laion", "type": "manifest", "path": str(tmp_path / "laion.parquet"), "url_column": "url"}
+    filters = check_suggestions(text, config)
+    assert [(f["name"], f["column"], f["op"], f["value"]) for f in filters] == [
+        ("unsafe", "punsafe", "<", 0.5),
+        ("watermark", "pwatermark", "<", 0.8),
+        ("clip_similarity", "similarity", ">=", 0.28),
+        ("language", "LANGUAGE", "in", ["en"]),
+        ("short_width", "width", ">=", 200),
+        ("short_height", "height", ">=", 200),
+    ]
+    assert all(f["sources"] == ["laion"] for f in filters)
+    for said in ("LAION's own cut", "LAION-Aesthetics kept < 0.8", "LAION-2B-en's cut (LAION-400M used 0.3)",
+                 "sampled: en 50%, de 25%, fr 25%", "DataComp's basic filter", "resize.min_side"):  # fmt: skip
+        assert said in reasons(text), said
+    assert "blur_boxes" not in text
+    assert any(ln.startswith("laion: filters: punsafe < 0.5, pwatermark < 0.8, similarity >= 0.28") for ln in lines)
+
+
+def test_datacomp_metadata_gets_blur_boxes_on_and_its_filters(tmp_path):
+    pd.DataFrame(datacomp_rows()).to_parquet(tmp_path / "datacomp.parquet", index=False)
+    text, lines = written([tmp_path / "datacomp.parquet"], out=str(tmp_path / "build"))
+    config = yaml.safe_load(text)
+    (src,) = config["sources"]
+    assert src["blur_boxes"] == "face_bboxes"  # on: written as a key, not a comment
+    assert (src["key_column"], src["hash_column"], src["hash_type"]) == ("uid", "sha256", "sha256")
+    (blur_line,) = [ln for ln in text.splitlines() if "blur_boxes:" in ln and not ln.lstrip().startswith("#")]
+    assert blur_line.startswith("    blur_boxes: face_bboxes") and "blurred" in blur_line
+    assert "delete this line to publish them unblurred" in blur_line  # how to turn it off
+    filters = check_suggestions(text, config)
+    assert [(f["name"], f["column"], f["op"], f["value"]) for f in filters] == [
+        ("clip_b32_score", "clip_b32_similarity_score", ">=", 0.25),
+        ("clip_l14_score", "clip_l14_similarity_score", ">=", 0.3),
+        ("short_width", "original_width", ">=", 200),
+        ("short_height", "original_height", ">=", 200),
+    ]
+    assert all(f["sources"] == ["datacomp"] for f in filters)
+    assert "top 30% of the whole pool" in reasons(text)
+    assert "in the 20 rows sampled, the top 30% score 0.23 or more" in reasons(text)
+    assert (
+        "datacomp: blur_boxes: face_bboxes (face boxes, by name, as DataComp's face_bboxes; 4 of 20 sampled rows"
+        in ("\n".join(lines))
+    )
+    assert not any("NOTE" in ln for ln in lines)
+    check_against_schema(config)
+
+
+def test_face_boxes_that_are_missing_or_not_fractions_are_said_to_be_rejected(tmp_path):
+    rows = datacomp_rows(10)
+    rows["face_bboxes"][1] = [[12, 30, 80, 95]]  # pixels, not fractions
+    rows["face_bboxes"][2] = None
+    pd.DataFrame(rows).to_parquet(tmp_path / "pool.parquet", index=False)
+    config, lines = guess([tmp_path / "pool.parquet"], out=tmp_path / "build")
+    assert config["sources"][0]["blur_boxes"] == "face_bboxes"  # still on: such records are rejected, not published
+    notes = [ln for ln in lines if "NOTE" in ln]
+    assert any(
+        "1 of 10 sampled rows have face_bboxes values that are not lists of [x0, y0, x1, y1]" in n for n in notes
+    )
+    assert any("1 of 10 sampled rows have no face_bboxes value: such records are rejected" in n for n in notes)
+
+
+def test_face_boxes_in_a_shards_json_get_blur_boxes_on(tmp_path):
+    samples = {
+        f"k{i}": {"jpg": jpeg_bytes(), "json": json.dumps({"caption": SENTENCES[i], "face_bboxes": []}).encode()}
+        for i in range(3)
+    }
+    (tmp_path / "in").mkdir()
+    shard_tar(tmp_path / "in" / "pool-0.tar", samples)
+    config, lines = guess([tmp_path / "in" / "pool-0.tar"], out=tmp_path / "build")
+    assert config["sources"][0]["blur_boxes"] == "json.face_bboxes"
+    assert "pool_0: blur_boxes: json.face_bboxes (face boxes, by name, as DataComp's face_bboxes; 0 of 3" in (
+        "\n".join(lines)
+    )
+    check_against_schema(config)
+
+
+def test_sources_with_the_same_metadata_share_a_filter_and_names_stay_unique(tmp_path):
+    for name in ("laion_a", "laion_b"):
+        pd.DataFrame(laion_rows()).to_parquet(tmp_path / f"{name}.parquet", index=False)
+    pd.DataFrame(datacomp_rows()).to_parquet(tmp_path / "datacomp.parquet", index=False)
+    paths = [tmp_path / "laion_a.parquet", tmp_path / "laion_b.parquet", tmp_path / "datacomp.parquet"]
+    text, _ = written(paths, out=str(tmp_path / "build"))
+    filters = {f["name"]: f for f in check_suggestions(text, yaml.safe_load(text))}
+    assert filters["unsafe"]["sources"] == ["laion_a", "laion_b"]
+    assert (filters["short_width"]["column"], filters["short_width"]["sources"]) == ("width", ["laion_a", "laion_b"])
+    assert (filters["short_width_2"]["column"], filters["short_width_2"]["sources"]) == ("original_width", ["datacomp"])
+
+
+def test_a_plain_url_caption_tsv_gets_no_filters_and_no_blur(tmp_path):
+    tsv = write_tsv(tmp_path / "plain.tsv", [("url", "caption"), *zip(urls(10), SENTENCES)])
+    text, _ = written([tsv], out=str(tmp_path / "build"))
+    assert yaml.safe_load(text)["sources"] == [
+        {"name": "plain", "type": "manifest", "path": str(tsv), "url_column": "url"}
+    ]
+    assert "filters" not in text and "blur_boxes" not in text and "min_words" not in text
+
+
+def test_a_headerless_tsv_is_unaffected(tmp_path):
+    """No names, nothing to recognise: even a column of scores in [0, 1] and one of box lists suggest nothing."""
+    rows = [(u, s, str(i / 10), "[]") for i, (u, s) in enumerate(zip(urls(10), SENTENCES))]
+    tsv = write_tsv(tmp_path / "cc.tsv", rows)
+    text, lines = written([tsv], out=str(tmp_path / "build"))
+    assert yaml.safe_load(text)["sources"] == [
+        {"name": "cc", "type": "manifest", "path": str(tsv), "columns": ["url", "caption", "col3", "col4"],
+         "url_column": "url"}
+    ]  # fmt: skip
+    assert "filters" not in text and "blur_boxes" not in text and "min_words" not in text
+    assert not any("filters" in ln or "blur" in ln for ln in lines)
 
 
 # --- folders and shards -------------------------------------------------------------------------------------

@@ -33,8 +33,11 @@ def test_schema_fills_defaults():
         "min_side": 32,
         "quality": 90,
         "max_decode_pixels": 178_956_970,
+        "max_aspect_ratio": None,
     }
     assert config["captions"]["fields"] == ["txt", "caption", "json.caption", "json.description", "alt"]
+    assert (config["captions"]["languages"], config["captions"]["min_words"]) == (None, 1)
+    assert config["filters"] == [] and config["blur"] == {"grow": 0.1, "sigma": 0.1}
     assert config["validate"] == {"min_shards": 1, "decode_per_shard": 64}
     assert config["publish"] == {
         "dest": None, "keep_versions": None, "verify": "readback", "hardlink": True, "multipart_threshold": None,

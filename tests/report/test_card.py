@@ -121,6 +121,29 @@ def test_card_states_counts_rejections_sources_fingerprint_and_no_build_paths():
     assert "RANDOM" not in card and "CLIP scores" not in card
 
 
+def test_card_lists_each_curation_rule_with_its_count_and_the_blurred_faces():
+    c = config(
+        sources=[{"name": "web", "type": "manifest", "path": "in/web.parquet", "blur_boxes": "face_bboxes"}],
+        filters=[
+            {"name": "unsafe", "column": "punsafe", "op": "<", "value": 0.5},
+            {"column": "LANGUAGE", "op": "in", "value": ["en", "de"], "sources": ["web"]},
+        ],
+        captions={"languages": ["en"], "min_words": 3},
+        resize={"max_aspect_ratio": 3},
+    )
+    reasons = {"filter/unsafe": 5, "filter/language": 2, "caption/language": 1, "resize/bad_boxes": 1}
+    stats = {**STATS, "rejected_by_reason": {**STATS["rejected_by_reason"], **reasons}, "blurred_images": 4}
+    card = card_text(c, stats, SIZES, LOADER, versions={"shardsmith": "0.1.0"})
+    assert "## Curation" in card
+    assert "| filter/unsafe | `punsafe < 0.5` (every manifest source) | 5 |" in card
+    assert "| filter/language | `LANGUAGE in [en, de]` (web) | 2 |" in card
+    assert "| caption/too_few_words | at least 3 words | 0 |" in card
+    assert "| caption/language | language in [en] (fastText lid.176) | 1 |" in card
+    assert "| resize/aspect_ratio | long side at most 3 x the short side | 0 |" in card
+    assert "Faces blurred from the boxes of `web` in 4 published images" in card
+    assert "## Curation" not in card_text(config(), STATS, SIZES, LOADER, versions={"shardsmith": "0.1.0"})
+
+
 def test_card_says_plainly_when_clip_scores_come_from_random_weights():
     emb = {
         "model": "tiny-clip",

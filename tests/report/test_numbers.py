@@ -52,6 +52,21 @@ def test_funnel_subtracts_each_stage_and_ends_at_published():
     assert report.funnel_line(STATS).startswith("100 input -> 90 after download")
 
 
+def test_funnel_has_a_step_per_filter_before_download():
+    stats = {
+        **STATS,
+        "input_records": 110,
+        "rejected_by_stage": {**STATS["rejected_by_stage"], "filter": 10},
+        "rejected_by_reason": {"filter/unsafe": 6, "filter/clip_similarity": 4},
+    }
+    assert report.funnel(stats)[:4] == [
+        ("input records", 110, 0),
+        ("after filter/clip_similarity", 106, 4),
+        ("after filter/unsafe", 100, 6),
+        ("after download", 90, 10),
+    ]
+
+
 def test_funnel_refuses_stats_that_do_not_add_up():
     with pytest.raises(ValueError, match="do not add up"):
         report.funnel({**STATS, "published": 79})

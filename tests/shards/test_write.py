@@ -43,7 +43,7 @@ def test_write_shard_info_matches_the_file(built):
             "shard": f"{n}.tar", "nsamples": 4, "filesize": len(data),
             "md5sum": hashlib.md5(data).hexdigest(), "sha256": hashlib.sha256(data).hexdigest(),
             # what stats.json counts of the shard's rows (make_built passes out_manifest)
-            "published_by_source": {"src": 4}, "passthrough": info["passthrough"],
+            "published_by_source": {"src": 4}, "passthrough": info["passthrough"], "blurred": 0,
         }  # fmt: skip
         assert json.loads((built["work"] / f"{n}.info.json").read_text()) == info
 

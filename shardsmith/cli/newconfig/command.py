@@ -8,11 +8,13 @@ import copy
 import os
 import re
 import sys
+import textwrap
 from collections.abc import Callable
 from urllib.parse import urlparse
 
 import yaml
 
+from shardsmith.cli.newconfig.curation import DATACOMP_BASIC, has_curation, suggested_filters
 from shardsmith.cli.newconfig.folders import inspect_folder, inspect_shards
 from shardsmith.cli.newconfig.manifests import inspect_manifest
 from shardsmith.cli.newconfig.options import (
@@ -25,7 +27,9 @@ from shardsmith.cli.newconfig.options import (
     Inspected,
     Options,
     load_schema,
+    sanitise,
     schema_default,
+    unique_names,
 )
 from shardsmith.core.config import REMOTE, check_config
 from shardsmith.core.errors import ConfigError
@@ -52,21 +56,6 @@ def source_name(path: str) -> str:
     base = re.sub(r"(\.(tar|tgz|parquet|csv|tsv|jsonl|ndjson|json))?(\.gz)?$", "", os.path.basename(stem), flags=re.I)
     name = sanitise(base) or sanitise(os.path.basename(os.path.dirname(stem)))
     return name or "source"
-
-
-def sanitise(text: str) -> str:
-    return re.sub(r"[^a-z0-9_]+", "_", text.lower()).strip("_")[:32].rstrip("_")
-
-
-def unique_names(names: list[str]) -> list[str]:
-    out: list[str] = []
-    for n in names:
-        candidate, i = n, 2
-        while candidate in out:
-            candidate = f"{n[: 32 - len(str(i)) - 1]}_{i}"
-            i += 1
-        out.append(candidate)
-    return out
 
 
 def local_input(path: str) -> str:
@@ -141,7 +130,7 @@ def build_config(paths: list[str], opts: Options, log: Callable[[str], None]) ->
 
 def flow(value: object) -> str:
     """One YAML value on one line (flow style, quoted where YAML needs it)."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 20, allow_unicode=True).strip()
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 20, allow_unicode=True, sort_keys=False).strip()
     return text.removesuffix("\n...").removesuffix("...").strip()
 
 
@@ -169,15 +158,18 @@ def render(config: dict, found: list[Inspected], schema: dict) -> str:
         "",
         "sources:",
         *(render_source(i) for i in found),
+        *render_filters(suggested_filters(found)),
         line("part_size", c["part_size"], "records per download job (fetch and resize); keep it fixed for a dataset"),
         line("samples_per_shard", c["samples_per_shard"], "samples per output shard; all full but the last"),
         "",
         "resize:",
         line("max_side", c["resize"]["max_side"], "long side cap in pixels (null: no cap)", prefix=IN),
+        *curation_settings("resize", found),
         "",
         "captions:",
         line("fields", c["captions"]["fields"], "tried in order; the first non-empty becomes txt", prefix=IN),
         line("max_chars", c["captions"]["max_chars"], "longer captions are cut at a word boundary", prefix=IN),
+        *curation_settings("captions", found),
         "",
         "validate:",
         line("min_shards", c["validate"]["min_shards"], "fewer fail (OpenCLIP needs workers x GPUs)", prefix=IN),
@@ -203,10 +195,32 @@ def render(config: dict, found: list[Inspected], schema: dict) -> str:
 def render_source(found: Inspected) -> str:
     """One `sources:` entry, its guesses as comments above it."""
     lines = [f"  # {g}" for g in found.guesses] + [f"  # NOTE: {n}" for n in found.notes]
-    keys = list(found.source)
-    lines.append(f"  - {keys[0]}: {flow(found.source[keys[0]])}")
-    lines += [f"    {k}: {flow(found.source[k])}" for k in keys[1:]]
+    for i, (k, v) in enumerate(found.source.items()):
+        lines.append(line(k, v, found.comments.get(k, ""), prefix="    " if i else "  - "))
     return "\n".join(lines) + "\n"
+
+
+def render_filters(filters: list[tuple[dict, str]]) -> list[str]:
+    """The filters the sources' metadata allow, commented out: one line each (uncommented, a `filters:` item),
+    its reason as a comment line above it; nothing when there are none."""
+    if not filters:
+        return []
+    lines = [
+        "# Filters the sources' metadata columns allow, all off. A record that fails one is never downloaded and",
+        "# is in the ledger as filter/<name>, with its value. To use some, uncomment `filters:` and their lines.",
+        "# filters:",
+    ]
+    for f, why in filters:
+        lines += [f"#   # {text}" for text in textwrap.wrap(why, 112)]
+        lines.append(f"#   - {flow(f)}")
+    return [*lines, ""]
+
+
+def curation_settings(section: str, found: list[Inspected]) -> list[str]:
+    """DataComp's basic filter as this section's settings, commented out, where a source has curation metadata."""
+    if not has_curation(found):
+        return []
+    return [line(k, v, why, prefix=OFF) for s, k, v, why in DATACOMP_BASIC if s == section]
 
 
 def check_written(text: str, config: dict, schema: dict) -> None:
@@ -221,6 +235,19 @@ def check_written(text: str, config: dict, schema: dict) -> None:
         check_config(parsed)
     except ConfigError as e:
         raise InputError(f"{e} Give new-config another --out.") from None
+    filters = uncommented_filters(text)
+    if filters and "filters" in schema["properties"]:  # the suggestions, all on, are a valid config too
+        jsonschema.validate({**copy.deepcopy(parsed), "filters": filters}, schema)
+
+
+def uncommented_filters(text: str) -> list[dict]:
+    """The commented `filters:` block of a written config, uncommented and read; [] when there is none."""
+    lines = text.splitlines()
+    if "# filters:" not in lines:
+        return []
+    start = lines.index("# filters:")
+    end = lines.index("", start)
+    return yaml.safe_load("\n".join(ln.removeprefix("# ") for ln in lines[start:end]))["filters"]
 
 
 def new_config(paths: list[str], opts: Options = Options(), log: Callable[[str], None] = print) -> str:

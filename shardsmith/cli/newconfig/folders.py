@@ -1,10 +1,12 @@
-"""Folders of images with caption sidecars, and tar shards: which members hold the image and the captions."""
+"""Folders of images with caption sidecars, and tar shards: which members hold the image and the captions, and
+whether their json holds face boxes to blur."""
 
 from __future__ import annotations
 
 import os
 from collections import Counter
 
+from shardsmith.cli.newconfig.curation import Curation, json_curation
 from shardsmith.cli.newconfig.options import (
     CAPTION_NAMES,
     SAMPLE_ROWS,
@@ -55,12 +57,14 @@ def inspect_folder(path: str, name: str, opts: Options) -> Inspected:
     seen: Counter = Counter()
     sidecars: Counter = Counter()
     bare = 0
+    metas = []
     for rec in images:
         fields = read_sidecars(rec["url"])
         sidecars.update(fields.keys())
         found = caption_members(fields)
         seen.update(found)
         bare += not found
+        metas.append(fields.get("json"))
     if not seen:
         raise InputError(
             f"none of {len(images)} images has a caption sidecar (photo.txt, or photo.json with "
@@ -73,7 +77,20 @@ def inspect_folder(path: str, name: str, opts: Options) -> Inspected:
     ]
     if bare:
         guesses.append(f"without a caption: {bare} of {len(images)} images (they go to the ledger as no_caption)")
-    return Inspected({"name": name, "type": "folder", "path": path}, member_order(seen), guesses)
+    return with_curation(
+        Inspected({"name": name, "type": "folder", "path": path}, member_order(seen), guesses),
+        json_curation(metas, "images"),
+    )
+
+
+def with_curation(found: Inspected, curation: Curation) -> Inspected:
+    """The input with the face boxes its json holds blurred (blur_boxes on), and what was said about them."""
+    if curation.blur_boxes:
+        found.source["blur_boxes"] = curation.blur_boxes
+        found.comments.update(curation.comments)
+        found.guesses += curation.guesses
+        found.notes += curation.notes
+    return found
 
 
 def image_extensions() -> list[str]:
@@ -136,4 +153,5 @@ def inspect_shards(path: str, name: str, opts: Options) -> Inspected:
             f"{len(samples)} samples (members: {listed}): every sample would be rejected as no_caption"
         )
     guesses.append(f"caption fields: {describe_members(seen, len(samples), 'samples')}")
-    return Inspected(source, member_order(seen), guesses)
+    metas = [member_fields(s).get("json") for s in samples]
+    return with_curation(Inspected(source, member_order(seen), guesses), json_curation(metas, "samples"))

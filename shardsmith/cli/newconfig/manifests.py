@@ -1,5 +1,5 @@
 """Manifests: reading the sampled start of a parquet, csv, tsv or jsonl file and choosing its URL, caption,
-key and hash columns from the evidence, or saying it cannot tell."""
+key and hash columns from the evidence, or saying it cannot tell; its metadata columns go to curation."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shardsmith.cli.newconfig.curation import curation_of
 from shardsmith.cli.newconfig.options import (
     BLOCK,
     CAPTION_NAMES,
@@ -21,6 +22,7 @@ from shardsmith.cli.newconfig.options import (
     SAMPLE_ROWS,
     URL_NAMES,
     CannotTell,
+    Column,
     InputError,
     Inspected,
     Options,
@@ -48,7 +50,10 @@ class Table:
 
 
 def cell_text(value: object) -> str:
-    """A cell as text; None, NaN and nested values (lists, dicts: never a URL or a caption) as ''."""
+    """A cell as text; None, NaN and nested values (lists, dicts: never a URL or a caption) as '', but a list of
+    lists of numbers (face boxes, or none) as its JSON, for curation to read as a CSV's cell would be."""
+    if is_boxes(value):
+        return json.dumps(value)
     if value is None or isinstance(value, (list, tuple, dict)) or (isinstance(value, float) and value != value):
         return ""
     if isinstance(value, bytes):
@@ -56,6 +61,13 @@ def cell_text(value: object) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+def is_boxes(value: object) -> bool:
+    """[[x0, y0, x1, y1], ...] or []: a list of lists of numbers."""
+    return isinstance(value, (list, tuple)) and all(
+        isinstance(b, (list, tuple)) and all(isinstance(x, (int, float)) for x in b) for b in value
+    )
 
 
 def sniff_format(head: bytes) -> str:
@@ -147,25 +159,6 @@ def read_table(src: ByteSource, fmt: str, gz: bool) -> Table:
         cells = [[cell_text(r.get(n)) if isinstance(r, dict) else "" for n in names] for r in rows]
         return Table(names, cells, f"the JSON keys ({short(', '.join(names), 80)})")
     return split_header(rows)
-
-
-@dataclass(frozen=True)
-class Column:
-    """Evidence about one sampled column."""
-
-    position: int  # 1-based
-    name: str | None  # None in a headerless file
-    values: list[str]  # non-empty sampled values
-
-    @property
-    def label(self) -> str:
-        return self.name if self.name is not None else f"column {self.position}"
-
-    def share(self, test: Callable[[str], bool]) -> float:
-        return sum(map(test, self.values)) / len(self.values) if self.values else 0.0
-
-    def named(self, names: tuple[str, ...]) -> bool:
-        return self.name is not None and self.name.strip().lower() in names
 
 
 def columns_of(table: Table) -> list[Column]:
@@ -327,8 +320,19 @@ def inspect_manifest(path: str, name: str, opts: Options) -> Inspected:
     if hashed:
         source["hash_column"], source["hash_type"] = hashed[0].name, hashed[1]
         guesses.append(f"hash column: {hashed[0].name}, {hashed[1]} ({hashed[2]})")
+    curation = curation_of(cols, {url.position, caption.position}, len(table.rows))
+    if curation.blur_boxes:
+        source["blur_boxes"] = curation.blur_boxes
     not_captions = {c.name for c in cols if c is not caption and c.name is not None}
-    return Inspected(source, [caption.name], guesses, not_captions, notes)
+    return Inspected(
+        source,
+        [caption.name],
+        guesses + curation.guesses,
+        not_captions,
+        notes + curation.notes,
+        curation.suggestions,
+        curation.comments,
+    )
 
 
 def relative_path_notes(url: Column) -> list[str]:

@@ -4,6 +4,8 @@ as data), Inspected (what one input gave), and the schema whose defaults the con
 from __future__ import annotations
 
 import copy
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import yaml
@@ -55,6 +57,36 @@ class Inspected:
     guesses: list[str] = field(default_factory=list)
     not_captions: set[str] = field(default_factory=set)  # manifest columns that must not be caption fallbacks
     notes: list[str] = field(default_factory=list)  # warnings, on stderr and in the config
+    suggestions: list[Suggestion] = field(default_factory=list)  # filters its metadata allows, written off
+    comments: dict[str, str] = field(default_factory=dict)  # a comment for a key of its source entry
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A filter one manifest's metadata column allows (`column op value`), its name, and why that cut-off."""
+
+    name: str
+    column: str
+    op: str
+    value: object
+    why: str
+
+
+def sanitise(text: str) -> str:
+    """A name of lowercase letters, digits and '_', 32 characters at most ('' when nothing is left)."""
+    return re.sub(r"[^a-z0-9_]+", "_", text.lower()).strip("_")[:32].rstrip("_")
+
+
+def unique_names(names: list[str]) -> list[str]:
+    """The names, a suffix (_2, _3, ...) on repeats; 32 characters at most."""
+    out: list[str] = []
+    for n in names:
+        candidate, i = n, 2
+        while candidate in out:
+            candidate = f"{n[: 32 - len(str(i)) - 1]}_{i}"
+            i += 1
+        out.append(candidate)
+    return out
 
 
 def load_schema() -> dict:
@@ -67,3 +99,22 @@ def schema_default(schema: dict, dotted: str) -> object:
     for part in dotted.split("."):
         node = node.get("items", node)["properties"][part]
     return copy.deepcopy(node["default"])
+
+
+@dataclass(frozen=True)
+class Column:
+    """Evidence about one sampled column."""
+
+    position: int  # 1-based
+    name: str | None  # None in a headerless file
+    values: list[str]  # non-empty sampled values
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name is not None else f"column {self.position}"
+
+    def share(self, test: Callable[[str], bool]) -> float:
+        return sum(map(test, self.values)) / len(self.values) if self.values else 0.0
+
+    def named(self, names: tuple[str, ...]) -> bool:
+        return self.name is not None and self.name.strip().lower() in names

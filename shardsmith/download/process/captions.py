@@ -61,6 +61,9 @@ class CaptionSettings:
     fields: tuple[str, ...] = ("txt", "caption", "json.caption", "json.description", "alt")
     max_chars: int = 1000
     min_chars: int = 1
+    min_words: int = 1
+    languages: tuple[str, ...] | None = None  # ISO 639 codes kept; None keeps every language
+    min_language_score: float = 0.0
 
     def __post_init__(self) -> None:
         fields = self.fields
@@ -78,6 +81,15 @@ class CaptionSettings:
             raise ConfigError(
                 f"caption.min_chars ({self.min_chars}) must not exceed caption.max_chars ({self.max_chars})"
             )
+        if isinstance(self.min_words, bool) or not isinstance(self.min_words, int) or self.min_words < 1:
+            raise ConfigError(f"captions.min_words must be an integer >= 1, got {self.min_words!r}")
+        if self.languages is not None:
+            langs = self.languages
+            if isinstance(langs, str) or not all(isinstance(x, str) and x for x in langs):
+                raise ConfigError(f"captions.languages must be a list of ISO 639 codes or null, got {langs!r}")
+            object.__setattr__(self, "languages", tuple(langs))
+        if not 0 <= self.min_language_score <= 1:
+            raise ConfigError(f"captions.min_language_score must be in [0, 1], got {self.min_language_score!r}")
 
 
 def _is_absent(value: object) -> bool:
@@ -254,3 +266,18 @@ def pick_caption(fields: Mapping, s: CaptionSettings = CaptionSettings()) -> tup
                 why = f"{len(caption)} chars after normalization, fewer than min_chars={s.min_chars}"
         findings.append(f"{path} ({why})")
     raise Rejection(STAGE, "no_caption", "tried " + ", ".join(findings))
+
+
+def check_caption(caption: str, language: str, score: float, s: CaptionSettings) -> None:
+    """The caption rules after the caption is chosen: its words, then its language. Raises
+    Rejection(STAGE, "too_few_words" or "language") with what was seen and the rule."""
+    words = len(caption.split())
+    if words < s.min_words:
+        raise Rejection(STAGE, "too_few_words", f"{words} words, fewer than min_words={s.min_words}")
+    if s.languages is None:
+        return
+    found = f"{language or 'none'} ({score:.2f})"
+    if language not in s.languages:
+        raise Rejection(STAGE, "language", f"{found}, not in languages [{', '.join(s.languages)}]")
+    if score < s.min_language_score:
+        raise Rejection(STAGE, "language", f"{found}, below min_language_score={s.min_language_score:g}")

@@ -25,14 +25,16 @@ import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open
 from shardsmith.core.errors import Rejection
-from shardsmith.core.ledger import DOWNLOAD, PROCESS, REJECT_COLUMNS
+from shardsmith.core.ledger import DOWNLOAD, FILTER, PROCESS, REJECT_COLUMNS
 from shardsmith.core.logs import ProgressLog
 from shardsmith.core.memory import keep_freed_heap, return_large_buffers
 from shardsmith.core.stopping import ignore_stops
 from shardsmith.download import commits, rawcache
-from shardsmith.download.process.captions import CaptionSettings, pick_caption
+from shardsmith.download.process.blur import DEFAULT_BLUR, BlurSettings, parse_boxes
+from shardsmith.download.process.captions import CaptionSettings, check_caption, get_field, pick_caption
+from shardsmith.download.process.language import identify
 from shardsmith.download.process.resize import ImageResult, ResizeSettings, process_image
-from shardsmith.download.rawcache import KEEP_DIR, iter_raw
+from shardsmith.download.rawcache import FILTERED, KEEP_DIR, iter_raw
 from shardsmith.formats.index import REJECT_SCHEMA
 from shardsmith.formats.parts import SAMPLE_COLUMNS, placed_columns
 from shardsmith.formats.tario import ShardWriter
@@ -44,19 +46,30 @@ KEPT_FREE = 16 << 20  # bytes kept at the top of each malloc heap; see _child_ma
 STOP_WAIT_S = 20.0
 
 
-def sample_json(status: dict, result: ImageResult, caption_field: str, fields: dict) -> bytes:
-    """The sample's `json`: where it came from, sizes, and the original source fields."""
+def sample_json(
+    status: dict,
+    result: ImageResult,
+    caption_field: str,
+    fields: dict,
+    language: tuple[str, float] = ("", 0.0),
+    blurred: dict | None = None,
+) -> bytes:
+    """The sample's `json`: where it came from, sizes, the caption's language, the original source fields, and
+    for a source with blur_boxes the boxes blurred and how (`blur`)."""
     meta = {
         "key": status["key"],
         "source": status["source"],
         "source_id": status["source_id"],
         "url": status["url"],
         "caption_field": caption_field,
+        "language": language[0],
+        "language_score": language[1],
         "original_width": result.orig_width,
         "original_height": result.orig_height,
         "width": result.width,
         "height": result.height,
         "fields": fields,
+        **({"blur": blurred} if blurred is not None else {}),
     }
     return json.dumps(meta, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
@@ -85,13 +98,18 @@ class PartProcessor:
         threads: int = 1,
         hold_bytes: int = 64 << 20,
         label: str = "",
+        blur_boxes: str | None = None,
+        blur: BlurSettings = DEFAULT_BLUR,
     ) -> None:
         self.out_tar, self.resize, self.captions, self.hold_bytes = out_tar, resize, captions, hold_bytes
+        self.blur_boxes, self.blur = blur_boxes, blur
         self._stack = contextlib.ExitStack()
         file = self._stack.enter_context(atomic_open(out_tar))
         self._tar = ShardWriter(file, unique_keys=False)
         keep, name = Path(out_tar).parent / KEEP_DIR, Path(out_tar).name.removesuffix(".tar")
         settings = {"resize": dataclasses.asdict(resize), "captions": dataclasses.asdict(captions)}
+        if blur_boxes:
+            settings["blur"] = {"boxes": blur_boxes, **dataclasses.asdict(blur)}
         settings = json.loads(json.dumps(settings))  # as the JSON gives it back: lists, not tuples
         old = commits.load(keep, name)
         self._old = old if old is not None and old.meta.get("settings") == settings else None
@@ -171,7 +189,10 @@ class PartProcessor:
             fetched = len(data)
             try:
                 caption, field = pick_caption(fields, self.captions)
-                result = process_image(data, self.resize)
+                language = identify(caption)
+                check_caption(caption, *language, self.captions)
+                boxes = parse_boxes(get_field(fields, self.blur_boxes)) if self.blur_boxes else None
+                result = process_image(data, self.resize, boxes, self.blur)
             except Rejection as r:
                 # kept as a new one: the raised one's traceback holds the decoder's frames, and with them
                 # the image's bytes, until the part is done (a default-size part's job went over 1 GiB)
@@ -180,7 +201,12 @@ class PartProcessor:
                 return
             del data
             txt = caption.encode("utf-8")
-            members = {"jpg": result.data, "txt": txt, "json": sample_json(record, result, field, fields)}
+            blurred = None if boxes is None else {"boxes": [list(b) for b in boxes], **dataclasses.asdict(self.blur)}
+            members = {
+                "jpg": result.data,
+                "txt": txt,
+                "json": sample_json(record, result, field, fields, language, blurred),
+            }
             # what the samples table needs, without the image: a part's images are not held until finish
             row = {
                 "width_before": result.orig_width, "height_before": result.orig_height,
@@ -188,6 +214,7 @@ class PartProcessor:
                 "sha256": hashlib.sha256(result.data).hexdigest(), "caption_length": len(caption),
                 "caption_field": field, "passthrough": result.passthrough,
                 "phash": result.phash, "phash_mirror": result.phash_mirror,
+                "language": language[0], "language_score": language[1], "blurred": result.blurred,
             }  # fmt: skip
             with self._lock:
                 self._done(rid, record, source, row, self._tar.write(record["key"], members))
@@ -243,7 +270,8 @@ class PartProcessor:
         for row in status.sort_values("rid").to_dict("records"):
             origin = {c: row[c] for c in ("source", "source_id", "url", "key")}
             if row["status"] != "ok":
-                rejected.append({**origin, "stage": DOWNLOAD, "reason": row["reason"], "detail": row["detail"]})
+                stage = FILTER if row["status"] == FILTERED else DOWNLOAD
+                rejected.append({**origin, "stage": stage, "reason": row["reason"], "detail": row["detail"]})
                 continue
             got = self.results.get(row["rid"])
             if got is None:  # "ok" in the status but never handed over: a damaged raw cache
@@ -331,12 +359,20 @@ class ChildProcessor:
     """
 
     def __init__(
-        self, out_tar: str, resize: ResizeSettings, captions: CaptionSettings, threads: int = 1, label: str = ""
+        self,
+        out_tar: str,
+        resize: ResizeSettings,
+        captions: CaptionSettings,
+        threads: int = 1,
+        label: str = "",
+        blur_boxes: str | None = None,
+        blur: BlurSettings = DEFAULT_BLUR,
     ) -> None:
         ctx = multiprocessing.get_context("fork")
         self._conn, child = ctx.Pipe()
+        settings = {"threads": threads, "label": label, "blur_boxes": blur_boxes, "blur": blur}
         self._child = ctx.Process(
-            target=_child_main, args=(child, self._conn, out_tar, resize, captions, threads, label), daemon=True
+            target=_child_main, args=(child, self._conn, out_tar, resize, captions, settings), daemon=True
         )
         self._child.start()
         child.close()
@@ -445,15 +481,16 @@ def tune_allocator() -> None:
 
 
 def _child_main(
-    conn, parent_end, out_tar: str, resize: ResizeSettings, captions: CaptionSettings, threads: int, label: str
+    conn, parent_end, out_tar: str, resize: ResizeSettings, captions: CaptionSettings, settings: dict
 ) -> None:
+    """The resize process: `settings` are PartProcessor's keyword arguments after `captions`."""
     # the fork copied the parent's end of the pipe too: closed here, a parent that dies (killed) ends the
     # child's next read, rather than leave it waiting on its own copy for ever
     parent_end.close()
     ignore_stops()  # SIGTERM reaches every process of a SLURM job: the parent says when and how to stop
-    name_process(f"resize {label}")
+    name_process(f"resize {settings['label']}")
     tune_allocator()
-    proc = PartProcessor(out_tar, resize, captions, threads, label=label)
+    proc = PartProcessor(out_tar, resize, captions, **settings)
     try:
         while True:
             msg = conn.recv()
@@ -491,12 +528,14 @@ def process_part(
     resize: ResizeSettings,
     captions: CaptionSettings,
     threads: int = 1,
+    blur_boxes: str | None = None,
+    blur: BlurSettings = DEFAULT_BLUR,
 ) -> tuple[int, int]:
     """Process a part from its raw tar alone (download_part does the same while it downloads); returns
     (samples, rejections)."""
     status = pd.read_parquet(status_path)
     by_rid = {row["rid"]: row for row in status.to_dict("records")}
-    proc = PartProcessor(out_tar, resize, captions, threads)
+    proc = PartProcessor(out_tar, resize, captions, threads, blur_boxes=blur_boxes, blur=blur)
     try:
         proc.read_from(raw_tar)
         for rid, where, fields in iter_raw(raw_tar):

@@ -3,7 +3,8 @@
 Every record's image goes through `process_image`: bad bytes become a `Rejection` with a
 stable reason code (for the ledger), good ones become an RGB JPEG within the size caps.
 Small, clean RGB JPEGs are passed through byte for byte, since re-encoding them would only
-lose quality and cost time.
+lose quality and cost time; an image with face boxes never is: its faces are blurred in the
+output image (shardsmith.download.process.blur) before its one encode.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import io
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +20,7 @@ from PIL import Image, UnidentifiedImageError
 
 from shardsmith.core.errors import ConfigError, Rejection
 from shardsmith.core.ledger import RESIZE
+from shardsmith.download.process.blur import DEFAULT_BLUR, BlurSettings, Box, blur_boxes
 from shardsmith.download.process.phash import phash_pair
 
 STAGE = RESIZE
@@ -85,6 +88,7 @@ class ResizeSettings:
     min_side: int = 32  # reject if the original short side is below this
     quality: int = 90  # JPEG quality of re-encoded images
     max_decode_pixels: int = 178_956_970  # header pixels above this = decompression bomb
+    max_aspect_ratio: float | None = None  # reject if long side / short side is above this; None = any
 
     def __post_init__(self) -> None:
         if self.max_side is not None and self.max_side < 1:
@@ -94,6 +98,8 @@ class ResizeSettings:
                 raise ConfigError(f"resize.{key} must be >= 1, got {getattr(self, key)}")
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"resize.quality must be in 1..100, got {self.quality}")
+        if self.max_aspect_ratio is not None and not self.max_aspect_ratio >= 1:
+            raise ConfigError(f"resize.max_aspect_ratio must be >= 1 or null, got {self.max_aspect_ratio}")
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,7 @@ class ImageResult:
     passthrough: bool  # True when `data` is the input bytes unchanged
     phash: str = ""  # perceptual hash of the stored image, and of its mirror image (shardsmith.download.process.phash)
     phash_mirror: str = ""
+    blurred: int = 0  # face boxes blurred in the stored image
 
 
 def fit_within(width: int, height: int, s: ResizeSettings) -> tuple[int, int]:
@@ -131,11 +138,17 @@ def fit_within(width: int, height: int, s: ResizeSettings) -> tuple[int, int]:
     return w, h
 
 
-def process_image(data: bytes, s: ResizeSettings) -> ImageResult:
-    """Decode, check, orient, convert to RGB, shrink if over a cap, encode as JPEG.
+def process_image(
+    data: bytes, s: ResizeSettings, boxes: Sequence[Box] | None = None, blur: BlurSettings = DEFAULT_BLUR
+) -> ImageResult:
+    """Decode, check, orient, convert to RGB, shrink if over a cap, blur faces, encode as JPEG.
+
+    `boxes` are the record's face boxes as `blur.parse_boxes` returns them (fractions of the upright image):
+    when there are any, the image is re-encoded even where it could pass through, and blurred at the output
+    size; None or [] changes nothing, byte for byte.
 
     Raises Rejection(STAGE, reason, detail) for any bad input; reasons are `empty`,
-    `not_an_image`, `decompression_bomb`, `truncated`, `undecodable` and `too_small`.
+    `not_an_image`, `decompression_bomb`, `truncated`, `undecodable`, `too_small` and `aspect_ratio`.
     PIL's warnings are silenced at import (see below): the outcome of every image is
     reported through the result or the rejection instead.
     """
@@ -144,10 +157,12 @@ def process_image(data: bytes, s: ResizeSettings) -> ImageResult:
     kind = _sniff_text(data)
     if kind:
         raise Rejection(STAGE, "not_an_image", f"looks like {kind}, not an image")
-    return _process(data, s)
+    return _process(data, s, boxes, blur)
 
 
-def _process(data: bytes, s: ResizeSettings) -> ImageResult:
+def _process(
+    data: bytes, s: ResizeSettings, boxes: Sequence[Box] | None = None, blur: BlurSettings = DEFAULT_BLUR
+) -> ImageResult:
     try:
         im = Image.open(io.BytesIO(data), formats=FORMATS)
     except UnidentifiedImageError:
@@ -166,11 +181,18 @@ def _process(data: bytes, s: ResizeSettings) -> ImageResult:
             )
         if min(width, height) < s.min_side:
             raise Rejection(STAGE, "too_small", f"{width}x{height}, short side < min_side {s.min_side}")
+        if s.max_aspect_ratio is not None and max(width, height) > s.max_aspect_ratio * min(width, height):
+            r = max(width, height) / min(width, height)
+            raise Rejection(
+                STAGE,
+                "aspect_ratio",
+                f"{width}x{height}, aspect ratio {r:.2f} > max_aspect_ratio {s.max_aspect_ratio:g}",
+            )
 
         target = fit_within(width, height, s)  # symmetric, so valid for stored orientation
         jpeg = fmt in _JPEG_FORMATS
         orientation = _orientation(im) if jpeg else None  # JPEG EXIF is parsed from the header
-        passthrough = fmt == "JPEG" and mode == "RGB" and orientation == 1 and target == (width, height)
+        passthrough = fmt == "JPEG" and mode == "RGB" and orientation == 1 and target == (width, height) and not boxes
         try:
             if jpeg:
                 # DCT-domain downscaling: a 1/8 decode is enough to prove a passthrough JPEG
@@ -193,13 +215,17 @@ def _process(data: bytes, s: ResizeSettings) -> ImageResult:
                 out = out.transpose(_ORIENT_TRANSPOSE[orientation])
             if out.mode == "RGBa":
                 out = _flatten(out)
+            if boxes:  # on the upright output image, RGB: boxes are fractions of it, sigma in its pixels
+                out = blur_boxes(out, boxes, blur)
             out.info = {}  # carry no EXIF/ICC/comment over; same input -> same bytes
             buf = io.BytesIO()
             out.save(buf, "JPEG", quality=s.quality)
             hashes = phash_pair(out)
         except Exception as e:
             raise _decode_rejection(e, data) from None
-    return ImageResult(buf.getvalue(), out.width, out.height, width, height, fmt, mode, False, *hashes)
+    return ImageResult(
+        buf.getvalue(), out.width, out.height, width, height, fmt, mode, False, *hashes, blurred=len(boxes or ())
+    )
 
 
 def _sniff_text(data: bytes) -> str | None:

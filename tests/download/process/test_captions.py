@@ -9,6 +9,7 @@ from shardsmith.core.errors import ConfigError, Rejection
 from shardsmith.download.process.captions import (
     STAGE,
     CaptionSettings,
+    check_caption,
     get_field,
     normalize_caption,
     pick_caption,
@@ -312,3 +313,25 @@ def test_picked_caption_is_never_empty(value):
 def test_invalid_settings_are_a_config_error(kwargs):
     with pytest.raises(ConfigError):
         CaptionSettings(**kwargs)
+
+
+def test_caption_rules_name_the_rule_and_what_they_saw():
+    rules = CaptionSettings(min_words=3, languages=["en", "de"], min_language_score=0.5)
+    check_caption("a red bicycle", "en", 0.9, rules)  # passes every rule
+    for args, reason, detail in [
+        (("a bicycle", "en", 0.9), "too_few_words", "2 words, fewer than min_words=3"),
+        (("un vélo rouge", "fr", 0.93), "language", "fr (0.93), not in languages [en, de]"),
+        (("a red bicycle", "en", 0.31), "language", "en (0.31), below min_language_score=0.5"),
+        (("🙂 🙂 🙂", "", 0.0), "language", "none (0.00), not in languages [en, de]"),
+    ]:
+        with pytest.raises(Rejection) as e:
+            check_caption(*args, rules)
+        assert (e.value.stage, e.value.reason, e.value.detail) == (STAGE, reason, detail)
+    check_caption("x", "fr", 0.1, DEFAULT)  # by default every caption passes
+
+
+def test_caption_rule_settings_are_checked():
+    for bad in ({"min_words": 0}, {"languages": "en"}, {"min_language_score": 1.5}):
+        with pytest.raises(ConfigError, match="captions"):
+            CaptionSettings(**bad)
+    assert CaptionSettings(languages=["en"]).languages == ("en",)

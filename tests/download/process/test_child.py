@@ -537,3 +537,50 @@ def test_the_resize_process_ends_when_its_job_is_killed(tmp_path):
         os.kill(child, signal.SIGKILL)
         raise AssertionError("the resize process outlived its killed job")
     assert find_leftovers([tmp_path]) == []
+
+
+def test_curation_in_the_child_filters_captions_languages_and_boxes_each_reach_the_ledger(tmp_path, http_server):
+    """A filtered record is never requested and is filed under its filter; the caption rules and bad boxes are
+    rejections with their rule; a sample has its language, and its boxes and blur settings in its json."""
+    s = http_server
+    img = jpeg_bytes((60, 45), (40, 90, 200))  # within RESIZE's caps: passed through without boxes
+    rows = [
+        ("a red bicycle leaning on a wall", 0.1, "[[0.1, 0.1, 0.4, 0.5]]"),  # kept, blurred
+        ("a red bicycle leaning on a wall", 0.9, "[]"),  # filter/punsafe
+        ("ein rotes Fahrrad lehnt an einer Wand", 0.1, "[]"),  # caption/language
+        ("bicycle", 0.1, "[]"),  # caption/too_few_words
+        ("a blue car parked in the street", 0.1, "[[0.5, 0.5, 0.2, 0.9]]"),  # resize/bad_boxes (inverted)
+        ("a blue car parked in the street", 0.1, None),  # resize/bad_boxes (missing)
+        ("a green tree standing in a field", 0.2, "[]"),  # kept, not blurred
+    ]
+    manifest = [
+        {"url": s.route(f"/{i}.jpg", Reply(body=img)), "caption": c, "punsafe": p, "face_bboxes": b}
+        for i, (c, p, b) in enumerate(rows)
+    ]
+    path = tmp_path / "manifest.parquet"
+    pd.DataFrame(manifest).to_parquet(path, index=False)
+    source = {"name": "web", "type": "manifest", "path": str(path), "blur_boxes": "face_bboxes"}
+    [pid] = plan_parts([source], 100, tmp_path / "parts", filters=[{"column": "punsafe", "op": "<", "value": 0.5}])
+    captions = CaptionSettings(languages=["en"], min_words=2)
+    child = ChildProcessor(str(tmp_path / "p.tar"), RESIZE, captions, blur_boxes="face_bboxes")
+    status = download_part(
+        str(tmp_path / "parts" / f"{pid}.parquet"), str(tmp_path / "raw.tar"), str(tmp_path / "st.parquet"),
+        source, FAST, log=lambda m: None, processor=child,
+    )  # fmt: skip
+    assert s.count("/1.jpg") == 0 and s.count("/0.jpg") == 1
+    assert child.finish(status, str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet")) == (2, 5)
+    ledger = pd.read_parquet(tmp_path / "r.parquet")
+    assert [f"{r.stage}/{r.reason}" for r in ledger.itertuples()] == [
+        "filter/punsafe", "caption/language", "caption/too_few_words", "resize/bad_boxes", "resize/bad_boxes",
+    ]  # fmt: skip
+    assert ledger["detail"][0] == "punsafe is 0.9; kept: punsafe < 0.5"
+    assert ledger["detail"][1].startswith("de (") and ledger["detail"][1].endswith("not in languages [en]")
+    samples = pd.read_parquet(tmp_path / "s.parquet")
+    assert list(samples["language"]) == ["en", "en"] and (samples["language_score"] > 0.5).all()
+    assert list(samples["blurred"]) == [1, 0] and list(samples["passthrough"]) == [False, True]
+    tar = members(tmp_path / "p.tar")
+    meta = json.loads(tar[f"{samples['key'][0]}.json"])
+    assert meta["blur"] == {"boxes": [[0.1, 0.1, 0.4, 0.5]], "grow": 0.1, "sigma": 0.1}
+    assert meta["language"] == "en"
+    assert json.loads(tar[f"{samples['key'][1]}.json"])["blur"]["boxes"] == []
+    assert tar[f"{samples['key'][1]}.jpg"] == img  # no boxes: passed through byte for byte

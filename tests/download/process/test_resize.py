@@ -429,3 +429,32 @@ def test_corrupted_bytes_never_raise_anything_but_rejection(fmt: str) -> None:
             assert_valid_output(process_image(bytes(data), s), s)
         except Rejection as e:
             assert e.reason in ("not_an_image", "truncated", "undecodable", "decompression_bomb", "too_small")
+
+
+# --- aspect ratio -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [(400, 100), (100, 400)], ids=["wide", "tall"])
+def test_aspect_ratio_over_the_cap_is_rejected_for_its_own_reason(size: tuple[int, int]) -> None:
+    err = reject_reason(encode(quadrants(size), "PNG"), ResizeSettings(max_aspect_ratio=3))
+    assert err.reason == "aspect_ratio"  # not too_small: the short side (100) is over min_side
+    assert err.detail == f"{size[0]}x{size[1]}, aspect ratio 4.00 > max_aspect_ratio 3"
+
+
+@pytest.mark.parametrize("cap", [None, 4, 3.0], ids=["no-cap", "cap-4", "cap-3-for-3:1"])
+def test_aspect_ratio_within_the_cap_or_without_one_is_kept(cap: float | None) -> None:
+    size = (300, 100) if cap == 3.0 else (400, 100)  # exactly 3.0 is within a cap of 3
+    result = process_image(encode(quadrants(size), "PNG"), ResizeSettings(max_aspect_ratio=cap))
+    assert (result.width, result.height) == size
+
+
+def test_aspect_ratio_is_checked_on_the_stored_size_whatever_the_exif_orientation() -> None:
+    data = jpeg_with_orientation(quadrants((400, 100)), 6)  # shown as 100x400
+    assert reject_reason(data, ResizeSettings(max_aspect_ratio=3.5)).reason == "aspect_ratio"
+
+
+@pytest.mark.parametrize("cap", [0.5, 0, -1])
+def test_max_aspect_ratio_under_1_is_a_config_error(cap: float) -> None:
+    with pytest.raises(ConfigError, match="resize.max_aspect_ratio"):
+        ResizeSettings(max_aspect_ratio=cap)
+    assert ResizeSettings(max_aspect_ratio=1).max_aspect_ratio == 1

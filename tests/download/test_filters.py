@@ -1,0 +1,163 @@
+"""Filters on manifest columns (shardsmith.download.filters): every comparison, empty cells, cells that are no
+number, the config checks, a column a manifest lacks; through plan_parts (a headerless TSV's named column) and
+download_part, whose loopback server counts the requests: a filtered record is never requested."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from generated import jpeg_bytes
+from httpserver import Reply
+from servers import ALLOW_LOOPBACK
+
+from shardsmith.core.errors import ConfigError
+from shardsmith.download.filters import FILTER_COLUMNS, apply_filters, check_columns, parse_filters
+from shardsmith.download.part import download_part
+from shardsmith.download.sources import plan_parts
+
+LAION = {"name": "laion", "type": "manifest", "path": "x.parquet"}
+
+
+def filters(*items: dict, sources=(LAION,)) -> list:
+    return parse_filters(list(items), list(sources))
+
+
+def verdicts(df: pd.DataFrame, *items: dict) -> list[str]:
+    names, _ = apply_filters(df, filters(*items))
+    return names
+
+
+NUMBERS = pd.DataFrame({"p": [0.1, 0.5, 0.9, np.nan, None]})
+
+
+@pytest.mark.parametrize(
+    "op, value, failing",
+    [
+        ("<", 0.5, [False, True, True]),
+        ("<=", 0.5, [False, False, True]),
+        (">", 0.5, [True, True, False]),
+        (">=", 0.5, [True, False, False]),
+        ("==", 0.5, [True, False, True]),
+        ("!=", 0.5, [False, True, False]),
+        ("in", [0.1, 0.9], [False, True, False]),
+        ("not_in", [0.1, 0.9], [True, False, True]),
+    ],
+)
+def test_every_comparison_keeps_the_records_for_which_it_holds(op, value, failing):
+    names = verdicts(NUMBERS, {"column": "p", "op": op, "value": value})
+    assert [n == "p" for n in names[:3]] == failing
+    assert names[3:] == ["p", "p"]  # NaN and None: empty cells fail by default
+
+
+def test_empty_cells_fail_unless_kept_and_the_detail_says_so():
+    df = pd.DataFrame({"p": [None, "", "  ", "0.2"]})
+    names, details = apply_filters(df, filters({"column": "p", "op": "<", "value": 0.5}))
+    assert names == ["p", "p", "p", ""]
+    assert details[0] == "p is empty; kept: p < 0.5"
+    kept = verdicts(df, {"column": "p", "op": "<", "value": 0.5, "keep_missing": True})
+    assert kept == ["", "", "", ""]
+
+
+def test_text_cells_read_as_numbers_and_a_cell_that_is_no_number_fails_naming_it():
+    df = pd.DataFrame({"width": ["640", "120", "wide", "200.0"]})  # a TSV's cells are text
+    names, details = apply_filters(df, filters({"column": "width", "op": ">=", "value": 200}))
+    assert names == ["", "width", "width", ""]
+    assert details[1] == "width is 120; kept: width >= 200"
+    assert details[2] == "width is 'wide', not a number; kept: width >= 200"
+
+
+def test_text_comparisons_and_sets():
+    df = pd.DataFrame({"LANGUAGE": ["en", "de", "fr", None, "EN"]})
+    assert verdicts(df, {"column": "LANGUAGE", "op": "in", "value": ["en", "de"]}) == [
+        "",
+        "",
+        "language",
+        "language",
+        "language",
+    ]
+    assert verdicts(df, {"column": "LANGUAGE", "op": "==", "value": "en"})[:3] == ["", "language", "language"]
+    assert verdicts(df, {"name": "not_fr", "column": "LANGUAGE", "op": "!=", "value": "fr"})[:3] == ["", "", "not_fr"]
+    names, details = apply_filters(df, filters({"column": "LANGUAGE", "op": "not_in", "value": ["fr"]}))
+    assert names[2] == "language" and details[2] == "LANGUAGE is fr; kept: LANGUAGE not_in [fr]"
+
+
+def test_the_first_filter_a_record_fails_is_the_one_named():
+    df = pd.DataFrame({"punsafe": [0.9, 0.1, 0.9, 0.1], "pwatermark": [0.9, 0.9, 0.1, 0.1]})
+    names, details = apply_filters(
+        df,
+        filters(
+            {"name": "unsafe", "column": "punsafe", "op": "<", "value": 0.5},
+            {"name": "watermark", "column": "pwatermark", "op": "<", "value": 0.8},
+        ),
+    )
+    assert names == ["unsafe", "watermark", "unsafe", ""]
+    assert details[1] == "pwatermark is 0.9; kept: pwatermark < 0.8"
+
+
+def test_config_checks_name_the_key():
+    folder = {"name": "photos", "type": "folder", "path": "p"}
+    cases = [
+        ({"column": "p", "op": "in", "value": 0.5}, r"filters\[0\]\.value: 'in' takes a non-empty list"),
+        ({"column": "p", "op": "<", "value": [1]}, "takes one value, got a list"),
+        ({"column": "p", "op": "<", "value": "high"}, "'<' compares numbers"),
+        ({"column": "p", "op": "<", "value": 1, "sources": ["nope"]}, "no source is named 'nope'"),
+        ({"column": "p", "op": "<", "value": 1, "sources": ["photos"]}, "is a folder source"),
+    ]
+    for item, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            parse_filters([item], [LAION, folder])
+    with pytest.raises(ConfigError, match=r"filters\[0\] has the same name 'p'"):
+        parse_filters([{"column": "p", "op": "<", "value": 1}, {"column": "p", "op": ">", "value": 0}], [LAION])
+    with pytest.raises(ConfigError, match="no source is a manifest"):
+        parse_filters([{"column": "p", "op": "<", "value": 1}], [folder])
+
+
+def test_a_column_the_manifest_lacks_fails_naming_the_columns_it_has():
+    with pytest.raises(
+        ConfigError, match=r"names column 'punsafe', which manifest m.tsv lacks; its columns are \['url', 'caption'\]"
+    ):
+        check_columns(filters({"column": "punsafe", "op": "<", "value": 0.5}), "m.tsv", ["url", "caption"])
+
+
+def test_plan_parts_marks_filtered_records_of_a_headerless_tsv_and_fails_early_on_a_missing_column(tmp_path):
+    lines = ["http://a/1.jpg\tone\t0.9", "http://a/2.jpg\ttwo\t0.1", "http://a/3.jpg\tthree\t"]
+    (tmp_path / "m.tsv").write_text("\n".join(lines) + "\n")
+    src = {"name": "m", "type": "manifest", "path": str(tmp_path / "m.tsv"), "columns": ["url", "caption", "punsafe"]}
+    other = {"name": "o", "type": "manifest", "path": str(tmp_path / "m.tsv"), "columns": ["url", "caption", "x"]}
+    item = {"name": "safe", "column": "punsafe", "op": "<", "value": 0.5, "sources": ["m"]}
+    [m, o] = plan_parts([src, other], 100, tmp_path / "parts", filters=[item])
+    part = pd.read_parquet(tmp_path / "parts" / f"{m}.parquet")
+    assert list(part["filter"]) == ["safe", "", "safe"]
+    assert list(part["filter_detail"])[::2] == [
+        "punsafe is 0.9; kept: punsafe < 0.5",
+        "punsafe is empty; kept: punsafe < 0.5",
+    ]
+    assert not set(FILTER_COLUMNS) & set(pd.read_parquet(tmp_path / "parts" / f"{o}.parquet").columns)  # not its filter
+    with pytest.raises(ConfigError, match=r"lacks; its columns are \['url', 'caption', 'x'\]"):
+        plan_parts([src, other], 100, tmp_path / "again", filters=[{**item, "sources": None}])
+
+
+def test_filtered_records_are_never_requested_and_end_with_their_filter(tmp_path, http_server):
+    img = jpeg_bytes()
+    rows = []
+    for i, punsafe in enumerate([0.1, 0.9, None, 0.2, 0.7]):
+        rows.append({"url": http_server.route(f"/{i}.jpg", Reply(body=img)), "caption": f"c{i}", "punsafe": punsafe})
+    pd.DataFrame(rows).to_parquet(tmp_path / "m.parquet")
+    src = {"name": "m", "type": "manifest", "path": str(tmp_path / "m.parquet")}
+    [pid] = plan_parts([src], 100, tmp_path / "parts", filters=[{"column": "punsafe", "op": "<", "value": 0.5}])
+    args = (
+        str(tmp_path / "parts" / f"{pid}.parquet"),
+        str(tmp_path / "raw" / "p.tar"),
+        str(tmp_path / "raw" / "p.status.parquet"),
+        src,
+    )
+    status = download_part(*args, settings=ALLOW_LOOPBACK)
+    assert [http_server.count(f"/{i}.jpg") for i in range(5)] == [1, 0, 0, 1, 0]
+    assert list(status["status"]) == ["ok", "filtered", "filtered", "ok", "filtered"]
+    assert list(status["reason"]) == ["", "punsafe", "punsafe", "", "punsafe"]
+    assert status["detail"][1] == "punsafe is 0.9; kept: punsafe < 0.5"
+    # the filter loosened: the records it left out are fetched now, the others kept from the raw cache
+    http_server.reset_counts()
+    plan_parts([src], 100, tmp_path / "parts", filters=[{"column": "punsafe", "op": "<", "value": 0.8}])
+    status = download_part(*args, settings=ALLOW_LOOPBACK)
+    assert [http_server.count(f"/{i}.jpg") for i in range(5)] == [0, 0, 0, 0, 1]
+    assert list(status["status"]) == ["ok", "filtered", "filtered", "ok", "ok"]
