@@ -583,7 +583,7 @@ def test_a_source_shard_part_stopped_midway_takes_its_committed_samples_over(tmp
 
     resized = []
     real = child_module.process_image
-    monkeypatch.setattr(child_module, "process_image", lambda data, r: resized.append(1) or real(data, r))
+    monkeypatch.setattr(child_module, "process_image", lambda data, r, *rest: resized.append(1) or real(data, r, *rest))
     status = finish(tar, processed, PartProcessor(str(processed), RESIZE, CaptionSettings()))
     assert s.count("/shards/web-0.tar") == 2  # the stopped run's request and the rerun's
     assert set(done.rows["rid"]) <= set(committed.rows["rid"])

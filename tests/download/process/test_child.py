@@ -347,7 +347,7 @@ def _rerun_counting_resizes(records: str, raw, processed, source: dict, monkeypa
 
     resized = []
     real = child_module.process_image
-    monkeypatch.setattr(child_module, "process_image", lambda data, r: resized.append(1) or real(data, r))
+    monkeypatch.setattr(child_module, "process_image", lambda data, r, *rest: resized.append(1) or real(data, r, *rest))
     again = PartProcessor(str(processed), RESIZE, CaptionSettings())
     status = download_part(records, str(raw / "web-000000.tar"), str(raw / "web-000000.status.parquet"), source,
                            {**FAST, "concurrency": 2}, processor=again, log=lambda m: None)  # fmt: skip
@@ -478,7 +478,7 @@ def test_the_resize_process_commits_on_its_own_once_every_record_is_fetched(tmp_
     records, source = manifest_part(tmp_path, rows)
     monkeypatch.setattr(rawcache, "COMMIT_RECORDS", 10)
     real = child_module.process_image
-    monkeypatch.setattr(child_module, "process_image", lambda data, r: time.sleep(0.05) or real(data, r))
+    monkeypatch.setattr(child_module, "process_image", lambda data, r, *rest: time.sleep(0.05) or real(data, r, *rest))
     processed = tmp_path / "p" / "web-000000.tar"
     processed.parent.mkdir()
     proc = PartProcessor(str(processed), RESIZE, CaptionSettings())
