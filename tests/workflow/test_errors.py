@@ -143,3 +143,23 @@ def test_unreachable_s3_endpoint_is_named_in_the_ledger_and_the_message(data, tm
         "all 3 input records were rejected (download/unreachable 3)" in line and "s3.endpoint_url" in line
         for line in block
     ), block
+
+
+def test_a_filter_error_is_one_line_before_any_work(data, tmp_path):
+    """A filter's value that cannot be compared is refused at parse time; a filter naming a column the manifest
+    lacks stops plan_parts, naming the columns it has, before anything is downloaded."""
+    config = demo_config(data, tmp_path / "bad")
+    config["filters"] = [{"column": "caption", "op": "<", "value": "short"}]
+    proc = run_workflow(tmp_path / "bad", config, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("shardsmith: config error: filters[0].value: '<' compares numbers")
+    assert not (tmp_path / "bad" / "work").exists()
+
+    config = demo_config(data, tmp_path / "run")
+    config["filters"] = [{"name": "safe", "column": "punsafe", "op": "<", "value": 0.5, "sources": ["cc3m_style"]}]
+    proc = run_workflow(tmp_path / "run", config, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    block = shardsmith_lines(proc.stderr[proc.stderr.index("Exiting because") :])
+    assert block[0].startswith("shardsmith: plan_parts failed: filter 'safe' (punsafe < 0.5) names column 'punsafe'")
+    assert "its columns are ['caption', 'url']" in block[0]
+    assert not (tmp_path / "run" / "raw").exists()  # nothing downloaded
