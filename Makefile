@@ -42,6 +42,7 @@ bench: setup
 	$(PY) bench/demo_overhead.py
 	$(PY) bench/memory_scale.py
 	$(PY) bench/near_bench.py
+	$(PY) bench/blur_bench.py
 
 lint: setup
 	$(SNAKEMAKE) --lint --workflow-profile none --configfile config/demo.yaml

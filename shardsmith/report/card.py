@@ -258,8 +258,8 @@ def _curation_section(config: dict, stats: dict) -> list[str]:
     if captions.get("languages"):
         rule = f"language in [{', '.join(captions['languages'])}]"
         if captions.get("min_language_score"):
-            rule += f", probability at least {captions['min_language_score']:g}"
-        rows.append(["caption/language", rule + " (fastText lid.176)", reasons.get("caption/language", 0)])
+            rule += f", language_score at least {captions['min_language_score']:g}"
+        rows.append(["caption/language", rule, reasons.get("caption/language", 0)])
     if resize.get("max_aspect_ratio"):
         rule = f"long side at most {resize['max_aspect_ratio']:g} x the short side"
         rows.append(["resize/aspect_ratio", rule, reasons.get("resize/aspect_ratio", 0)])

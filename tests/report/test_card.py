@@ -138,7 +138,7 @@ def test_card_lists_each_curation_rule_with_its_count_and_the_blurred_faces():
     assert "| filter/unsafe | `punsafe < 0.5` (every manifest source) | 5 |" in card
     assert "| filter/language | `LANGUAGE in [en, de]` (web) | 2 |" in card
     assert "| caption/too_few_words | at least 3 words | 0 |" in card
-    assert "| caption/language | language in [en] (fastText lid.176) | 1 |" in card
+    assert "| caption/language | language in [en] | 1 |" in card
     assert "| resize/aspect_ratio | long side at most 3 x the short side | 0 |" in card
     assert "Faces blurred from the boxes of `web` in 4 published images" in card
     assert "## Curation" not in card_text(config(), STATS, SIZES, LOADER, versions={"shardsmith": "0.1.0"})

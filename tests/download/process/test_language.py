@@ -1,5 +1,6 @@
 """Caption language: natural captions in 14 languages are named right, empty text is no language, odd short
-text still gets an answer, the answer is the same every time and from every thread, and nothing is fetched."""
+text still gets an answer, the answer is the same every time and from every thread, and nothing is fetched;
+where lid.176 is unsure, CLD2 and langid.py are asked (the rule of shardsmith.download.process.language)."""
 
 import subprocess
 import sys
@@ -7,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from shardsmith.download.process.language import MAX_CHARS, MODEL, identify, model_path, model_sha256
+from shardsmith.download.process import language
+from shardsmith.download.process.language import MAX_CHARS, MODEL, SURE, identify, load, model_path, model_sha256
 
 CAPTIONS = {
     "en": [
@@ -191,3 +193,55 @@ def test_the_model_is_the_wheels_lite_file_with_its_hash():
     digest = model_sha256()
     assert len(digest) == 64 and int(digest, 16) >= 0
     assert "lid.176.ftz" in MODEL
+
+
+def lid176(text: str) -> tuple[str, float]:
+    found = load().fasttext.detect(text, model="lite", k=1)[0]
+    return found["lang"], float(found["score"])
+
+
+def test_where_lid176_is_sure_its_answer_and_probability_stand_and_nothing_else_is_asked(monkeypatch):
+    text = CAPTIONS["de"][0]
+    code, p = lid176(text)
+    assert p >= SURE
+    monkeypatch.setattr(language, "_cld2", lambda *a: pytest.fail("CLD2 asked"))
+    monkeypatch.setattr(language, "_combined", lambda *a: pytest.fail("langid.py asked"))
+    assert identify(text) == (code, round(p, 4))
+
+
+def test_where_cld2_agrees_with_an_unsure_lid176_its_answer_and_probability_stand(monkeypatch):
+    text = "Et rødt hus ved siden av en innsjø"  # Norwegian; lid.176 about 0.79
+    code, p = lid176(text)
+    assert code == "no" and p < SURE
+    monkeypatch.setattr(language, "_combined", lambda *a: pytest.fail("langid.py asked"))
+    assert identify(text) == ("no", round(p, 4))
+
+
+@pytest.mark.parametrize(
+    "text, lid_says, lang",
+    [
+        ("Kucing hitam tidur di atas kerusi", "it", "ms"),  # Malay: lid.176 says Italian
+        ("Котка спи на стол в кухнята", "ru", "bg"),  # Bulgarian: lid.176 says Russian
+    ],
+)
+def test_where_the_models_disagree_the_combined_score_decides(text, lid_says, lang):
+    assert lid176(text)[0] == lid_says
+    code, sure = identify(text)
+    assert code == lang and 0 < sure < 1
+
+
+def test_every_answer_is_a_lid176_code_and_how_sure_is_in_0_1():
+    codes = load().codes
+    texts = [t for ts in CAPTIONS.values() for t in ts] + ["🙂", "12345", "ok", "Mačka spí na stoličke v kuchyni"]
+    for text in texts:
+        code, sure = identify(text)
+        assert code in codes and 0 <= sure <= 1, (text, code, sure)
+    assert identify("🙂")[1] < 0.1  # a wordless caption no model knows: nobody is sure
+
+
+@pytest.mark.parametrize(
+    "text", ["A\x00B\x1b a caption with control characters", "noncharacter \ufdd0 here", "\x7f\x85"]
+)
+def test_text_cld2_refuses_still_gets_an_answer(text):
+    code, sure = identify(text)
+    assert isinstance(code, str) and 0 <= sure <= 1
