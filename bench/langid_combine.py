@@ -48,20 +48,10 @@ sys.path.insert(0, str(REPO))
 
 from bench.langid_bench import CAPS_PER_LANGUAGE, MAJOR, label, make_sets, resize_cost  # noqa: E402
 
+# codes mapped onto lid.176's, and what pycld2 refuses, as shardsmith's identify has them
+from shardsmith.download.process.language import CLD2_CLEAN, MACRO, TO_LID  # noqa: E402
+
 GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98, 1.01)  # 1.01: always consult
-# Another model's code as lid.176 names the language (codes lid.176 has as they are are kept).
-TO_LID = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "nb": "no", "fil": "tl", "zh-hant": "zh", "mo": "ro"}
-# A language lid.176.ftz cannot name, as the macrolanguage (ISO 639-3) it can: Cantonese as Chinese, ...
-MACRO = {"yue": "zh", "cmn": "zh", "uzs": "uz", "uzn": "uz", "ltg": "lv", "ary": "ar", "sdh": "ku", "sr-me": "sr"}
-# What pycld2 refuses (pycld2.error "input contains invalid UTF-8"), as spaces: C0 controls but tab, newline, form
-# feed and carriage return; DEL and C1 controls; noncharacters.
-CLD2_CLEAN = dict.fromkeys(
-    [c for c in range(0x20) if c not in (9, 10, 12, 13)]
-    + list(range(0x7F, 0xA0))
-    + list(range(0xFDD0, 0xFDF0))
-    + [p + x for p in range(0, 0x110000, 0x10000) for x in (0xFFFE, 0xFFFF)],
-    " ",
-)
 RESIZE_MS_PER_RECORD = 7.61  # bench/results/langid.json's resize_process (measured again with --resize)
 
 

@@ -43,13 +43,13 @@ SURE = 0.95  # lid.176's probability from which its answer stands alone
 WEIGHTS = (1.0, 4.0, 0.7)  # of lid.176's, langid.py's and CLD2's log probability in the combined score
 FLOOR = 1e-3  # the probability of a language a model does not name among its answers
 # Another model's code as lid.176 names the language; a language lid.176 cannot name, as the macrolanguage it can
-_TO_LID = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "nb": "no", "fil": "tl", "zh-hant": "zh", "mo": "ro"}
-_MACRO = {"yue": "zh", "cmn": "zh", "uzs": "uz", "uzn": "uz", "ltg": "lv", "ary": "ar", "sdh": "ku", "sr-me": "sr"}
+TO_LID = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "nb": "no", "fil": "tl", "zh-hant": "zh", "mo": "ro"}
+MACRO = {"yue": "zh", "cmn": "zh", "uzs": "uz", "uzn": "uz", "ltg": "lv", "ary": "ar", "sdh": "ku", "sr-me": "sr"}
 # Names of one language that the models split differently: Serbo-Croatian's standards
 _SAME = {"hr": "sh", "sr": "sh", "bs": "sh"}
 # What pycld2 refuses ("input contains invalid UTF-8"), as spaces: C0 controls but tab, newline, form feed and
 # carriage return; DEL and C1 controls; noncharacters
-_CLD2_CLEAN = dict.fromkeys(
+CLD2_CLEAN = dict.fromkeys(
     [c for c in range(0x20) if c not in (9, 10, 12, 13)]
     + list(range(0x7F, 0xA0))
     + list(range(0xFDD0, 0xFDF0))
@@ -88,12 +88,12 @@ class _Models:
 def _to_lid(code: str, codes: frozenset[str]) -> str | None:
     """Another model's language code as lid.176 names the language; None where lid.176 has no such language."""
     c = code.lower()
-    c = _TO_LID.get(c, c)
+    c = TO_LID.get(c, c)
     if c not in codes:
-        c = _MACRO.get(c, c)
+        c = MACRO.get(c, c)
     if c not in codes:
         base = c.split("-")[0]
-        c = _TO_LID.get(base, base)
+        c = TO_LID.get(base, base)
     return c if c in codes else None
 
 
@@ -136,7 +136,7 @@ def load() -> _Models:
 
 def _cld2(m: _Models, text: str) -> list[tuple[str, float]]:
     """CLD2's languages (lid.176 codes, best first) with their share of the text; [] where it names none."""
-    for attempt in (text, text.translate(_CLD2_CLEAN).encode("utf-8", "replace").decode("utf-8")):
+    for attempt in (text, text.translate(CLD2_CLEAN).encode("utf-8", "replace").decode("utf-8")):
         try:
             _, _, details = m.cld2.detect(attempt, bestEffort=True)
         except (m.cld2.error, UnicodeError):  # control characters, noncharacters, lone surrogates
