@@ -584,3 +584,22 @@ def test_curation_in_the_child_filters_captions_languages_and_boxes_each_reach_t
     assert meta["language"] == "en"
     assert json.loads(tar[f"{samples['key'][1]}.json"])["blur"]["boxes"] == []
     assert tar[f"{samples['key'][1]}.jpg"] == img  # no boxes: passed through byte for byte
+
+
+def test_boxes_in_a_source_shards_json_are_found_by_a_dotted_path(tmp_path):
+    """A shards source's face boxes live in each sample's json member: `blur_boxes: json.face_bboxes`."""
+    rows = ok_status(3)
+    proc = PartProcessor(str(tmp_path / "p.tar"), RESIZE, CaptionSettings(), blur_boxes="json.face_bboxes")
+    img = jpeg_bytes((60, 45), (200, 120, 40))
+    members = [
+        {"txt": "a face", "json": {"face_bboxes": [[0.2, 0.2, 0.6, 0.7]]}},  # json parsed, as member_fields gives it
+        {"txt": "no face", "json": '{"face_bboxes": []}'},  # json kept as text
+        {"txt": "no boxes at all", "json": {"other": 1}},
+    ]
+    for i, fields in enumerate(members):
+        proc.submit(i, rows[i], fields, img)
+    assert proc.finish(pd.DataFrame(rows), str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet")) == (2, 1)
+    samples = pd.read_parquet(tmp_path / "s.parquet")
+    assert list(samples["blurred"]) == [1, 0] and list(samples["passthrough"]) == [False, True]
+    ledger = pd.read_parquet(tmp_path / "r.parquet")
+    assert list(ledger["reason"]) == ["bad_boxes"] and ledger["detail"][0].startswith("boxes missing")
