@@ -464,6 +464,12 @@ def main() -> None:
             "measured": f"{share:.2%} ({worst:.2%} for a caption of {ours['max_chars']} characters, the most read)",
             "met": worst < TARGET_SHARE,
         }
+    write_results(a.out, result, t_start)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("candidates", "sets")}, indent=1))
+
+
+def write_results(out: Path, result: dict, t_start: float) -> None:
+    """`result` with the run's time, Python and CPU, as JSON (the langid benches' results files)."""
     result.update(
         {
             "bench_s": round(time.perf_counter() - t_start, 1),
@@ -472,9 +478,8 @@ def main() -> None:
             "when": time.strftime("%Y-%m-%d %H:%M"),
         }
     )
-    a.out.parent.mkdir(exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k not in ("candidates", "sets")}, indent=1))
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":

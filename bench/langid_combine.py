@@ -35,7 +35,6 @@ Results go to bench/results/langid_combined.json.
 import argparse
 import json
 import math
-import platform
 import subprocess
 import sys
 import time
@@ -46,7 +45,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
 
-from bench.langid_bench import CAPS_PER_LANGUAGE, MAJOR, label, make_sets, resize_cost  # noqa: E402
+from bench.langid_bench import CAPS_PER_LANGUAGE, MAJOR, label, make_sets, resize_cost, write_results  # noqa: E402
 
 # codes mapped onto lid.176's, and what pycld2 refuses, as shardsmith's identify has them
 from shardsmith.download.process.language import CLD2_CLEAN, MACRO, TO_LID  # noqa: E402
@@ -774,13 +773,8 @@ def main() -> None:
         },
         "resize_process_cpu_ms_per_record": resize_ms,
         "budget_us_per_caption": round(resize_ms * 0.03 * 1e3, 1),
-        "bench_s": round(time.perf_counter() - t_start, 1),
-        "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
-        "when": time.strftime("%Y-%m-%d %H:%M"),
     }
-    a.out.parent.mkdir(exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    write_results(a.out, result, t_start)
     print(f"written {a.out}")
 
 
