@@ -365,12 +365,7 @@ def main() -> None:
             str(other), ["--make-sets", str(a.per_language), str(a.natural_per_language), str(a.seed), str(sets_file)]
         )
     made = json.loads(sets_file.read_text())
-    capitals, seen = [], Counter()
-    for r in made["words"]:
-        if r["text"].upper() != r["text"].lower() and seen[r["lang"]] < CAPS_PER_LANGUAGE:
-            seen[r["lang"]] += 1
-            capitals.append({**r, "text": r["text"].upper()})
-    sets = {"words": made["words"], "sentences": made["sentences"], "capitals": capitals}
+    sets = labelled_sets(made)
     texts_file = work / "texts.json"
     texts_file.write_text(json.dumps([r["text"] for rows in sets.values() for r in rows], ensure_ascii=False))
 
@@ -466,6 +461,17 @@ def main() -> None:
         }
     write_results(a.out, result, t_start)
     print(json.dumps({k: v for k, v in result.items() if k not in ("candidates", "sets")}, indent=1))
+
+
+def labelled_sets(made: dict) -> dict[str, list[dict]]:
+    """The words and sentences sets as made, and the capitals set: the first CAPS_PER_LANGUAGE captions of each
+    cased language of the words set, upper-cased."""
+    capitals, seen = [], Counter()
+    for r in made["words"]:
+        if r["text"].upper() != r["text"].lower() and seen[r["lang"]] < CAPS_PER_LANGUAGE:
+            seen[r["lang"]] += 1
+            capitals.append({**r, "text": r["text"].upper()})
+    return {"words": made["words"], "sentences": made["sentences"], "capitals": capitals}
 
 
 def write_results(out: Path, result: dict, t_start: float) -> None:

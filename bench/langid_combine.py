@@ -45,7 +45,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
 
-from bench.langid_bench import CAPS_PER_LANGUAGE, MAJOR, label, make_sets, resize_cost, write_results  # noqa: E402
+from bench.langid_bench import MAJOR, label, labelled_sets, make_sets, resize_cost, write_results  # noqa: E402
 
 # codes mapped onto lid.176's, and what pycld2 refuses, as shardsmith's identify has them
 from shardsmith.download.process.language import CLD2_CLEAN, MACRO, TO_LID  # noqa: E402
@@ -588,13 +588,7 @@ def main() -> None:
     sets_file = work / f"sets-{a.per_language}-{a.natural_per_language}-{a.seed}.json"
     if not sets_file.exists():
         make_sets(a.per_language, a.natural_per_language, a.seed, sets_file)
-    made = json.loads(sets_file.read_text())
-    capitals, seen = [], Counter()
-    for r in made["words"]:
-        if r["text"].upper() != r["text"].lower() and seen[r["lang"]] < CAPS_PER_LANGUAGE:
-            seen[r["lang"]] += 1
-            capitals.append({**r, "text": r["text"].upper()})
-    sets = {"words": made["words"], "sentences": made["sentences"], "capitals": capitals}
+    sets = labelled_sets(json.loads(sets_file.read_text()))
 
     models = Models()
     print("observing ...", flush=True)
