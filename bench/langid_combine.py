@@ -45,7 +45,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
 
-from bench.langid_bench import MAJOR, label, labelled_sets, make_sets, resize_cost, write_results  # noqa: E402
+from bench.langid_bench import MAJOR, label, labelled_sets, make_sets, resize_cost, score, write_results  # noqa: E402
 
 # codes mapped onto lid.176's, and what pycld2 refuses, as shardsmith's identify has them
 from shardsmith.download.process.language import CLD2_CLEAN, MACRO, TO_LID  # noqa: E402
@@ -334,31 +334,23 @@ TOLERANCE = 0.001  # pick: the cheapest params within this of the best accuracy 
 
 
 def replay(rule, obs, rows, p) -> dict:
-    by_lang, by_len, confusions = defaultdict(list), defaultdict(list), Counter()
-    cost_ns, asked = 0, Counter()
-    for o, row in zip(obs, rows):
+    """A rule's answers scored as langid_bench scores a candidate's, with the CPU of the models it asked."""
+    answers, cost_ns, asked = [], 0, Counter()
+    for o in obs:
         answer, consulted = rule(o, p)
+        answers.append(answer)
         cost_ns += o["ft_ns"] if rule not in (r_cld2_alone, r_py3_alone) else 0
         for m in consulted:
             cost_ns += o[f"{m}_ns"]
             asked[m] += 1
-        said = label(answer) if answer else ""
-        ok = said == row["lang"]
-        by_lang[row["lang"]].append(ok)
-        by_len["3-5" if row["words"] <= 5 else "6-9" if row["words"] <= 9 else "10-15"].append(ok)
-        if not ok:
-            confusions[f"{row['lang']}->{said or 'none'}"] += 1
-    flat = [ok for oks in by_lang.values() for ok in oks]
-    major = [ok for lang in MAJOR for ok in by_lang.get(lang, [])]
     n = len(rows)
+    scored = score(rows, answers, None)
     return {
-        "accuracy": round(sum(flat) / n, 4),
-        "major": round(sum(major) / len(major), 4),
+        "accuracy": scored["accuracy"],
+        "major": scored["major"],
         "cpu_us_per_caption": round(cost_ns / n / 1e3, 2),
         "consulted_share": {m: round(k / n, 4) for m, k in sorted(asked.items())},
-        "by_words": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_len.items())},
-        "per_language": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_lang.items())},
-        "top_confusions": dict(confusions.most_common(8)),
+        **{k: scored[k] for k in ("by_words", "per_language", "top_confusions")},
     }
 
 
