@@ -1,16 +1,18 @@
 """Fetch: the bytes of many URLs at once, politely and within a deadline; one outcome per URL.
 
 Used by download_part for one part. Worker threads each run one attempt at a time; the calling thread
-is the dispatcher and decides what runs when: at most `concurrency` attempts in all and
+is the dispatcher and decides what runs when: at most `concurrency` attempts in all (grown toward
+`max_concurrency` while the cores have idle time, see dispatch.InFlight) and
 `per_host_concurrency` per host, at most `per_host_rate` starts per second per host, backoff with jitter
 between attempts, and a Retry-After from a 429/503 pauses every request of this job to that host, not just
 the one URL (other download jobs know nothing of it). It stops at the part deadline: what is not done by
 then is reported as `deadline`, and the workers (daemon threads, bounded by their own timeouts) are left
 behind, so a stalled server never holds a job.
 
-http(s) goes through urllib3 with redirects followed by hand (counted, each hop checked by the guard and the
-opt-outs, and the X-Robots-Tag and tdm-reservation of the final response read), s3:// through the AWS CLI
-(shardsmith.storage.s3), plain paths and file:// from disk within the allowed folders. Every URL passes
+http(s) goes through libcurl (shardsmith.download.fetch.curl) with redirects followed by hand (counted, each hop
+checked by the guard and the opt-outs, and the X-Robots-Tag and tdm-reservation of the final response read); source
+shards over http(s) are streamed through urllib3 (`open_http`, shardsmith.download.streams); s3:// goes through the
+AWS CLI (shardsmith.storage.s3), plain paths and file:// from disk within the allowed folders. Every URL passes
 shardsmith.download.fetch.netguard first (schemes, credentials, control characters, addresses, local folders), every
 image URL shardsmith.download.fetch.optout (robots.txt, TDMRep). Every downloaded body is sniffed: an HTML error page
 served as image/jpeg is `not_an_image` here, not later (the checks: shardsmith.download.fetch.responses). Local files
@@ -18,6 +20,7 @@ are opened by shardsmith.storage.localfiles, source shards streamed by shardsmit
 loop is shardsmith.download.fetch.dispatch, the settings and retry policy shardsmith.download.fetch.settings."""
 
 import queue
+import socket
 import threading
 import time
 import urllib.request
@@ -26,6 +29,7 @@ from urllib.parse import urljoin, urlsplit
 
 import urllib3
 
+from shardsmith.download.fetch.curl import SKIP_BODY, Curl, Head, Reply, failure
 from shardsmith.download.fetch.dispatch import Dispatcher
 from shardsmith.download.fetch.netguard import Guard, Refused
 from shardsmith.download.fetch.optout import ROBOTS_MAX_BYTES, OptOuts, Unreachable, opted_out, tdm_header_reserved
@@ -34,12 +38,10 @@ from shardsmith.download.fetch.responses import (
     Outcome,
     check_hash,
     classify_exception,
-    content_length,
     describe_non_image,
     discard,
     http_status_reason,
     parse_retry_after,
-    reusable,
     sniff_image,
 )
 from shardsmith.download.fetch.settings import RETRY_NEXT_RUN_ONLY, FetchSettings
@@ -60,11 +62,13 @@ class _ByteBudget:
 
     def __init__(self, limit: int) -> None:
         self.limit, self.used, self.peak = max(1, limit), 0, 0
+        self.waits = 0  # bodies that had to wait for room (the dispatcher shrinks the requests in flight)
         self._cv = threading.Condition()
 
     def take(self, n: int | None, timeout: float) -> int:
         n = min(self.limit, self.UNKNOWN_SIZE if n is None else max(0, n))
         with self._cv:
+            self.waits += self.used + n > self.limit
             if not self._cv.wait_for(lambda: self.used + n <= self.limit, timeout=max(0.0, timeout)):
                 raise AttemptError("deadline", "waited for memory to read the body until the part deadline")
             self.used += n
@@ -76,6 +80,10 @@ class _ByteBudget:
             with self._cv:
                 self.used -= n
                 self._cv.notify_all()
+
+
+def _skip_redirect_body(head: Head) -> object:
+    return SKIP_BODY if head.status in _REDIRECTS else None
 
 
 class Fetcher:
@@ -101,6 +109,7 @@ class Fetcher:
             deadline = time.monotonic() + settings.part_deadline_s
         self.deadline = deadline if deadline is not None else float("inf")
         self.log = log
+        self.cpu_pids: list[int] = []  # the job's other processes (its resize process): their CPU is the job's too
         self.headers = {"User-Agent": settings.user_agent, "Accept": "image/*,*/*;q=0.8", "Accept-Encoding": "identity"}
         self.guard = Guard(
             settings.allow_networks, settings.allow_hosts, (*local_folders, *settings.allow_local_folders)
@@ -109,7 +118,8 @@ class Fetcher:
             self._get_small, settings.ua_token, settings.respect_robots_txt, settings.respect_tdm_reservation
         )
         pool_args = {"num_pools": 256, "maxsize": settings.per_host_concurrency, "block": False}
-        self._direct = self.guard.pool_manager(**pool_args)
+        self.curl = Curl(self.guard, self.headers)
+        self._direct = self.guard.pool_manager(**pool_args)  # source shards, streamed (shardsmith.download.streams)
         self._proxies = {k: v for k, v in urllib.request.getproxies().items() if k in ("http", "https")}
         self._proxy_pools = {url: urllib3.ProxyManager(url, **pool_args) for url in set(self._proxies.values())}
 
@@ -120,12 +130,17 @@ class Fetcher:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def _pool(self, url: str) -> urllib3.PoolManager:
+    def _proxy(self, url: str) -> str:
+        """The proxy `url` goes through ("" for none): the environment's, except for loopback and no_proxy."""
         u = urlsplit(url)
         proxy = self._proxies.get(u.scheme.lower())
         if proxy and (u.hostname or "") not in _LOOPBACK and not urllib.request.proxy_bypass(u.hostname or ""):
-            return self._proxy_pools[proxy]
-        return self._direct
+            return proxy
+        return ""
+
+    def _pool(self, url: str) -> urllib3.PoolManager:
+        proxy = self._proxy(url)
+        return self._proxy_pools[proxy] if proxy else self._direct
 
     def attempt(
         self, url: str, expected_hash: str | None = None, hash_type: str = "md5", hold: bool = False
@@ -281,82 +296,146 @@ class Fetcher:
             return 0
         return int(self.s.respect_robots_txt) + int(self.s.respect_tdm_reservation)
 
+    def _get(self, url: str, stop_at: float, max_bytes: int, on_head=None) -> Reply:
+        """One GET through libcurl (shardsmith.download.fetch.curl), no redirects followed. Raises AttemptError for
+        a URL that is no URL and a name that does not resolve, Refused for a guarded address."""
+        try:
+            parsed = urllib3.util.parse_url(url)  # percent-encodes what curl would refuse, IDNA-encodes the host
+        except (urllib3.exceptions.LocationParseError, ValueError, UnicodeError) as e:
+            raise AttemptError("bad_url", f"{e}: {url[:200]}") from None
+        scheme = (parsed.scheme or "").lower()
+        if not parsed.host:
+            raise AttemptError("bad_url", f"no host in {url[:200]}")
+        port = parsed.port or (443 if scheme == "https" else 80)
+        now = time.monotonic()
+        try:
+            return self.curl.get(
+                parsed.url,
+                parsed.host,
+                port,
+                connect_timeout_s=min(self.s.connect_timeout_s, max(0.001, stop_at - now)),
+                timeout_s=max(0.001, stop_at - now),
+                silence_s=self.s.read_timeout_s,
+                max_bytes=max_bytes,
+                on_head=on_head,
+                proxy=self._proxy(url),
+            )
+        except socket.gaierror as e:
+            raise AttemptError("dns_error", f"{parsed.host}: {e}") from None
+        except UnicodeError as e:
+            raise AttemptError("bad_url", f"{e}: {url[:200]}") from None
+
     def _get_small(self, url: str) -> tuple[int, bytes]:
         """(status, body) of robots.txt or tdmrep.json: redirects followed (five at most), the body cut at
         ROBOTS_MAX_BYTES. Raises Unreachable when no answer comes, Refused for a guarded address."""
-        try:
-            for _ in range(6):
-                self.guard.check_url(url)
-                resp = self._request(url)
-                try:
-                    if resp.status in _REDIRECTS and resp.headers.get("Location"):
-                        url = urljoin(url, resp.headers["Location"])
-                        continue
-                    return resp.status, resp.read(ROBOTS_MAX_BYTES)
-                finally:
-                    discard(resp)
-                    if self.s.per_host_rate:  # the next request to this host keeps the rate (see Dispatcher)
-                        time.sleep(1.0 / self.s.per_host_rate)
-            return 404, b""  # a redirect loop: as if the file did not exist
-        except urllib3.exceptions.HTTPError as e:
-            raise Unreachable(*classify_exception(e)) from None
+        stop_at = time.monotonic() + min(self.s.request_timeout_s, max(0.001, self.left()))
+        for _ in range(6):
+            self.guard.check_url(url)
+            try:
+                reply = self._get(url, stop_at, ROBOTS_MAX_BYTES, _skip_redirect_body)
+            except AttemptError as e:
+                raise Unreachable(e.reason, e.detail) from None
+            if self.s.per_host_rate:  # the next request to this host keeps the rate (see Dispatcher)
+                time.sleep(1.0 / self.s.per_host_rate)
+            head = reply.head
+            if head is None or (reply.error and reply.nbytes <= ROBOTS_MAX_BYTES and head.status not in _REDIRECTS):
+                raise Unreachable(*failure(*reply.error))
+            if head.status in _REDIRECTS and head.get("Location"):
+                url = urljoin(url, head.get("Location"))
+                continue
+            return head.status, bytes(reply.body)
+        return 404, b""  # a redirect loop: as if the file did not exist
 
     def _http(self, url: str) -> tuple[bytearray, int, str]:
+        """GET an image: redirects followed by hand (each hop checked by the guard and the opt-outs), the
+        X-Robots-Tag and tdm-reservation of the final response read, its body within max_bytes, the memory
+        budget and request_timeout_s."""
         started = time.monotonic()
-        resp, _ = self.open_http(url, optouts=True)
-        status = resp.status
-        clean = False
-        try:
-            declared = content_length(resp)
-            if declared is not None and declared > self.s.max_bytes:
+        stop_at = min(started + self.s.request_timeout_s, self.deadline)
+        hops = 0
+        while True:
+            if urlsplit(url).scheme.lower() not in ("http", "https"):
+                raise AttemptError("unsupported_url", f"redirected to a non-http URL: {url[:200]}")
+            if self.left() <= 0:
+                raise AttemptError("deadline", "the part deadline passed")
+            try:
+                self.guard.check_url(url)
+                self.optouts.check(url)
+                reply = self._get(url, stop_at, self.s.max_bytes, lambda head: self._image_head(head, stop_at))
+            except Refused as e:
+                detail = e.detail if not hops else f"{e.detail} (after {hops} redirects)"
+                raise AttemptError(e.reason, detail) from None
+            except Unreachable as e:
+                raise AttemptError(e.reason, f"no answer for robots.txt or tdmrep.json: {e.detail}") from None
+            if reply.aborted is not None:
+                raise reply.aborted
+            head = reply.head
+            if head is None:
+                raise AttemptError(*self._failure(reply, started))
+            status = head.status
+            if status in _REDIRECTS:
+                location = head.get("Location")
+                if not location:
+                    raise AttemptError("http_error", f"HTTP {status} without a Location header", status)
+                hops += 1
+                if hops > self.s.max_redirects:
+                    raise AttemptError(
+                        "too_many_redirects",
+                        f"more than {self.s.max_redirects} redirects (next: {location[:200]})",
+                        status,
+                    )
+                url = urljoin(url, location)
+                continue
+            if not 200 <= status < 300:
+                retry_after = parse_retry_after(head.get("Retry-After")) if status in (429, 503) else None
                 raise AttemptError(
-                    "too_large", f"Content-Length {declared} is over max_bytes={self.s.max_bytes}", status
+                    http_status_reason(status), f"HTTP {status} {head.reason or ''}".strip(), status, retry_after
                 )
-            stop_at = min(started + self.s.request_timeout_s, self.deadline)
-            self._tls.held = self.budget.take(declared, stop_at - time.monotonic())
-            # a body of declared length is read into a buffer of that size: growing one chunk by chunk copies it
-            # again at every growth once its memory comes from a reused heap (shardsmith.core.memory)
-            sized = declared is not None and "Content-Encoding" not in resp.headers
-            buf = bytearray(declared) if sized else bytearray()
-            view = memoryview(buf) if sized else None
-            n = 0
-            while True:
-                now = time.monotonic()
-                if now > stop_at:
-                    reason = "deadline" if now >= self.deadline else "timeout"
-                    raise AttemptError(reason, f"slow response: {n} bytes in {now - started:.1f} s", status, nbytes=n)
-                try:
-                    chunk = resp.read1(1 << 16)
-                except (urllib3.exceptions.HTTPError, OSError) as e:
-                    reason, detail = classify_exception(e)
-                    raise AttemptError(reason, detail, status, nbytes=n) from None
-                if not chunk:
-                    break
-                if view is not None and n + len(chunk) <= len(buf):
-                    view[n : n + len(chunk)] = chunk
-                else:  # no length declared, or more than it said
-                    if view is not None:
-                        view.release()
-                        view = None
-                        del buf[n:]
-                    buf += chunk
-                n += len(chunk)
+            n = reply.nbytes
+            if reply.error:
                 if n > self.s.max_bytes:
                     raise AttemptError(
                         "too_large", f"body is over max_bytes={self.s.max_bytes}; stopped reading", status, nbytes=n
                     )
-            if view is not None:
-                view.release()
-            if sized and n < declared:
+                reason, detail = self._failure(reply, started)
+                if reason == "truncated_download" and (declared := head.content_length()) is not None:
+                    detail = f"got {n} of {declared} bytes"
+                raise AttemptError(reason, detail, status, nbytes=n)
+            declared = head.content_length()
+            if declared is not None and n < declared and "Content-Encoding" not in head:
                 raise AttemptError("truncated_download", f"got {n} of {declared} bytes", status, nbytes=n)
-            clean = True
             # the bytearray itself, not bytes(buf): a copy doubled the memory of 32 multi-MB bodies in flight
-            return buf, status, resp.headers.get("Content-Type", "")
-        finally:
-            if clean and reusable(resp):
-                resp.release_conn()
-            else:
-                discard(resp)
+            return reply.body, status, head.get("Content-Type", "")
+
+    def _image_head(self, head: Head, stop_at: float) -> object:
+        """Checks on an image response's headers, before its body is read (see Curl.get's on_head)."""
+        status = head.status
+        if not 200 <= status < 300:
+            return SKIP_BODY
+        if self.s.respect_optout:
+            said = opted_out(head.getlist("X-Robots-Tag"), self.s.ua_token, self.s.optout_directives)
+            if said:
+                raise AttemptError("opted_out", f"X-Robots-Tag: {said}", status)
+        if self.s.respect_tdm_reservation and (said := tdm_header_reserved(head)):
+            raise AttemptError("tdm_reserved", said, status)
+        declared = head.content_length()
+        if declared is not None and declared > self.s.max_bytes:
+            raise AttemptError("too_large", f"Content-Length {declared} is over max_bytes={self.s.max_bytes}", status)
+        self._tls.held = self.budget.take(declared, stop_at - time.monotonic())
+        # a body of declared length is read into a buffer of that size: growing one chunk by chunk copies it
+        # again at every growth once its memory comes from a reused heap (shardsmith.core.memory)
+        return declared if declared is not None and "Content-Encoding" not in head else None
+
+    def _failure(self, reply: Reply, started: float) -> tuple[str, str]:
+        code, message = reply.error or (0, "no response")
+        reason, detail = failure(code, message)
+        if reason == "timeout":
+            now = time.monotonic()
+            if now >= self.deadline:
+                reason, detail = "deadline", f"the part deadline passed: {reply.nbytes} bytes in {now - started:.1f} s"
+            elif reply.head is not None:
+                detail = f"slow response: {reply.nbytes} bytes in {now - started:.1f} s ({detail})"
+        return reason, detail
 
     def _s3(self, url: str) -> bytearray:
         try:
@@ -389,7 +468,18 @@ class Fetcher:
         """Fetch every (id, url, expected hash) job; `on_result(id, outcome)` is called once per job, in this
         thread, as outcomes become final. Returns at the latest at the deadline (rest: `deadline`). `kept`:
         the part's records already done (kept or committed by a stopped run), counted in the progress lines."""
-        Dispatcher(self, jobs, on_result, hash_type, label, kept).run()
+        dispatcher = Dispatcher(self, jobs, on_result, hash_type, label, kept)
+        dispatcher.run()
+        if jobs:
+            self.log(f"download {label}: {self.traffic()}; requests in flight: at most {dispatcher.limit.peak}")
+
+    def traffic(self) -> str:
+        """What this job asked of the network so far, for its log."""
+        policy = self.optouts.fetched
+        return (
+            f"{self.curl.requests} HTTP requests ({len(policy)} for robots.txt and tdmrep.json), "
+            f"{self.curl.connects} new connections, {self.guard.lookups} name lookups"
+        )
 
     def worker(self, work: "queue.SimpleQueue", done: "queue.SimpleQueue", hash_type: str) -> None:
         # Workers share only the connection pools, which are thread-safe.

@@ -5,7 +5,9 @@ Outcome per URL."""
 from __future__ import annotations
 
 import heapq
+import os
 import queue
+import resource
 import threading
 import time
 from collections import deque
@@ -18,6 +20,10 @@ from shardsmith.download.fetch.settings import FetchSettings, backoff_wait
 
 
 class Budget(Protocol):
+    limit: int
+    used: int
+    waits: int  # bodies that had to wait for room, so far
+
     def give(self, nbytes: int) -> None: ...
 
 
@@ -28,6 +34,7 @@ class Client(Protocol):
     budget: Budget  # bytes of bodies held; an outcome's `held` goes back once the caller is done with it
     deadline: float  # time.monotonic() at which the part stops starting attempts
     log: Callable[[str], None]
+    cpu_pids: list[int]  # the job's other processes (its resize process), whose CPU counts as the job's
 
     def retryable(self, reason: str) -> bool: ...
 
@@ -49,6 +56,89 @@ class _Host:
     started: bool = False  # an attempt to it has been dispatched
 
 
+def _cpu_of(pid: int) -> float:
+    """CPU seconds of another process so far (Linux /proc); 0 when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _machine_busy() -> tuple[float, float] | None:
+    """(busy, total) clock ticks of all the machine's cores so far (Linux /proc/stat), or None."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return sum(ticks) - idle, sum(ticks)
+
+
+class InFlight:
+    """How many requests a job keeps in flight. It starts at `concurrency`; every INTERVAL s in which that
+    limit held requests back, it grows by a quarter while the job's cores and the machine have idle time
+    (latency, not CPU, bounds the job then) and bodies fill less than half of max_buffered_mb, up to
+    `max_concurrency`. It shrinks by a quarter while bodies fill the budget (requests wait for memory),
+    down to a quarter of `concurrency`."""
+
+    INTERVAL = 2.0
+    BUSY = 0.85  # above this share of its cores (or of the machine's) a job does not grow
+
+    def __init__(self, f: Client, label: str) -> None:
+        self.f, self.s, self.label = f, f.s, label
+        self.value = self.s.concurrency
+        self.top = max(self.s.concurrency, self.s.max_concurrency)
+        self.floor = max(1, self.s.concurrency // 4)
+        self.peak = self.value
+        self.cores = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        self.held_back = False  # the limit kept a startable request from starting since the last look
+        self.pressed = False  # bodies waited for memory since the last look
+        self.waits = f.budget.waits
+        self.at: float | None = None  # when the current interval started (None: none started)
+
+    def _job_cpu(self) -> float:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        return own.ru_utime + own.ru_stime + sum(_cpu_of(pid) for pid in getattr(self.f, "cpu_pids", ()))
+
+    def _mark(self, now: float) -> None:
+        self.at, self.cpu, self.machine = now, self._job_cpu(), _machine_busy()
+
+    def look(self, now: float) -> None:
+        """Called by the loop; every INTERVAL s decides whether to grow, shrink or hold. CPU is read only while
+        the limit holds requests back (the interval starts at the first time it does)."""
+        budget = self.f.budget
+        self.pressed = self.pressed or budget.waits > self.waits or budget.used > 0.9 * budget.limit
+        self.waits = budget.waits
+        if self.top == self.floor:
+            return
+        if self.at is None:  # nothing measured yet: start an interval once the limit binds or memory presses
+            if self.held_back or self.pressed:
+                self._mark(now)
+            return
+        if now - self.at < self.INTERVAL:
+            return
+        job = (self._job_cpu() - self.cpu) / ((now - self.at) * self.cores)
+        machine, before = _machine_busy(), self.machine
+        share = (machine[0] - before[0]) / max(1, machine[1] - before[1]) if machine and before else 0.0
+        old = self.value
+        if self.pressed:
+            self.value = max(self.floor, old - max(1, old // 4))
+        elif self.held_back and max(job, share) < self.BUSY and budget.used < budget.limit / 2:
+            self.value = min(self.top, old + max(1, old // 4))
+        if self.value != old:
+            self.peak = max(self.peak, self.value)
+            why = "bodies fill the memory budget" if self.pressed else f"cores {max(job, share):.0%} busy"
+            self.f.log(
+                f"download {self.label}: requests in flight {old} -> {self.value} ({why}; "
+                f"{budget.used >> 20} of {budget.limit >> 20} MB of bodies held)"
+            )
+        self.held_back = self.pressed = False
+        self.at = None
+
+
 class Dispatcher:
     """The scheduling loop of Fetcher.fetch_all (see the module docstring)."""
 
@@ -67,6 +157,7 @@ class Dispatcher:
         self.nbytes = 0
         self.started = time.monotonic()
         self.last_log = self.started
+        self.limit = InFlight(f, label)
         for jid, url, _ in self.jobs.values():
             self._enqueue(jid, url, front=False)
 
@@ -79,16 +170,17 @@ class Dispatcher:
             self.ring.append(key)
 
     def _limit(self, key: str) -> int:
-        return self.s.concurrency if key == "" else self.s.per_host_concurrency
+        return self.limit.value if key == "" else self.s.per_host_concurrency
 
     def _dispatch(self, work: queue.SimpleQueue, now: float) -> float:
         """Start what may start now; returns when something held back by time may start."""
         wake = float("inf")
         progress = True
-        while progress and len(self.inflight) < self.s.concurrency and self.ring:
+        limit = self.limit.value
+        while progress and len(self.inflight) < limit and self.ring:
             progress = False
             for _ in range(len(self.ring)):
-                if len(self.inflight) >= self.s.concurrency:
+                if len(self.inflight) >= limit:
                     break
                 key = self.ring.popleft()
                 host = self.hosts[key]
@@ -112,6 +204,8 @@ class Dispatcher:
                 self.attempts[jid] += 1
                 work.put(self.jobs[jid])
                 progress = True
+        if len(self.inflight) >= limit and self.ring:
+            self.limit.held_back = True
         return wake
 
     def _finish(self, jid: int, outcome: Outcome) -> None:
@@ -135,7 +229,8 @@ class Dispatcher:
         self.f.log(
             f"download {self.label}: {self.kept + self.done}/{self.kept + len(self.jobs)} records done "
             f"({kept}{self.ok} ok, {self.done - self.ok} failed), "
-            f"{self.done / took:.1f} records/s, {self.nbytes / took / 1e6:.2f} MB/s, {len(self.waiting)} in backoff"
+            f"{self.done / took:.1f} records/s, {self.nbytes / took / 1e6:.2f} MB/s, {len(self.inflight)} requests in "
+            f"flight (limit {self.limit.value}), {len(self.waiting)} in backoff"
         )
 
     def _handle(self, jid: int, result: Outcome | AttemptError, now: float) -> None:
@@ -167,24 +262,25 @@ class Dispatcher:
             return
         work: queue.SimpleQueue = queue.SimpleQueue()
         done: queue.SimpleQueue = queue.SimpleQueue()
-        workers = [
-            threading.Thread(target=self.f.worker, args=(work, done, self.hash_type), daemon=True, name=f"fetch-{i}")
-            for i in range(min(self.s.concurrency, len(self.jobs)))
-        ]
-        for t in workers:
-            t.start()
+        workers: list[threading.Thread] = []
         try:
             while self.done < len(self.jobs):
                 now = time.monotonic()
                 if now >= self.f.deadline:
                     break
+                self.limit.look(now)
+                while len(workers) < min(self.limit.value, len(self.jobs)):  # a thread per request in flight
+                    args = (work, done, self.hash_type)
+                    t = threading.Thread(target=self.f.worker, args=args, daemon=True, name=f"fetch-{len(workers)}")
+                    t.start()
+                    workers.append(t)
                 while self.waiting and self.waiting[0][0] <= now:
                     _, _, jid = heapq.heappop(self.waiting)
                     self._enqueue(jid, self.jobs[jid][1], front=True)
                 wake = self._dispatch(work, now)
                 if self.waiting:
                     wake = min(wake, self.waiting[0][0])
-                timeout = max(0.001, min(wake, self.f.deadline) - now)
+                timeout = max(0.001, min(wake, self.f.deadline, now + InFlight.INTERVAL) - now)
                 try:
                     jid, result = done.get(timeout=min(timeout, 60.0))
                 except queue.Empty:

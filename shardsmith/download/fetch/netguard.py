@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import sys
+import threading
 from collections.abc import Iterable
 from urllib.parse import unquote, urlsplit
 
@@ -91,7 +92,7 @@ def _networks(values: Iterable[str]) -> tuple[ipaddress.IPv4Network | ipaddress.
     return tuple(out)
 
 
-def _plain_ip(text: str) -> IPAddress:
+def plain_ip(text: str) -> IPAddress:
     return ipaddress.ip_address(text.split("%", 1)[0])  # an IPv6 zone id (fe80::1%eth0) is not part of the address
 
 
@@ -108,6 +109,9 @@ class Guard:
         self.hosts = {h.strip().lower().rstrip(".") for h in allow_hosts if h.strip()}
         self.folders = tuple(dict.fromkeys(os.path.realpath(f) for f in local_folders))
         self._host_checked: dict[tuple[str, int], Refused | None] = {}
+        self._lookups: dict[tuple[str, int], _Lookup] = {}
+        self._lookups_lock = threading.Lock()
+        self.lookups = 0  # names actually looked up (the rest came from this job's cache)
 
     # --- URLs ---------------------------------------------------------------------------------------
 
@@ -155,16 +159,16 @@ class Guard:
     def addresses(self, host: str, port: int) -> list[tuple]:
         """getaddrinfo() results for `host` that may be connected to; raises Refused if there are none.
 
-        Raises socket.gaierror when the name does not resolve.
+        Raises socket.gaierror when the name does not resolve. A name is looked up once per job (this
+        guard): concurrent first lookups of it wait for one answer, and an answer is kept for the job
+        (a failed lookup is not, so a retry asks again).
         """
-        infos = socket.getaddrinfo(
-            host.strip("[]"), port, urllib3.util.connection.allowed_gai_family(), socket.SOCK_STREAM
-        )
+        infos = self._resolve(host.strip("[]"), port)
         if self.host_allowed(host):
             return infos
         allowed, refused = [], []
         for info in infos:
-            ip = _plain_ip(info[4][0])
+            ip = plain_ip(info[4][0])
             why = self.refusal(ip)
             (refused if why else allowed).append(info if not why else (ip, why))
         if not allowed:
@@ -175,6 +179,33 @@ class Guard:
                 f"{named}{ip} ({why}); not fetched (download.allow_networks or allow_hosts allows it)",
             )
         return allowed
+
+    def _resolve(self, host: str, port: int) -> list[tuple]:
+        """getaddrinfo() of `host` for `port`, through the job's cache (kept without the port: http and https
+        of one host are one lookup)."""
+        key = host.lower()
+        with self._lookups_lock:
+            lookup = self._lookups.get(key)
+            first = lookup is None
+            if first:
+                lookup = self._lookups[key] = _Lookup()
+                self.lookups += 1
+        if first:
+            try:
+                lookup.value = socket.getaddrinfo(
+                    host, 0, urllib3.util.connection.allowed_gai_family(), socket.SOCK_STREAM
+                )
+            except (OSError, UnicodeError) as e:
+                lookup.value = e
+                with self._lookups_lock:
+                    del self._lookups[key]
+            finally:
+                lookup.ready.set()
+        else:
+            lookup.ready.wait()
+        if isinstance(lookup.value, BaseException):
+            raise lookup.value
+        return [(f, t, p, name, (addr[0], port, *addr[2:])) for f, t, p, name, addr in lookup.value]
 
     def check_host(self, host: str, port: int) -> None:
         """Resolve and check `host` without connecting (requests through a proxy, records kept from the
@@ -231,6 +262,14 @@ class Guard:
         manager = urllib3.PoolManager(**pool_args)
         manager.pool_classes_by_scheme = pools
         return manager
+
+
+class _Lookup:
+    """One name's lookup: made by the first thread that asks, waited for by the others."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.value: list[tuple] | BaseException | None = None
 
 
 class _GuardedConnection:

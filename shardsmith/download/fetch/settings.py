@@ -25,7 +25,8 @@ DEFAULT_USER_AGENT = (
 class FetchSettings:
     """The `download:` config section; defaults as in config/config.schema.yaml."""
 
-    concurrency: int = 32
+    concurrency: int = 32  # requests in flight at the start, grown up to max_concurrency (see dispatch.InFlight)
+    max_concurrency: int = 128
     per_host_concurrency: int = 8
     per_host_rate: float | None = None  # request starts per second per host; None: no limit
     connect_timeout_s: float = 10.0

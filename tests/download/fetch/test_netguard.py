@@ -267,3 +267,49 @@ def test_refusals_of_form_send_nothing(http_server):
         "creds": "credentials_in_url", "ctrl": "control_characters_in_url", "ftp": "unsupported_url"
     }  # fmt: skip
     assert s.total() == 0
+
+
+def test_the_connect_checks_the_address_even_when_the_lookup_check_was_fooled(http_server, monkeypatch):
+    """An answer that changed between the check and the connect (DNS rebinding) cannot reach the server: every
+    socket libcurl opens is checked again."""
+    url = http_server.route("/a.jpg", Reply(body=jpeg_bytes()))
+    fetcher = Fetcher(FetchSettings(retries=0), log=lambda _: None)
+    resolve = fetcher.guard._resolve
+    monkeypatch.setattr(fetcher.guard, "addresses", lambda host, port: resolve(host, port))  # no check at lookup
+    out: dict[int, Outcome] = {}
+    fetcher.fetch_all([(0, url.replace("127.0.0.1", "localhost"), None)], out.__setitem__)
+    assert out[0].reason == "blocked_address" and "loopback" in out[0].detail
+    assert http_server.total() == 0
+
+
+def test_a_name_is_looked_up_once_per_job_even_by_concurrent_first_requests(monkeypatch):
+    import socket
+    import threading
+    import time
+
+    calls: list[str] = []
+    real = socket.getaddrinfo
+
+    def slow_lookup(host, *args, **kwargs):
+        calls.append(host)
+        time.sleep(0.2)  # a resolver 200 ms away: every thread asks while the first lookup is out
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_lookup)
+    guard = Guard(allow_networks=["127.0.0.0/8"])
+    answers = []
+    threads = [
+        threading.Thread(target=lambda p=p: answers.append(guard.addresses("localhost", p))) for p in (80, 443) * 4
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == ["localhost"] and guard.lookups == 1
+    assert {a[0][4][1] for a in answers} == {80, 443}  # one lookup, each caller's own port
+    failing = Guard(allow_networks=["127.0.0.0/8"])
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: (_ for _ in ()).throw(socket.gaierror(-3, "try again")))
+    with pytest.raises(socket.gaierror):
+        failing.addresses("localhost", 80)
+    monkeypatch.setattr(socket, "getaddrinfo", real)
+    assert failing.addresses("localhost", 80) and failing.lookups == 2  # a failed lookup is not kept: a retry asks
