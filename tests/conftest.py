@@ -4,7 +4,7 @@ import pytest
 from generated import jpeg_bytes
 
 # The servers the tests talk to, as fixtures every test module can ask for by name.
-from httpserver import http_server, http_server_module  # noqa: F401
+from httpserver import http_server, http_server_module, https_server, tls_files  # noqa: F401
 from servers import s3_bucket, s3_server  # noqa: F401
 
 

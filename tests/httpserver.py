@@ -1,16 +1,22 @@
-"""A real HTTP server for tests, on 127.0.0.1, with scripted replies and per-path request counts.
+"""A real HTTP(S) server for tests, on 127.0.0.1, with scripted replies and per-path request counts.
 
 `server.route(path, *replies)`: the n-th request to `path` gets `replies[n]` (the last one repeats), so
 "500 then success" is `route(p, Reply(500), Reply(body=jpg))`. Unknown paths get 404. The server counts
 requests per path, records when each started and with which User-Agent, and the most requests it ever
-had in flight at once, so tests can assert what the client did, not just what it returned.
+had in flight at once, so tests can assert what the client did, not just what it returned. `https_server`
+serves the same over TLS, with a certificate for 127.0.0.1 and localhost from a CA made for the test, which
+clients trust through SSL_CERT_FILE; it counts TLS handshakes, and how many resumed a session.
 """
 
+import datetime
+import ipaddress
+import ssl
 import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +43,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args) -> None:  # keep pytest output clean
         pass
+
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):  # the handshake in this connection's thread, not the accept loop
+            self.request.settimeout(10)
+            try:
+                self.request.do_handshake()
+            finally:
+                self.request.settimeout(None)
+            self.server.state.handshake(self.request.session_reused)
+        super().setup()
 
     def do_GET(self) -> None:
         state = self.server.state
@@ -80,6 +96,13 @@ class _State:
         self.user_agents: list[str] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.handshakes = 0
+        self.resumed = 0
+
+    def handshake(self, resumed: bool) -> None:
+        with self.lock:
+            self.handshakes += 1
+            self.resumed += resumed
 
     def begin(self, path: str, user_agent: str) -> Reply:
         with self.lock:
@@ -101,9 +124,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False  # never wait for a handler that is still trickling to a client that left
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.state = _State()
+        if tls is not None:
+            self.socket = tls.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
 
     def handle_error(self, request, client_address) -> None:
         pass  # clients that time out and hang up are what these tests make happen
@@ -112,15 +137,16 @@ class _Server(ThreadingHTTPServer):
 class HTTPTestServer:
     """Handle on the running server; see the module docstring."""
 
-    def __init__(self) -> None:
-        self._server = _Server()
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self._server = _Server(tls)
+        self.scheme = "https" if tls is not None else "http"
         self.port = self._server.server_address[1]
         self.state = self._server.state
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
     def url(self, path: str, host: str = "127.0.0.1") -> str:
-        return f"http://{host}:{self.port}{path}"
+        return f"{self.scheme}://{host}:{self.port}{path}"
 
     def route(self, path: str, *replies: Reply) -> str:
         """Serve `replies` at `path` (in order, the last repeating); returns the URL."""
@@ -156,6 +182,12 @@ class HTTPTestServer:
             self.state.times.clear()
             self.state.max_in_flight = 0
 
+    @property
+    def handshakes(self) -> tuple[int, int]:
+        """(TLS handshakes, of which resumed a session)."""
+        with self.state.lock:
+            return self.state.handshakes, self.state.resumed
+
     def close(self) -> None:
         self.state.stop.set()  # wake stalled and trickling handlers
         self._server.shutdown()
@@ -177,6 +209,69 @@ def http_server():
 def http_server_module():
     """One HTTPTestServer shared by a module's tests (for end-to-end runs)."""
     server = HTTPTestServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
+    """(CA certificate, server certificate, server key) PEM files for 127.0.0.1 and localhost, made here."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def cert(subject: str, key, issuer: str, issuer_key, ca: bool):
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if ca:
+            builder = builder.add_extension(
+                x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+            )
+        else:
+            names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = cert("shardsmith test CA", ca_key, "shardsmith test CA", ca_key, True)
+    leaf = cert("localhost", key, "shardsmith test CA", ca_key, False)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = folder / "ca.pem", folder / "server.pem", folder / "server.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return paths
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory) -> tuple[Path, Path, Path]:
+    return make_certificates(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def https_server(tls_files, monkeypatch):
+    """An HTTPTestServer over TLS; clients trust its CA through SSL_CERT_FILE for the test."""
+    ca, cert, key = tls_files
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server = HTTPTestServer(context)
     try:
         yield server
     finally:

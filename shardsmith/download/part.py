@@ -235,6 +235,8 @@ def download_part(
     records = pd.read_parquet(records_path)
     label = Path(out_tar).name.removesuffix(".tar")
     fetcher = Fetcher(settings, s3, log=log, local_folders=local_folders(source))
+    if getattr(processor, "pid", None):
+        fetcher.cpu_pids.append(processor.pid)
     keep = Keep(out_tar)
     kept = keep.load()
     retry = set(settings.retry_reasons) | keep.marked_reasons(retry_marker)

@@ -452,13 +452,20 @@ def test_a_part_killed_mid_download_resumes_from_its_last_commit(tmp_path, http_
     """SIGKILL while a part downloads: the rerun fetches no record of the last commit again, at most the
     records in flight and one commit interval of those fetched before the kill, and ends with the status
     and raw tar of a run never killed; nothing of the stopped run is left in .keep."""
-    s = http_server
+    killed_part_resumes(tmp_path, http_server)
+
+
+def test_a_part_killed_mid_download_over_https_resumes_from_its_last_commit(tmp_path, https_server):
+    killed_part_resumes(tmp_path, https_server)
+
+
+def killed_part_resumes(tmp_path, s) -> None:
     n, every = 240, 20
     imgs = [jpeg_bytes(color=(i % 250, i // 250, 7)) for i in range(n)]
     urls = [s.route(f"/{i}.jpg", Reply(body=imgs[i], delay=0.01)) for i in range(n)]
     urls[7] = s.url("/gone.jpg")  # a final failure: committed with its reason, not asked again
     pid, records, src, tar, status_path = _one_part(tmp_path, urls)
-    raw_dir, settings = tar.parent, {**FAST, "concurrency": 4, "per_host_concurrency": 4}
+    raw_dir, settings = tar.parent, {**FAST, "concurrency": 4, "max_concurrency": 4, "per_host_concurrency": 4}
     _stop_halfway(s, n, _download_in_child, (str(records), str(tar), str(status_path), src, settings, every),
                   signal.SIGKILL)  # fmt: skip
     assert not tar.exists() and not status_path.exists()  # nothing at a final path
@@ -505,7 +512,7 @@ def test_a_part_stopped_by_sigterm_commits_every_record_done(tmp_path, http_serv
     imgs = [jpeg_bytes(color=(i % 250, 3, 7)) for i in range(n)]
     urls = [s.route(f"/{i}.jpg", Reply(body=imgs[i], delay=0.01)) for i in range(n)]
     pid, records, src, tar, status_path = _one_part(tmp_path, urls)
-    raw_dir, settings = tar.parent, {**FAST, "concurrency": 4, "per_host_concurrency": 4}
+    raw_dir, settings = tar.parent, {**FAST, "concurrency": 4, "max_concurrency": 4, "per_host_concurrency": 4}
     args = (str(records), str(tar), str(status_path), src, settings, 100_000)  # no commit falls due
     assert _stop_halfway(s, n, _stoppable_download, args, signal.SIGTERM) == STOPPED_EXIT_CODE
     assert not tar.exists() and not status_path.exists()

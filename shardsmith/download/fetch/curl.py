@@ -248,15 +248,20 @@ class Curl:
         c.setopt(pycurl.TIMEOUT_MS, max(1, int(timeout_s * 1000)))
         c.setopt(pycurl.LOW_SPEED_LIMIT, 1)  # silence: under a byte a second for silence_s
         c.setopt(pycurl.LOW_SPEED_TIME, max(1, round(silence_s)))
-        error = _perform(c)
+        error, ignored = _perform(c), False
         if error and error[0] == 8 and "Content-Length" in error[1] and state.aborted is None:
             # a length that is no length (-1, text): asked again and read to the end, as without one
             state.__init__(host=host, check_sockets=not proxy, on_head=on_head, max_bytes=max_bytes)
             c.setopt(pycurl.IGNORE_CONTENT_LENGTH, 1)
+            ignored = True
             try:
                 error = _perform(c)
             finally:
                 c.setopt(pycurl.IGNORE_CONTENT_LENGTH, 0)
+        if error and error[0] == 56 and "unexpected eof" in error[1].lower() and state.head is not None:
+            # a TLS connection closed without close_notify, as many servers do: the end of a body without a
+            # length (as Python's ssl takes it), a truncation of one with a length
+            error = None if state.head.content_length() is None or ignored else (18, error[1])
         if state.view is not None:
             state.view.release()
             state.view = None

@@ -381,6 +381,11 @@ class ChildProcessor:
         self._child.start()
         child.close()
 
+    @property
+    def pid(self) -> int | None:
+        """The resize process's pid (its CPU is the job's: see shardsmith.download.fetch.dispatch.InFlight)."""
+        return self._child.pid
+
     def read_from(self, raw_tar: str | os.PathLike) -> None:
         """Waits until the child has the file open: the caller may rename it (a part whose records all
         fail is written and renamed at once), and an open file survives that, a path does not."""

@@ -36,8 +36,17 @@ def summary(o: Outcome) -> tuple[str, int, int]:
 
 
 def test_every_kind_of_reply_gets_its_reason_status_and_attempts(http_server):
+    every_kind_of_reply(http_server)
+
+
+def test_every_kind_of_reply_over_https_gets_the_same_and_tls_sessions_are_resumed(https_server):
+    every_kind_of_reply(https_server)
+    handshakes, resumed = https_server.handshakes
+    assert handshakes >= 10 and resumed >= handshakes // 2  # new connections after the first resume its session
+
+
+def every_kind_of_reply(s) -> None:
     img = jpeg_bytes()
-    s = http_server
     s.route("/loop/b", redirect("/loop/a"))
     urls = {
         "good": s.route("/good.jpg", Reply(body=img)),
@@ -57,7 +66,7 @@ def test_every_kind_of_reply_gets_its_reason_status_and_attempts(http_server):
         "loop": s.route("/loop/a", redirect("/loop/b")),
         "moved": s.route("/moved", redirect("/good.jpg", 301)),
         "noai": s.route("/noai.jpg", Reply(body=img, headers=[*JPEG, ("X-Robots-Tag", "noai")])),
-        "refused": f"http://127.0.0.1:{free_port()}/x.jpg",
+        "refused": f"{s.scheme}://127.0.0.1:{free_port()}/x.jpg",
         "no_url": "",
         "ftp": "ftp://example.com/x.jpg",
     }
