@@ -222,7 +222,7 @@ def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
 
     def cert(subject: str, key, issuer: str, issuer_key, ca: bool):
         builder = (
