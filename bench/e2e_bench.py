@@ -14,7 +14,15 @@ record and per published sample (rusage of the whole process tree), peak RSS per
 workflow overhead (wall time with no job running, plus job start-up), and checks output quality on a sample:
 EXIF orientation, colour, no upscaling, and for this workflow the byte-identical pass-through of small RGB
 JPEGs and a ledger that adds up. Raw figures go to bench/results/e2e-<mix>.json. A failed quality check is
-reported as a failure, never as a win."""
+reported as a failure, never as a win.
+
+`--simnet` serves the images through a simulated internet instead (bench/simnet.py: `--hosts` HTTPS hosts with
+their own names, addresses, certificates and round trips, `--rtt-ms LO HI`, a resolver that answers after
+`--dns-ms`): the manifest's URLs are spread over the hosts with a heavy tail, both tools run in a private mount
+namespace that resolves through it, and each run's server counters (lookups, handshakes, resumed sessions,
+requests per host and per image, policy requests per origin, the server's CPU) go to
+bench/results/e2e-<mix>-simnet.json. `--dry-run` sets it all up, fetches one image as the tools would, and
+stops before running them."""
 
 from __future__ import annotations
 
@@ -49,6 +57,7 @@ from PIL import Image, ImageOps
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench import simnet  # noqa: E402
 from bench.imageset import make_imageset  # noqa: E402
 
 BENCH = REPO / "bench"
@@ -107,15 +116,18 @@ def prepare(
     return data
 
 
-def write_manifest(data: Path, base_url: str) -> Path:
+def write_manifest(
+    data: Path, base_url: str | None = None, urls: dict[str, str] | None = None, name: str = "manifest.parquet"
+) -> Path:
+    """The manifest (url, caption): `<base_url>/<name>`, or each image's URL in `urls` (name -> URL)."""
     rows = json.loads((data / "imageset.json").read_text())
     df = pd.DataFrame(
         {
-            "url": [f"{base_url}/{r['name']}" for r in rows],
+            "url": [urls[r["name"]] if urls else f"{base_url}/{r['name']}" for r in rows],
             "caption": [f"a {r['kind']} photo number {i}" for i, r in enumerate(rows)],
         }
     )
-    out = data / "manifest.parquet"
+    out = data / name
     df.to_parquet(out, index=False)
     return out
 
@@ -161,6 +173,22 @@ def start_server(root: Path, latency_s: float = 0.0) -> tuple[mp.Process, int, o
     proc = ctx.Process(target=_serve, args=(str(root), child, errors, latency_s), daemon=True)
     proc.start()
     return proc, parent.recv(), errors
+
+
+def start_simnet(a: argparse.Namespace, data: Path, rows: list[dict]) -> tuple[simnet.SimNet, dict[str, str]]:
+    """The simulated internet serving the mix's images, started, and each image's URL on it (the Zipf spread)."""
+    net = simnet.SimNet(
+        data / "images",
+        hosts=a.hosts or max(1, a.count // simnet.IMAGES_PER_HOST),
+        seed=a.seed,
+        rtt_ms=tuple(a.rtt_ms),
+        dns_ms=a.dns_ms,
+        server_procs=a.server_procs,
+    )
+    names = [r["name"] for r in rows]
+    urls = {n: net.url(h, n) for n, h in zip(names, simnet.assign(names, net.names, a.seed))}
+    net.start()
+    return net, urls
 
 
 # ---------------------------------------------------------------- measuring a run
@@ -276,7 +304,11 @@ def img2dataset_bin(arg: str | None) -> Path:
     return exe
 
 
-def run_img2dataset(exe: Path, manifest: Path, out: Path, count: int, per_shard: int) -> dict:
+def run_img2dataset(
+    exe: Path, manifest: Path, out: Path, count: int, per_shard: int, wrap=None, env: dict | None = None
+) -> dict:
+    """img2dataset on the manifest; `wrap` turns the command into the one to run (simnet's namespace runner),
+    `env` replaces the environment (simnet's CA)."""
     cmd = [
         str(exe),
         "--url_list",
@@ -316,7 +348,8 @@ def run_img2dataset(exe: Path, manifest: Path, out: Path, count: int, per_shard:
         "--enable_wandb",
         "False",
     ]
-    run = measured(cmd, out.parent / "img2dataset.log")
+    env = {**(os.environ if env is None else env), "NO_ALBUMENTATIONS_UPDATE": "1"}  # no update check on PyPI
+    run = measured(wrap(cmd) if wrap else cmd, out.parent / "img2dataset.log", env=env)
     main = run["root_pid"]
     run["peak_rss_mib"] = _peaks(run, lambda pid, p: "main" if pid == main else "worker")
     return run
@@ -349,7 +382,10 @@ def workflow_config(root: Path, manifest: Path, count: int, per_shard: int, part
     return config
 
 
-def run_workflow(manifest: Path, root: Path, count: int, per_shard: int, parts: int = 2) -> dict:
+def run_workflow(
+    manifest: Path, root: Path, count: int, per_shard: int, parts: int = 2, wrap=None, env: dict | None = None
+) -> dict:
+    """This workflow on the manifest, from it to published shards; `wrap` and `env` as for run_img2dataset."""
     root.mkdir(parents=True, exist_ok=True)
     cfg = root / "config.yaml"
     cfg.write_text(yaml.safe_dump(workflow_config(root, manifest, count, per_shard, parts), sort_keys=False))
@@ -357,7 +393,7 @@ def run_workflow(manifest: Path, root: Path, count: int, per_shard: int, parts: 
         str(VENV_BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile", str(cfg),
         "--workflow-profile", "none", "--cores", str(CORES),
     ]  # fmt: skip
-    run = measured(cmd, root / "snakemake.log")
+    run = measured(wrap(cmd) if wrap else cmd, root / "snakemake.log", env=env)
     main = run["root_pid"]
 
     def label(pid, p):
@@ -583,7 +619,13 @@ def read_samples(tars: list[Path]) -> dict[str, dict]:
 
 
 def check_quality(
-    images: Path, rows: list[dict], base_url: str, samples: dict[str, dict], ours: bool, sample_size: int = 80
+    images: Path,
+    rows: list[dict],
+    base_url: str | None,
+    samples: dict[str, dict],
+    ours: bool,
+    sample_size: int = 80,
+    urls: dict[str, str] | None = None,
 ) -> dict:
     """Check a sample of outputs; every failure is listed. EXIF-rotated and CMYK images are always in the sample.
 
@@ -591,6 +633,8 @@ def check_quality(
     - orientation and colour: a 32x32 thumbnail matches the displayed original (mean abs diff < 24 of 255),
       which catches a missing EXIF rotation (also for square images) and inverted or wrong CMYK colours;
     - ours only: small RGB JPEGs (no EXIF rotation, within 512) are the input bytes unchanged.
+
+    A sample's URL is `<base_url>/<name>`, or the image's in `urls` (name -> URL).
     """
     rng = np.random.default_rng(0)
     special = [r for r in rows if r["kind"] in ("exif_rotated", "cmyk")]
@@ -599,7 +643,7 @@ def check_quality(
     failures, checked, passthrough_ok, passthrough_total, missing = [], 0, 0, 0, 0
     diffs = []
     for r in pick:
-        s = samples.get(f"{base_url}/{r['name']}")
+        s = samples.get(urls[r["name"]] if urls else f"{base_url}/{r['name']}")
         if s is None:
             missing += 1
             failures.append(f"{r['name']} ({r['kind']}): not in the output")
@@ -697,6 +741,50 @@ def summarize(runs: list[dict], count: int) -> dict:
     }
 
 
+def simnet_facts(a: argparse.Namespace, net: simnet.SimNet, urls: dict[str, str]) -> dict:
+    """What the simulated internet was: hosts, how the images spread over them, latencies, policy files."""
+    return {
+        "hosts": len(net.hosts),
+        "spread": simnet.spread([u.split("/")[2] for u in urls.values()]),
+        "rtt_ms": list(a.rtt_ms),
+        "dns_ms": a.dns_ms,
+        "hosts_with_robots_txt": sum(h.robots is not None for h in net.hosts),
+        "hosts_with_tdmrep_json": sum(h.tdmrep is not None for h in net.hosts),
+        "server_procs": a.server_procs,
+    }
+
+
+def dry_run(a: argparse.Namespace, net, urls: dict[str, str], manifest: Path, tmp: Path, per_shard: int) -> None:
+    """--simnet --dry-run: the commands and the workflow's config as a run would have them, and one image
+    fetched in the namespace with the tools' environment (Python's urllib, as img2dataset fetches)."""
+    cfg = tmp / "shardsmith" / "config.yaml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(yaml.safe_dump(workflow_config(cfg.parent, manifest, a.count, per_shard, a.parts), sort_keys=False))
+    first = next(iter(urls.values()))
+    code = f"import urllib.request; print(len(urllib.request.urlopen({first!r}, timeout=30).read()))"
+    before = net.snapshot()
+    probe = subprocess.run(
+        simnet.wrap([sys.executable, "-c", code], net), env=simnet.client_env(net), capture_output=True, text=True
+    )
+    print(
+        json.dumps(
+            {
+                "manifest": str(manifest),
+                "first_urls": list(urls.values())[:3],
+                "simnet": simnet_facts(a, net, urls),
+                "workflow_config": str(cfg),
+                "namespace_runner": simnet.wrap(["<the tool's command>"], net),
+                "ca_file": str(net.ca_file),
+                "probe": {"url": first, "returncode": probe.returncode, "bytes": probe.stdout.strip()},
+                "probe_counters": simnet.summary(net.snapshot(), before)["totals"],
+            },
+            indent=1,
+        )
+    )
+    if probe.returncode != 0:
+        sys.exit(f"the probe failed:\n{probe.stderr[-2000:]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -740,6 +828,27 @@ def main() -> None:
     ap.add_argument(
         "--our-samples-per-shard", type=int, help="this workflow's shard size (default: the same as img2dataset's)"
     )
+    ap.add_argument(
+        "--simnet",
+        action="store_true",
+        help="serve through a simulated internet (bench/simnet.py): HTTPS hosts, DNS, per-host latency",
+    )
+    ap.add_argument("--hosts", type=int, help="--simnet: host names (default count / 4)")
+    ap.add_argument(
+        "--rtt-ms",
+        type=float,
+        nargs=2,
+        default=simnet.RTT_MS,
+        metavar=("LO", "HI"),
+        help="--simnet: each host's round trip, drawn from its name in [LO, HI]",
+    )
+    ap.add_argument("--dns-ms", type=float, default=simnet.DNS_MS, help="--simnet: delay of each DNS A answer")
+    ap.add_argument("--server-procs", type=int, default=1, help="--simnet: server processes")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="--simnet: set up (images, manifest, server, configs), fetch one image as the tools would, stop",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
     ap.add_argument(
         "--only-ours",
@@ -752,21 +861,39 @@ def main() -> None:
             if k != "speed_target":
                 setattr(a, k, v)
 
+    if a.simnet and a.latency_ms:
+        ap.error("--latency-ms is the plain server's; --simnet has --rtt-ms and --dns-ms")
+    if a.dry_run and not a.simnet:
+        ap.error("--dry-run goes with --simnet")
     per_shard = a.samples_per_shard or max(1, a.count // 8)
     our_per_shard = a.our_samples_per_shard or per_shard
-    stall = slurm_probe_s()
-    exe = None if a.only_ours else img2dataset_bin(a.img2dataset)
+    stall = 0.0 if a.dry_run else slurm_probe_s()
+    exe = None if a.only_ours or a.dry_run else img2dataset_bin(a.img2dataset)
     data = prepare(a.count, a.large_share, a.seed, a.large_formats, tuple(a.small_sides))
     rows = json.loads((data / "imageset.json").read_text())
-    server, port, server_errors = start_server(data / "images", a.latency_ms / 1000)
-    base = f"http://127.0.0.1:{port}"
-    manifest = write_manifest(data, base)
+    net, urls, wrap, tool_env = None, None, None, None
+    if a.simnet:
+        net, urls = start_simnet(a, data, rows)
+        base = None
+        manifest = write_manifest(data, urls=urls, name="manifest-simnet.parquet")
+        wrap, tool_env = partial(simnet.wrap, simnet=net), simnet.client_env(net)
+    else:
+        server, port, server_errors = start_server(data / "images", a.latency_ms / 1000)
+        base = f"http://127.0.0.1:{port}"
+        manifest = write_manifest(data, base)
     tmp = Path(tempfile.mkdtemp(prefix="e2e-bench-"))
     import psutil
 
-    srv = psutil.Process(server.pid)
+    srv = None if net else psutil.Process(server.pid)
     runs: dict[str, list[dict]] = {"img2dataset": [], "shardsmith": []}
     server_cpu: dict[str, float] = {"img2dataset": 0.0, "shardsmith": 0.0}
+    if a.dry_run:
+        try:
+            dry_run(a, net, urls, manifest, tmp, our_per_shard)
+        finally:
+            net.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     try:
         for i in range(a.rounds):
             order = ["img2dataset", "shardsmith"] if i % 2 == 0 else ["shardsmith", "img2dataset"]
@@ -775,14 +902,22 @@ def main() -> None:
                     continue
                 folder = tmp / f"{tool}-{i}"
                 folder.mkdir()
-                c0, e0 = sum(srv.cpu_times()[:2]), server_errors.value
-                if tool == "img2dataset":
-                    run = run_img2dataset(exe, manifest, folder / "out", a.count, per_shard)
+                if net:
+                    before = net.snapshot()
                 else:
-                    run = run_workflow(manifest, folder, a.count, our_per_shard, a.parts)
-                server_cpu[tool] += sum(srv.cpu_times()[:2]) - c0
+                    c0, e0 = sum(srv.cpu_times()[:2]), server_errors.value
+                if tool == "img2dataset":
+                    run = run_img2dataset(exe, manifest, folder / "out", a.count, per_shard, wrap, tool_env)
+                else:
+                    run = run_workflow(manifest, folder, a.count, our_per_shard, a.parts, wrap, tool_env)
+                if net:
+                    run["simnet"] = simnet.summary(net.snapshot(), before, images=a.count)
+                    server_cpu[tool] += run["simnet"]["server_cpu_s"]
+                    run["http_aborted_requests"] = run["simnet"]["totals"]["aborted"]
+                else:
+                    server_cpu[tool] += sum(srv.cpu_times()[:2]) - c0
+                    run["http_aborted_requests"] = server_errors.value - e0
                 run["folder"] = str(folder)
-                run["http_aborted_requests"] = server_errors.value - e0
                 print(f"round {i} {tool}: {run['wall_s']:.1f} s, rc {run['returncode']}", flush=True)
                 if run["returncode"] != 0:
                     log = folder / ("img2dataset.log" if tool == "img2dataset" else "snakemake.log")
@@ -792,6 +927,8 @@ def main() -> None:
         if a.only_ours:
             last = runs["shardsmith"][-1]
             print(json.dumps(last["overhead"], indent=1), f"\nrun folder: {tmp}")
+            if net:
+                print("simnet:", json.dumps(last["simnet"], indent=1))
             cpu_img = last["cpu_s"] / a.count
             print(
                 f"wall {last['wall_s']:.1f} s, CPU {cpu_img * 1000:.2f} ms/image = "
@@ -800,7 +937,9 @@ def main() -> None:
             )
             if a.out:  # e.g. peak memory at the default part and shard sizes, without img2dataset
                 summary = {
-                    k: last[k] for k in ("wall_s", "cpu_s", "peak_rss_mib", "overhead", "phases", "in_job_work_s")
+                    k: last[k]
+                    for k in ("wall_s", "cpu_s", "peak_rss_mib", "overhead", "phases", "in_job_work_s", "simnet")
+                    if k in last
                 }
                 summary |= {
                     "count": a.count,
@@ -822,12 +961,18 @@ def main() -> None:
         ledger = ledger_adds_up(Path(b_last["folder"]), a.count)
         ours_samples = read_samples(sorted(Path(ledger["version_dir"]).glob("*.tar")))
         quality = {
-            "img2dataset": check_quality(data / "images", rows, base, i2d_samples, ours=False),
-            "shardsmith": {**check_quality(data / "images", rows, base, ours_samples, ours=True), "ledger": ledger},
+            "img2dataset": check_quality(data / "images", rows, base, i2d_samples, ours=False, urls=urls),
+            "shardsmith": {
+                **check_quality(data / "images", rows, base, ours_samples, ours=True, urls=urls),
+                "ledger": ledger,
+            },
         }
         quality["shardsmith"]["ok"] = quality["shardsmith"]["ok"] and ledger["ok"]
     finally:
-        server.terminate()
+        if net:
+            net.stop()
+        else:
+            server.terminate()
         if not a.keep:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -840,6 +985,8 @@ def main() -> None:
         s["http_aborted_requests"] = [r["http_aborted_requests"] for r in runs[tool]]
     for tool, s in (("img2dataset", s_a), ("shardsmith", s_b)):
         s["http_server_cpu_s_per_run"] = round(server_cpu[tool] / a.rounds, 2)
+        if net:  # each run's server counters: lookups, handshakes, requests per host and per image, server CPU
+            s["simnet"] = [r["simnet"] for r in runs[tool]]
     ratio_best = round(s_b["best_img_per_s"] / s_a["best_img_per_s"], 2)
     ratio_median = round(s_b["median_img_per_s"] / s_a["median_img_per_s"], 2)
     median_b_wall = statistics.median(r["wall_s"] for r in runs["shardsmith"])
@@ -931,6 +1078,7 @@ def main() -> None:
             },
             "quality": {"met": quality["shardsmith"]["ok"]},
         },
+        "simnet": simnet_facts(a, net, urls) if net else None,
         "machine": {
             "cpus": os.cpu_count(),
             "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
@@ -940,7 +1088,7 @@ def main() -> None:
     mix = a.mix or ("large" if large else "small")
     named = a.mix and MIXES[a.mix].get("samples_per_shard") == a.samples_per_shard  # the mix's own size
     shard = "" if a.samples_per_shard is None or named else f"-shard{per_shard}"
-    out = a.out or BENCH / "results" / f"e2e-{mix}{shard}.json"
+    out = a.out or BENCH / "results" / f"e2e-{mix}{shard}{'-simnet' if a.simnet else ''}.json"
     save_result(out, result)
     print(json.dumps({k: result[k] for k in ("ratio_b_over_a", "targets")}, indent=1))
     print(f"img2dataset {s_a['median_img_per_s']} img/s, shardsmith {s_b['median_img_per_s']} img/s; results: {out}")

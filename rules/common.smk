@@ -59,6 +59,9 @@ OUT = f"{config['paths']['output']}/{DATASET}"
 LOGS = f"{config['paths']['logs']}/{DATASET}"
 SOURCES = {s["name"]: s for s in config["sources"]}
 SCRATCH = f"{WORK}/tmp"  # jobs' scratch folders (not a node's /tmp): a killed job's are removed by the next run
+# robots.txt and tdmrep.json answers the download jobs share (up to 24 h, RFC 9309), for every dataset: outside
+# WORK, whose leftovers are looked through at every start
+POLICY = f"{config['paths']['work']}/policy"
 
 
 wildcard_constraints:

@@ -47,6 +47,7 @@ rule download_part:
         resize=config["resize"],
         captions=config["captions"],
         blur=config["blur"],
+        policy=POLICY,
     script:
         "../scripts/download_part.py"
 

@@ -35,6 +35,7 @@ def main() -> None:
             s3=snakemake.params.s3,
             retry_marker=snakemake.input.retry[0] if snakemake.input.retry else None,
             processor=processor,
+            policy_folder=snakemake.params.policy,
         )
         kept, rejected = processor.finish(status, out.samples, out.rejected)
     except Stopped:

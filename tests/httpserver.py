@@ -57,14 +57,21 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         state = self.server.state
         reply = state.begin(self.path, self.headers.get("User-Agent", ""))
+        ended = []
+
+        def end() -> None:  # once, and before the response's last bytes go out: a client that has them all may
+            if not ended:  # start its next request at once, and that one must not find this one still counted
+                ended.append(True)
+                state.end()
+
         try:
-            self._send(reply, state.stop)
+            self._send(reply, state.stop, end)
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True  # the client gave up: what a timeout test wants
         finally:
-            state.end()
+            end()
 
-    def _send(self, r: Reply, stop: threading.Event) -> None:
+    def _send(self, r: Reply, stop: threading.Event, end) -> None:
         if r.delay and stop.wait(r.delay):
             return
         self.send_response(r.status)
@@ -75,11 +82,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(length))
         if length is None or length > len(r.body):  # the body ends when we hang up; a truncated one early
             self.send_header("Connection", "close")
+        if not r.body and not r.stall:
+            end()
         self.end_headers()
         self.wfile.flush()
         if r.stall and stop.wait(r.stall):
             return
         for i in range(0, len(r.body), r.chunk):
+            if i + r.chunk >= len(r.body):
+                end()
             self.wfile.write(r.body[i : i + r.chunk])
             self.wfile.flush()
             if r.trickle and stop.wait(r.trickle):

@@ -392,3 +392,151 @@ def test_langid_bench_counts_a_languages_other_codes_and_lists_what_a_candidate_
     missed = score(rows, ["sl", "da", ""], supported=None)
     assert missed["accuracy"] == 0.0 and missed["cannot_name"] is None
     assert missed["top_confusions"] == {"sh->sl": 1, "nb->da": 1, "zh->none": 1}
+
+
+# ---- the simulated internet (bench/simnet.py)
+
+
+def _dns_query(name: str, qtype: int, timeout: float = 5.0) -> tuple[float, int, list[bytes]]:
+    """One UDP query to the simulated resolver: (seconds to the answer, rcode, the answers' data)."""
+    import socket
+    import struct
+    import time
+
+    from bench.simnet import DNS_ADDR
+
+    qname = b"".join(bytes([len(x)]) + x.encode() for x in name.split(".")) + b"\0"
+    query = struct.pack(">HHHHHH", 0x5EED, 0x0100, 1, 0, 0, 0) + qname + struct.pack(">HH", qtype, 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(timeout)
+        t = time.perf_counter()
+        s.sendto(query, (DNS_ADDR, 53))
+        reply = s.recv(512)
+        took = time.perf_counter() - t
+    qid, flags, _, ancount = struct.unpack(">HHHH", reply[:8])
+    assert qid == 0x5EED and flags & 0x8000
+    at, answers = 12 + len(qname) + 4, []
+    for _ in range(ancount):  # each answer: a name pointer, type, class, TTL, length, data
+        length = struct.unpack(">H", reply[at + 10 : at + 12])[0]
+        answers.append(reply[at + 12 : at + 12 + length])
+        at += 12 + length
+    return took, flags & 0xF, answers
+
+
+@pytest.fixture(scope="module")
+def simnet(tmp_path_factory):
+    import socket
+
+    from generated import jpeg_bytes
+
+    from bench.simnet import DNS_ADDR, SimNet
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((DNS_ADDR, 53))
+        except OSError as e:
+            pytest.skip(f"the simulated resolver needs {DNS_ADDR}:53: {e}")
+    root = tmp_path_factory.mktemp("simnet")
+    (root / "images").mkdir()
+    for i, colour in enumerate([(200, 30, 30), (30, 200, 30), (30, 30, 200)]):
+        (root / "images" / f"{i:06d}.jpg").write_bytes(jpeg_bytes((64 + i, 48), colour))
+    # a block of addresses of its own, away from a bench's 127.64.x; a long DNS delay so that "prompt" is clear
+    net = SimNet(root / "images", hosts=20, seed=3, rtt_ms=(5, 10), dns_ms=200, policy_share=0.5,
+                 first_addr="127.120.0.1", certs_root=root)  # fmt: skip
+    with net:
+        yield net
+
+
+def _https_get(ctx, host, path: str, session=None):
+    """GET over a new TLS connection verified by `ctx` (SNI: the host's name); a session resumes with its ctx."""
+    import socket
+
+    with ctx.wrap_socket(socket.create_connection((host.addr, 443), timeout=10), server_hostname=host.name,
+                         session=session) as s:  # fmt: skip
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host.name}\r\n\r\n".encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += s.recv(65536)
+        head, body = data.split(b"\r\n\r\n", 1)
+        length = next(int(x.split(b":")[1]) for x in head.split(b"\r\n") if x.lower().startswith(b"content-length:"))
+        while len(body) < length:
+            body += s.recv(65536)
+        return head.split(b"\r\n")[0].decode(), body, s.session, s.session_reused
+
+
+def test_the_simulated_resolver_answers_a_after_its_delay_and_aaaa_at_once(simnet):
+    host = simnet.hosts[3]
+    before = simnet.snapshot()
+    took_a, rcode, answers = _dns_query(host.name.upper(), 1)  # names are case-insensitive
+    assert rcode == 0 and answers == [bytes(map(int, host.addr.split(".")))] and took_a >= 0.2
+    took_aaaa, rcode, answers = _dns_query(host.name, 28)
+    assert rcode == 0 and answers == [] and took_aaaa < 0.1  # NOERROR, no record, without the A delay
+    assert _dns_query("nowhere.web.test", 1)[1] == 3  # NXDOMAIN
+    from bench.simnet import diff
+
+    counted = diff(simnet.snapshot(), before)
+    assert counted["hosts"] == {host.name: {"dns_a": 1, "dns_aaaa": 1}} and counted["nxdomain"] == 1
+
+
+def test_a_simulated_host_serves_https_with_its_own_certificate_and_resumes_sessions(simnet):
+    import ssl
+
+    from bench.simnet import summary
+
+    host = next(h for h in simnet.hosts if h.robots is not None)
+    plain = next(h for h in simnet.hosts if h.tdmrep is None)
+    ctx = ssl.create_default_context(cafile=str(simnet.ca_file))
+    before = simnet.snapshot()
+    status, body, session, reused = _https_get(ctx, host, "/000001.jpg")
+    assert status == "HTTP/1.1 200 OK" and not reused
+    assert body == (simnet.images / "000001.jpg").read_bytes()
+    status, body, _, reused = _https_get(ctx, host, "/robots.txt", session=session)
+    assert status == "HTTP/1.1 200 OK" and reused and body.decode() == host.robots
+    assert _https_get(ctx, plain, "/.well-known/tdmrep.json")[0] == "HTTP/1.1 404 Not Found"
+    got = summary(simnet.snapshot(), before)
+    assert got["totals"]["handshakes"] == 3 and got["totals"]["tls_resumed"] == 1 and got["resumed_share"] == 0.333
+    assert got["totals"]["req_image"] == 1 and got["totals"]["req_robots"] == 1 and got["totals"]["req_tdmrep"] == 1
+    assert got["origins_contacted"] == 2 and got["policy_requests_per_origin"] == 1.0 and got["server_cpu_s"] > 0
+
+
+def test_the_namespace_runner_resolves_names_through_the_simulated_resolver(simnet):
+    import shutil
+    import subprocess
+    import sys
+
+    from bench.simnet import client_env, diff, wrap
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1)")
+    host = simnet.hosts[7]
+    resolv = Path("/etc/resolv.conf").read_bytes()
+    code = (
+        "import socket, urllib.request; "
+        f"print(socket.gethostbyname({host.name!r})); "
+        f"print(len(urllib.request.urlopen('https://{host.name}/000002.jpg', timeout=10).read()))"
+    )
+    before = simnet.snapshot()
+    run = subprocess.run(wrap([sys.executable, "-c", code], simnet), env=client_env(simnet), capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    if run.returncode and "unshare" in run.stderr:
+        pytest.skip(f"no private mount namespace here: {run.stderr.strip()[-200:]}")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [host.addr, str((simnet.images / "000002.jpg").stat().st_size)]
+    assert Path("/etc/resolv.conf").read_bytes() == resolv  # the machine's own file is untouched
+    counted = diff(simnet.snapshot(), before)["hosts"][host.name]
+    assert counted["dns_a"] == 2 and counted["tls_full"] == 1 and counted["req_image"] == 1  # two lookups, two A
+
+
+def test_images_spread_over_hosts_with_a_heavy_tail_interleaved_and_from_the_seed():
+    from bench.simnet import assign, host_names, spread
+
+    images = [f"{i:06d}.jpg" for i in range(8000)]
+    hosts = host_names(2000, seed=7)
+    assert len(set(hosts)) == 2000 and all(h.count(".") == 3 and h.endswith(".web.test") for h in hosts)
+    got = assign(images, hosts, seed=7)
+    assert got == assign(images, hosts, seed=7) and got != assign(images, hosts, seed=8)
+    s = spread(got)
+    assert s["hosts"] == 2000 and 1780 <= s["hosts_with_1_to_5"] <= 1900 and s["largest"][0] >= 500
+    biggest = max(set(got), key=got.count)
+    rows = [i for i, h in enumerate(got) if h == biggest]
+    assert max(b - a for a, b in zip(rows, rows[1:])) > 1 and rows[-1] - rows[0] > 7000  # not in one run

@@ -28,6 +28,7 @@ from shardsmith.core.stopping import Stopped, deferred
 from shardsmith.download.commits import Commits
 from shardsmith.download.fetch.client import Fetcher
 from shardsmith.download.fetch.netguard import Refused
+from shardsmith.download.fetch.policycache import PolicyCache
 from shardsmith.download.fetch.responses import AttemptError, Outcome, check_hash
 from shardsmith.download.fetch.settings import DEFAULT_RETRY_REASONS, FetchSettings
 from shardsmith.download.process.child import ChildProcessor, PartProcessor
@@ -222,6 +223,7 @@ def download_part(
     log: Callable[[str], None] = print,
     retry_marker: str | None = None,
     processor: "PartProcessor | ChildProcessor | None" = None,
+    policy_folder: str | None = None,
 ) -> pd.DataFrame:
     """Fetch one part into `out_tar` (members r{rid}.img + r{rid}.meta) and write its status parquet.
 
@@ -234,7 +236,10 @@ def download_part(
     s3 = s3 if isinstance(s3, S3Settings) else S3Settings(**(s3 or {}))
     records = pd.read_parquet(records_path)
     label = Path(out_tar).name.removesuffix(".tar")
-    fetcher = Fetcher(settings, s3, log=log, local_folders=local_folders(source))
+    cache = (
+        PolicyCache(policy_folder) if policy_folder else None
+    )  # robots.txt and tdmrep.json, shared by the run's jobs
+    fetcher = Fetcher(settings, s3, log=log, local_folders=local_folders(source), policy_cache=cache)
     if getattr(processor, "pid", None):
         fetcher.cpu_pids.append(processor.pid)
     keep = Keep(out_tar)

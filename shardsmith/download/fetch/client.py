@@ -33,6 +33,7 @@ from shardsmith.download.fetch.curl import SKIP_BODY, Curl, Head, Reply, failure
 from shardsmith.download.fetch.dispatch import Dispatcher
 from shardsmith.download.fetch.netguard import Guard, Refused
 from shardsmith.download.fetch.optout import ROBOTS_MAX_BYTES, OptOuts, Unreachable, opted_out, tdm_header_reserved
+from shardsmith.download.fetch.policycache import PolicyCache
 from shardsmith.download.fetch.responses import (
     AttemptError,
     Outcome,
@@ -100,6 +101,7 @@ class Fetcher:
         deadline: float | None = None,
         log: Callable[[str], None] = print,
         local_folders: tuple[str, ...] = (),
+        policy_cache: PolicyCache | None = None,
     ) -> None:
         self.s = settings
         self.s3 = s3 or S3Settings()
@@ -114,8 +116,15 @@ class Fetcher:
         self.guard = Guard(
             settings.allow_networks, settings.allow_hosts, (*local_folders, *settings.allow_local_folders)
         )
+        # robots.txt and tdmrep.json asked for together, unless the host takes one request at a time
+        together = settings.per_host_concurrency > 1 and not settings.per_host_rate
         self.optouts = OptOuts(
-            self._get_small, settings.ua_token, settings.respect_robots_txt, settings.respect_tdm_reservation
+            self._get_small,
+            settings.ua_token,
+            settings.respect_robots_txt,
+            settings.respect_tdm_reservation,
+            cache=policy_cache,
+            together=together,
         )
         pool_args = {"num_pools": 256, "maxsize": settings.per_host_concurrency, "block": False}
         self.curl = Curl(self.guard, self.headers)
@@ -325,9 +334,9 @@ class Fetcher:
         except UnicodeError as e:
             raise AttemptError("bad_url", f"{e}: {url[:200]}") from None
 
-    def _get_small(self, url: str) -> tuple[int, bytes]:
-        """(status, body) of robots.txt or tdmrep.json: redirects followed (five at most), the body cut at
-        ROBOTS_MAX_BYTES. Raises Unreachable when no answer comes, Refused for a guarded address."""
+    def _get_small(self, url: str) -> tuple[int, bytes, str | None]:
+        """(status, body, Cache-Control) of robots.txt or tdmrep.json: redirects followed (five at most), the body
+        cut at ROBOTS_MAX_BYTES. Raises Unreachable when no answer comes, Refused for a guarded address."""
         stop_at = time.monotonic() + min(self.s.request_timeout_s, max(0.001, self.left()))
         for _ in range(6):
             self.guard.check_url(url)
@@ -343,8 +352,8 @@ class Fetcher:
             if head.status in _REDIRECTS and head.get("Location"):
                 url = urljoin(url, head.get("Location"))
                 continue
-            return head.status, bytes(reply.body)
-        return 404, b""  # a redirect loop: as if the file did not exist
+            return head.status, bytes(reply.body), head.get("Cache-Control")
+        return 404, b"", None  # a redirect loop: as if the file did not exist
 
     def _http(self, url: str) -> tuple[bytearray, int, str]:
         """GET an image: redirects followed by hand (each hop checked by the guard and the opt-outs), the
@@ -475,9 +484,10 @@ class Fetcher:
 
     def traffic(self) -> str:
         """What this job asked of the network so far, for its log."""
-        policy = self.optouts.fetched
+        o = self.optouts
         return (
-            f"{self.curl.requests} HTTP requests ({len(policy)} for robots.txt and tdmrep.json), "
+            f"{self.curl.requests} HTTP requests ({len(o.fetched)} for robots.txt and tdmrep.json; "
+            f"{o.from_cache} of those files from the run's shared cache), "
             f"{self.curl.connects} new connections, {self.guard.lookups} name lookups"
         )
 

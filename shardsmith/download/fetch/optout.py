@@ -9,10 +9,14 @@ Three signals are honoured, each with its own ledger reason:
   `tdmrep_unavailable`, like robots.txt.
 - `X-Robots-Tag` directives such as `noai` on the response (`opted_out`).
 
-The two files are fetched once per origin by each download job and their answer kept for the job;
-concurrent requests to one origin wait for the one fetch. A host that does not answer at all (connection
-refused, timeout, no such name) is not fetched from either: the image gets that reason (`connection_error`,
-`timeout`, `dns_error`), and its retries ask for the file again.
+OptOuts reads an origin's two files when a job first needs them, both at once (robots.txt in the asking
+thread, tdmrep.json in a thread of its own), and decides when both are in; a job that may send a host only
+one request at a time (`together=False`) asks for them one after the other, as the decision needs them. The
+job keeps the answers, and its other threads that need the same origin meanwhile wait for them. With a
+PolicyCache (shardsmith.download.fetch.policycache) the jobs of a run share them: a file that another job
+fetched and kept is read from the cache, not fetched again. A host that does not answer at all (connection
+refused, timeout, no such name) gets no decision: the image gets that reason (`connection_error`, `timeout`,
+`dns_error`), and its retries ask for the file again.
 """
 
 import json
@@ -25,8 +29,10 @@ from protego import Protego
 
 from shardsmith.core.errors import ReasonError
 from shardsmith.download.fetch.netguard import Refused
+from shardsmith.download.fetch.policycache import PolicyCache
 
 ROBOTS_MAX_BYTES = 500 * 1024  # RFC 9309: parse at least 500 KiB; what follows is ignored
+ROBOTS_PATH = "/robots.txt"
 TDMREP_PATH = "/.well-known/tdmrep.json"
 
 
@@ -34,8 +40,10 @@ class Unreachable(ReasonError):
     """No answer for the file (`reason`: connection_error, timeout, dns_error, ...): not kept, asked again."""
 
 
-# (HTTP status, body) of a small GET; raises Refused (a guarded address) or Unreachable (no answer).
-Getter = Callable[[str], tuple[int, bytes]]
+# One small GET, redirects followed: (HTTP status, body cut at ROBOTS_MAX_BYTES, the Cache-Control header or
+# None; several joined by ", "). A getter without headers may return (status, body): nothing says how long
+# to keep it, so a cache keeps it its longest. Raises Refused (a guarded address) or Unreachable (no answer).
+Getter = Callable[[str], tuple[int, bytes, str | None] | tuple[int, bytes]]
 
 
 def opted_out(robots_tags: list[str], ua_token: str, directives: tuple[str, ...]) -> str | None:
@@ -83,37 +91,60 @@ def parse_tdmrep(body: bytes) -> list[tuple[re.Pattern, str, bool, str]]:
 
 
 class _Once:
-    """One origin's file: fetched by the first thread that asks, waited for by the others."""
+    """One origin's file: loaded by the first thread that asks, waited for by the others."""
 
     def __init__(self) -> None:
         self.ready = threading.Event()
-        self.value: object = None
+        self.value: object = None  # parsed rules, a Refused, or the exception that left no answer
 
 
 class OptOuts:
-    """robots.txt and tdmrep.json per origin, for one job (see the module docstring)."""
+    """robots.txt and tdmrep.json per origin, for one job, shared with other jobs through `cache` (see the
+    module docstring). Without `together` the files are asked for one after the other, robots.txt first and
+    tdmrep.json only where robots.txt allows (for a host allowed one request at a time, or a rate).
 
-    def __init__(self, get: Getter, ua_token: str, robots: bool = True, tdm: bool = True) -> None:
-        self.get, self.ua_token, self.robots, self.tdm = get, ua_token, robots, tdm
+    `fetched`: URLs of the files fetched, in the order their requests started (the log and the tests read
+    it); `from_cache`: files read from the cache instead."""
+
+    def __init__(
+        self,
+        get: Getter,
+        ua_token: str,
+        robots: bool = True,
+        tdm: bool = True,
+        cache: PolicyCache | None = None,
+        together: bool = True,
+    ) -> None:
+        self.get, self.ua_token, self.robots, self.tdm, self.cache = get, ua_token, robots, tdm, cache
+        self.together = together
         self._lock = threading.Lock()
         self._files: dict[tuple[str, str], _Once] = {}
-        self.fetched: list[str] = []  # URLs of the files fetched, in order (the log and the tests read it)
+        self.fetched: list[str] = []
+        self.from_cache = 0
 
     def check(self, url: str) -> None:
-        """Raise Refused if robots.txt or tdmrep.json of the URL's origin says no to its path."""
-        if not (self.robots or self.tdm):
+        """Raise Refused if robots.txt or tdmrep.json of the URL's origin says no to its path, Unreachable if
+        a file it needs got no answer."""
+        signals = ((ROBOTS_PATH, self._robots, self.robots), (TDMREP_PATH, self._tdmrep, self.tdm))
+        wanted = [(file, parse) for file, parse, on in signals if on]
+        if not wanted:
             return
         parts = urlsplit(url)
         origin = f"{parts.scheme.lower()}://{parts.netloc.lower().rsplit('@', 1)[-1]}"
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        ahead = self._answers(origin, wanted) if self.together else {}
+
+        def answer(file: str, parse: Callable[[str, int, bytes], object]) -> object:
+            return _value(ahead.get(file) or self._answers(origin, [(file, parse)])[file])
+
         if self.robots:
-            rules = self._file(origin, "/robots.txt", self._load_robots)
+            rules = answer(ROBOTS_PATH, self._robots)
             if isinstance(rules, Refused):
                 raise rules
             if not rules.can_fetch(url, self.ua_token):
                 raise Refused("robots_disallowed", f"{origin}/robots.txt disallows {path[:200]} for {self.ua_token}")
         if self.tdm:
-            rules = self._file(origin, TDMREP_PATH, self._load_tdmrep)
+            rules = answer(TDMREP_PATH, self._tdmrep)
             if isinstance(rules, Refused):
                 raise rules
             for pattern, location, reserved, policy in rules:
@@ -123,32 +154,58 @@ class OptOuts:
                         raise Refused("tdm_reserved", f"{origin}{TDMREP_PATH} reserves {location}{said}")
                     break
 
-    def _file(self, origin: str, path: str, load: Callable[[str], object]) -> object:
+    def _answers(self, origin: str, wanted: list) -> dict[str, _Once]:
+        """Each wanted file's answer (read it with _value), once all are in. Files no thread has asked for yet
+        are loaded at once: the first here, the others each in a daemon thread (never joined at exit, like the
+        fetch workers, so a stalled host holds no job)."""
+        mine, onces = [], {}
         with self._lock:
-            once = self._files.get((origin, path))
-            first = once is None
-            if first:
-                once = self._files[(origin, path)] = _Once()
-                self.fetched.append(origin + path)
-        if first:
+            for path, parse in wanted:
+                once = self._files.get((origin, path))
+                if once is None:
+                    once = self._files[(origin, path)] = _Once()
+                    mine.append((origin, path, parse, once))
+                onces[path] = once
+        for args in mine[1:]:
             try:
-                once.value = load(origin + path)
-            except Refused as e:
-                once.value = e
-            except Unreachable as e:
-                once.value = e
-                with self._lock:
-                    del self._files[(origin, path)]  # the next attempt asks again
-            finally:
-                once.ready.set()
-        else:
+                threading.Thread(target=self._load, args=args, name=f"optout {origin}", daemon=True).start()
+            except RuntimeError:  # no thread to be had: one after the other, as a waiting thread must not hang
+                self._load(*args)
+        if mine:
+            self._load(*mine[0])
+        for once in onces.values():
             once.ready.wait()
-        if isinstance(once.value, Unreachable):
-            raise once.value
-        return once.value
+        return onces
 
-    def _load_robots(self, url: str) -> object:
-        status, body = self.get(url)
+    def _load(self, origin: str, path: str, parse: Callable[[str, int, bytes], object], once: _Once) -> None:
+        url = origin + path
+        try:
+            if self.cache is None:
+                status, body, _ = self._get(url)
+            else:
+                answer, cached = self.cache.get(url, lambda: self._get(url))
+                status, body = answer.status, answer.body
+                if cached:
+                    with self._lock:
+                        self.from_cache += 1
+            once.value = parse(url, status, body)
+        except Refused as e:
+            once.value = e
+        except Exception as e:  # Unreachable (or a bug): no answer kept, the next attempt asks again
+            once.value = e
+            with self._lock:
+                del self._files[(origin, path)]
+        finally:
+            once.ready.set()
+
+    def _get(self, url: str) -> tuple[int, bytes, str | None]:
+        with self._lock:
+            self.fetched.append(url)
+        status, body, *headers = self.get(url)
+        return status, bytes(body[:ROBOTS_MAX_BYTES]), (headers[0] if headers else None)
+
+    @staticmethod
+    def _robots(url: str, status: int, body: bytes) -> object:
         if 200 <= status < 300:
             return Protego.parse(body[:ROBOTS_MAX_BYTES].decode("utf-8", "replace"))
         if status >= 500:
@@ -157,8 +214,8 @@ class OptOuts:
             )
         return Protego.parse("")  # 4xx (or a redirect loop): no rules, everything allowed
 
-    def _load_tdmrep(self, url: str) -> object:
-        status, body = self.get(url)
+    @staticmethod
+    def _tdmrep(url: str, status: int, body: bytes) -> object:
         if 200 <= status < 300:
             return parse_tdmrep(body)
         if status >= 500:
@@ -166,3 +223,10 @@ class OptOuts:
                 "tdmrep_unavailable", f"{url} answered HTTP {status}: the origin counts as reserved for this run"
             )
         return []
+
+
+def _value(once: _Once) -> object:
+    """A loaded file's rules or Refused; raises the exception that left it without an answer."""
+    if isinstance(once.value, Exception) and not isinstance(once.value, Refused):
+        raise once.value
+    return once.value

@@ -1,7 +1,10 @@
 """shardsmith.download.fetch.optout: robots.txt and TDMRep served by a real server on 127.0.0.1 are obeyed, fetched once
-per host by a download job, and every refused image has its own reason."""
+per host by a download job (both files at once), shared with the run's other jobs through a PolicyCache, and
+every refused image has its own reason."""
 
 import json
+import threading
+import time
 
 import pytest
 from generated import jpeg_bytes
@@ -9,9 +12,12 @@ from httpserver import Reply
 from servers import ALLOW_LOOPBACK
 
 from shardsmith.download.fetch.client import Fetcher
-from shardsmith.download.fetch.optout import opted_out, parse_tdmrep
+from shardsmith.download.fetch.netguard import Refused
+from shardsmith.download.fetch.optout import TDMREP_PATH, OptOuts, Unreachable, opted_out, parse_tdmrep
+from shardsmith.download.fetch.policycache import PolicyCache
 from shardsmith.download.fetch.responses import Outcome
 from shardsmith.download.fetch.settings import FetchSettings
+from tests.download.fetch.test_policycache import urlget
 
 TEXT = [("Content-Type", "text/plain")]
 ROBOTS = b"""# a site that keeps its private folder from this crawler, and everything from another
@@ -27,15 +33,24 @@ Disallow: /nobody/
 """
 
 
-def fetch(urls: dict[str, str], **settings) -> tuple[dict[str, Outcome], Fetcher]:
+def fetch(urls: dict[str, str], cache: PolicyCache | None = None, **settings) -> tuple[dict[str, Outcome], Fetcher]:
     names = list(urls)
     out: dict[str, Outcome] = {}
     base = dict(
         retries=2, backoff_s=0.01, backoff_max_s=0.02, connect_timeout_s=2, read_timeout_s=2, part_deadline_s=30
     )
-    fetcher = Fetcher(FetchSettings(**{**base, **ALLOW_LOOPBACK, **settings}), log=lambda _: None)
+    fetcher = Fetcher(FetchSettings(**{**base, **ALLOW_LOOPBACK, **settings}), log=lambda _: None, policy_cache=cache)
     fetcher.fetch_all([(i, urls[n], None) for i, n in enumerate(names)], lambda i, o: out.__setitem__(names[i], o))
     return out, fetcher
+
+
+def reason(optouts: OptOuts, path: str) -> str:
+    """The reason OptOuts gives a path of https://example.org ('' when allowed)."""
+    try:
+        optouts.check("https://example.org" + path)
+    except (Refused, Unreachable) as e:
+        return e.reason
+    return ""
 
 
 def images(s, *paths: str) -> dict[str, str]:
@@ -113,6 +128,83 @@ def test_tdmrep_json_and_the_header_reserve_rights(http_server):
     assert "reserves /reserved/*; tdm-policy https://example.org/policy.json" in out["/reserved/a.jpg"].detail
     assert out["/header.jpg"].detail == "tdm-reservation: 1 header"
     assert s.count("/reserved/a.jpg") == 0 and s.count("/.well-known/tdmrep.json") == 1
+
+
+def test_the_parts_of_a_run_share_robots_txt_and_tdmrep(http_server, tmp_path):
+    """Two parts (two jobs, two Fetchers) with one cache folder: the files are fetched once in all, and the
+    second part's images are refused for the same reasons, in the same words."""
+    s = http_server
+    s.route("/robots.txt", Reply(body=ROBOTS, headers=TEXT))
+    rules = [{"location": "/reserved/*", "tdm-reservation": 1, "tdm-policy": "https://example.org/policy.json"}]
+    s.route(TDMREP_PATH, Reply(body=json.dumps(rules).encode(), headers=[("Content-Type", "application/json")]))
+    urls = images(s, "/private/a.jpg", "/reserved/b.jpg", "/public/c.jpg")
+    first, first_fetcher = fetch(urls, cache=PolicyCache(tmp_path / "policy"))
+    second, second_fetcher = fetch(urls, cache=PolicyCache(tmp_path / "policy"))
+    said = {p: (o.reason, o.detail) for p, o in first.items() if not o.ok}
+    assert said == {p: (o.reason, o.detail) for p, o in second.items() if not o.ok}
+    assert {p: r for p, (r, _) in said.items()} == {
+        "/private/a.jpg": "robots_disallowed",
+        "/reserved/b.jpg": "tdm_reserved",
+    }
+    assert "reserves /reserved/*; tdm-policy https://example.org/policy.json" in said["/reserved/b.jpg"][1]
+    assert second["/public/c.jpg"].ok and s.count("/public/c.jpg") == 2
+    assert s.count("/robots.txt") == 1 and s.count(TDMREP_PATH) == 1
+    assert len(first_fetcher.optouts.fetched) == 2 and first_fetcher.optouts.from_cache == 0
+    assert second_fetcher.optouts.fetched == [] and second_fetcher.optouts.from_cache == 2
+
+
+def test_both_files_are_asked_for_at_once(http_server):
+    """A new origin's robots.txt and tdmrep.json are requested together: one slow answer's wait, not two."""
+    s = http_server
+    s.route("/robots.txt", Reply(body=b"User-agent: *\nAllow: /\n", headers=TEXT, delay=0.5))
+    s.route(TDMREP_PATH, Reply(body=b"[]", headers=[("Content-Type", "application/json")], delay=0.5))
+    optouts = OptOuts(urlget, "shardsmith")
+    optouts.check(s.url("/a.jpg"))
+    (robots,), (tdmrep,) = s.times("/robots.txt"), s.times(TDMREP_PATH)
+    assert abs(robots - tdmrep) < 0.3 and s.max_in_flight == 2
+    assert sorted(optouts.fetched) == sorted([s.url("/robots.txt"), s.url(TDMREP_PATH)])
+
+
+def test_robots_txt_decides_first_and_a_file_without_answer_is_asked_again():
+    """Both files load at once, but the reasons keep their order: an unreachable tdmrep.json does not hide a
+    robots.txt refusal; elsewhere on the origin it gives its own reason, and the next attempt asks for it
+    again (robots.txt, answered, is kept)."""
+    asked = []
+
+    def get(url: str) -> tuple[int, bytes, None]:
+        asked.append(url)
+        if url.endswith(TDMREP_PATH):
+            raise Unreachable("timeout", "read timed out")
+        return 200, b"User-agent: *\nDisallow: /private/\n", None
+
+    optouts = OptOuts(get, "shardsmith")
+    robots, tdmrep = "https://example.org/robots.txt", "https://example.org" + TDMREP_PATH
+    assert reason(optouts, "/private/a.jpg") == "robots_disallowed" and sorted(asked) == [tdmrep, robots]
+    assert reason(optouts, "/b.jpg") == "timeout" and asked[2:] == [tdmrep]
+    assert reason(optouts, "/private/c.jpg") == "robots_disallowed" and asked[3:] == [tdmrep]
+
+
+def test_a_host_allowed_one_request_at_a_time_is_asked_for_the_files_in_turn():
+    """together=False: robots.txt first, and tdmrep.json only once a path passes it, never both at once."""
+    asked, in_flight, most = [], [0], [0]
+    lock = threading.Lock()
+
+    def get(url: str) -> tuple[int, bytes, None]:
+        with lock:
+            asked.append(url)
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.05)
+        with lock:
+            in_flight[0] -= 1
+        if url.endswith(TDMREP_PATH):
+            return 200, b'[{"location": "/", "tdm-reservation": 1}]', None
+        return 200, b"User-agent: *\nDisallow: /private/\n", None
+
+    optouts = OptOuts(get, "shardsmith", together=False)
+    robots, tdmrep = "https://example.org/robots.txt", "https://example.org" + TDMREP_PATH
+    assert reason(optouts, "/private/a.jpg") == "robots_disallowed" and asked == [robots]
+    assert reason(optouts, "/b.jpg") == "tdm_reserved" and asked == [robots, tdmrep] and most[0] == 1
 
 
 def test_switches_turn_each_signal_off(http_server):

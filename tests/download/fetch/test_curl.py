@@ -1,0 +1,69 @@
+"""shardsmith.download.fetch.curl against a real HTTP server on 127.0.0.1: one request, its head and body, and
+the connections it keeps."""
+
+import pytest
+from generated import jpeg_bytes
+from httpserver import Reply, redirect
+
+from shardsmith.download.fetch.curl import SKIP_BODY, Curl, failure
+from shardsmith.download.fetch.netguard import Guard, Refused
+
+LOOPBACK = Guard(allow_networks=["127.0.0.0/8"])
+
+
+def get(curl: Curl, server, path: str, **kw):
+    args = dict(connect_timeout_s=2, timeout_s=5, silence_s=2, max_bytes=1 << 20)
+    return curl.get(server.url(path), "127.0.0.1", server.port, **{**args, **kw})
+
+
+def test_head_and_body_of_a_reply_and_the_connection_kept(http_server):
+    img = jpeg_bytes()
+    http_server.route("/a.jpg", Reply(body=img, headers=[("Content-Type", "image/jpeg"), ("X-Robots-Tag", "a"),
+                                                         ("x-robots-tag", "b")]))  # fmt: skip
+    http_server.route("/moved", redirect("/a.jpg"))
+    curl = Curl(LOOPBACK, {"User-Agent": "test"})
+    seen = []
+    reply = get(curl, http_server, "/a.jpg", on_head=lambda head: seen.append(head) or head.content_length())
+    assert reply.error is None and bytes(reply.body) == img and reply.nbytes == len(img)
+    head = seen[0]
+    assert (
+        head.status == 200 and head.get("content-type") == "image/jpeg" and head.getlist("X-Robots-Tag") == ["a", "b"]
+    )
+    moved = get(curl, http_server, "/moved", on_head=lambda head: SKIP_BODY)
+    assert moved.head.status == 302 and moved.head.get("Location") == "/a.jpg" and moved.body == b""
+    assert (reply.connects, moved.connects) == (1, 0)  # the second request went over the first's connection
+    assert curl.requests == 2 and curl.connects == 1 and http_server.user_agents == ["test", "test"]
+
+
+def test_a_body_is_cut_at_max_bytes_and_what_on_head_raises_stops_the_transfer(http_server):
+    http_server.route("/big", Reply(body=b"x" * 300_000, content_length=None))
+    curl = Curl(LOOPBACK, {})
+    cut = get(curl, http_server, "/big", max_bytes=100_000)
+    assert cut.error is not None and cut.nbytes > 100_000 and len(cut.body) == 100_000
+    stopped = get(curl, http_server, "/big", on_head=lambda head: (_ for _ in ()).throw(ValueError("no")))
+    assert isinstance(stopped.aborted, ValueError) and stopped.nbytes == 0
+
+
+def test_a_length_that_is_no_length_is_read_to_the_end(http_server):
+    img = jpeg_bytes()
+    headers = [("Content-Type", "image/jpeg"), ("Content-Length", "-1")]
+    http_server.route("/odd.jpg", Reply(body=img, headers=headers, content_length=None))
+    reply = get(Curl(LOOPBACK, {}), http_server, "/odd.jpg")
+    assert reply.error is None and bytes(reply.body) == img
+
+
+def test_a_refused_address_is_never_connected_to(http_server):
+    http_server.route("/a.jpg", Reply(body=jpeg_bytes()))
+    with pytest.raises(Refused) as e:
+        get(Curl(Guard(), {}), http_server, "/a.jpg")
+    assert e.value.reason == "blocked_address" and http_server.total() == 0
+
+
+@pytest.mark.parametrize(
+    "code, reason",
+    [(6, "dns_error"), (7, "connection_error"), (28, "timeout"), (18, "truncated_download"), (60, "ssl_error"),
+     (56, "connection_error"), (3, "bad_url"), (99, "fetch_error")],
+)  # fmt: skip
+def test_curl_errors_become_ledger_reasons(code, reason):
+    got, detail = failure(code, "what curl said")
+    assert got == reason and "what curl said" in detail
