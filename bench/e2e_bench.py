@@ -355,7 +355,14 @@ def run_img2dataset(
     return run
 
 
-def workflow_config(root: Path, manifest: Path, count: int, per_shard: int, parts: int = 2) -> dict:
+# --in-flight: `fixed` keeps 32 requests in flight per job, as img2dataset's 32 threads per process; `default` starts
+# at the schema's download.concurrency and lets the job grow it up to max_concurrency while its cores are idle
+IN_FLIGHT = {"fixed": {"concurrency": 32, "max_concurrency": 32}, "default": {}}
+
+
+def workflow_config(
+    root: Path, manifest: Path, count: int, per_shard: int, parts: int = 2, in_flight: str = "fixed"
+) -> dict:
     config = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
     config.update(
         {
@@ -368,10 +375,10 @@ def workflow_config(root: Path, manifest: Path, count: int, per_shard: int, part
             "resize": {"max_side": MAX_SIDE, "quality": QUALITY},
             "validate": {"min_shards": 1},
             "embed": {"enabled": False},
-            # img2dataset has no per-host limit and 32 threads: the same 32 requests in flight here
+            # img2dataset has no per-host limit and 32 threads
             # the server is on loopback, which the network guard refuses unless allowed
             "download": {
-                "concurrency": 32,
+                **IN_FLIGHT[in_flight],
                 "per_host_concurrency": 32,
                 "retries": 0,
                 "allow_networks": ["127.0.0.0/8"],
@@ -383,12 +390,20 @@ def workflow_config(root: Path, manifest: Path, count: int, per_shard: int, part
 
 
 def run_workflow(
-    manifest: Path, root: Path, count: int, per_shard: int, parts: int = 2, wrap=None, env: dict | None = None
+    manifest: Path,
+    root: Path,
+    count: int,
+    per_shard: int,
+    parts: int = 2,
+    wrap=None,
+    env: dict | None = None,
+    in_flight: str = "fixed",
 ) -> dict:
     """This workflow on the manifest, from it to published shards; `wrap` and `env` as for run_img2dataset."""
     root.mkdir(parents=True, exist_ok=True)
     cfg = root / "config.yaml"
-    cfg.write_text(yaml.safe_dump(workflow_config(root, manifest, count, per_shard, parts), sort_keys=False))
+    config = workflow_config(root, manifest, count, per_shard, parts, in_flight)
+    cfg.write_text(yaml.safe_dump(config, sort_keys=False))
     cmd = [
         str(VENV_BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile", str(cfg),
         "--workflow-profile", "none", "--cores", str(CORES),
@@ -849,6 +864,12 @@ def main() -> None:
         action="store_true",
         help="--simnet: set up (images, manifest, server, configs), fetch one image as the tools would, stop",
     )
+    ap.add_argument(
+        "--in-flight",
+        choices=sorted(IN_FLIGHT),
+        default="fixed",
+        help="this workflow's requests in flight: fixed at 32 a job (as img2dataset's threads), or the defaults",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
     ap.add_argument(
         "--only-ours",
@@ -909,7 +930,7 @@ def main() -> None:
                 if tool == "img2dataset":
                     run = run_img2dataset(exe, manifest, folder / "out", a.count, per_shard, wrap, tool_env)
                 else:
-                    run = run_workflow(manifest, folder, a.count, our_per_shard, a.parts, wrap, tool_env)
+                    run = run_workflow(manifest, folder, a.count, our_per_shard, a.parts, wrap, tool_env, a.in_flight)
                 if net:
                     run["simnet"] = simnet.summary(net.snapshot(), before, images=a.count)
                     server_cpu[tool] += run["simnet"]["server_cpu_s"]
@@ -1079,6 +1100,7 @@ def main() -> None:
             "quality": {"met": quality["shardsmith"]["ok"]},
         },
         "simnet": simnet_facts(a, net, urls) if net else None,
+        "in_flight": {"mode": a.in_flight, "download": IN_FLIGHT[a.in_flight] or "the schema's defaults"},
         "machine": {
             "cpus": os.cpu_count(),
             "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
@@ -1088,7 +1110,8 @@ def main() -> None:
     mix = a.mix or ("large" if large else "small")
     named = a.mix and MIXES[a.mix].get("samples_per_shard") == a.samples_per_shard  # the mix's own size
     shard = "" if a.samples_per_shard is None or named else f"-shard{per_shard}"
-    out = a.out or BENCH / "results" / f"e2e-{mix}{shard}{'-simnet' if a.simnet else ''}.json"
+    variant = ("-simnet" if a.simnet else "") + ("-default" if a.in_flight == "default" else "")
+    out = a.out or BENCH / "results" / f"e2e-{mix}{shard}{variant}.json"
     save_result(out, result)
     print(json.dumps({k: result[k] for k in ("ratio_b_over_a", "targets")}, indent=1))
     print(f"img2dataset {s_a['median_img_per_s']} img/s, shardsmith {s_b['median_img_per_s']} img/s; results: {out}")
