@@ -20,6 +20,7 @@ are opened by shardsmith.storage.localfiles, source shards streamed by shardsmit
 loop is shardsmith.download.fetch.dispatch, the settings and retry policy shardsmith.download.fetch.settings."""
 
 import queue
+import re
 import socket
 import threading
 import time
@@ -50,6 +51,7 @@ from shardsmith.storage.localfiles import FetchError, open_source
 from shardsmith.storage.s3 import S3Error, S3Settings, open_stream
 
 _REDIRECTS = (301, 302, 303, 307, 308)
+_NEEDS_ENCODING = re.compile(r'[\s"<>\\^`{|}]')  # characters of a URL that curl refuses as they are
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -309,18 +311,22 @@ class Fetcher:
         """One GET through libcurl (shardsmith.download.fetch.curl), no redirects followed. Raises AttemptError for
         a URL that is no URL and a name that does not resolve, Refused for a guarded address."""
         try:
-            parsed = urllib3.util.parse_url(url)  # percent-encodes what curl would refuse, IDNA-encodes the host
+            if url.isascii() and not _NEEDS_ENCODING.search(url):
+                parts = urlsplit(url)
+                scheme, host, port, url = parts.scheme.lower(), parts.hostname, parts.port, url
+            else:  # percent-encode what curl would refuse, IDNA-encode the host
+                parsed = urllib3.util.parse_url(url)
+                scheme, host, port, url = (parsed.scheme or "").lower(), parsed.host, parsed.port, parsed.url
         except (urllib3.exceptions.LocationParseError, ValueError, UnicodeError) as e:
             raise AttemptError("bad_url", f"{e}: {url[:200]}") from None
-        scheme = (parsed.scheme or "").lower()
-        if not parsed.host:
+        if not host:
             raise AttemptError("bad_url", f"no host in {url[:200]}")
-        port = parsed.port or (443 if scheme == "https" else 80)
+        port = port or (443 if scheme == "https" else 80)
         now = time.monotonic()
         try:
             return self.curl.get(
-                parsed.url,
-                parsed.host,
+                url,
+                host,
                 port,
                 connect_timeout_s=min(self.s.connect_timeout_s, max(0.001, stop_at - now)),
                 timeout_s=max(0.001, stop_at - now),
@@ -330,7 +336,7 @@ class Fetcher:
                 proxy=self._proxy(url),
             )
         except socket.gaierror as e:
-            raise AttemptError("dns_error", f"{parsed.host}: {e}") from None
+            raise AttemptError("dns_error", f"{host}: {e}") from None
         except UnicodeError as e:
             raise AttemptError("bad_url", f"{e}: {url[:200]}") from None
 

@@ -1,9 +1,10 @@
 """One HTTP(S) request through libcurl (pycurl): the transport of image and policy-file requests.
 
 libcurl costs a quarter of urllib3's CPU per request on a reused connection and about half on a new one, and
-it resumes TLS sessions (bench/README.md, "Simulated internet"). Each thread has its own easy handle and so
-its own connections (a connection cache shared between threads costs more in locking than it saves); the
-handles of one job share their TLS sessions.
+it resumes TLS sessions (bench/README.md, "Simulated internet"). A job keeps a pool of easy handles, each
+with its own connections (a connection cache shared between handles costs more in locking than it saves),
+and a request takes the handle whose last request went to the same host; the handles of one job share their
+TLS sessions.
 
 curl never resolves a name here: the guard resolves and checks the host (once per host per job, see
 shardsmith.download.fetch.netguard), the checked addresses are handed to curl with CURLOPT_RESOLVE, and
@@ -27,6 +28,8 @@ from shardsmith.download.fetch.netguard import Guard, Refused, plain_ip
 
 SKIP_BODY = object()  # returned by an on_head callback: keep the connection, throw the body away
 _SKIPPED_BODY_MAX = 64 << 10  # an error page or redirect body read past this closes the connection instead
+_MAX_CONNECTS = 16  # connections a handle keeps open
+_HANDLES_PER_HOST = 8  # handles remembered per host (per_host_concurrency's default)
 _SSL_ERRORS = {35, 51, 53, 54, 58, 59, 60, 64, 66, 77, 80, 82, 83, 90, 91, 98}
 _CONNECTION_ERRORS = {7, 8, 16, 52, 55, 56, 92, 95}
 
@@ -81,6 +84,7 @@ class _State:
     on_head: Callable[[Head], object] | None = None
     max_bytes: int = 0
     head: Head | None = None
+    lines: list[bytes] = field(default_factory=list)  # header lines as curl passes them (list.append: no Python frame)
     skip: bool = False
     body: bytearray = field(default_factory=bytearray)
     view: memoryview | None = None
@@ -104,7 +108,7 @@ def ca_file() -> str | None:
 
 
 class Curl:
-    """Requests for one download job; thread-safe (each thread uses its own handle)."""
+    """Requests for one download job; thread-safe (a request has a handle of the pool to itself)."""
 
     def __init__(self, guard: Guard, headers: dict[str, str]) -> None:
         self.guard = guard
@@ -112,40 +116,66 @@ class Curl:
         self.cafile = ca_file()
         self.share = pycurl.CurlShare()
         self.share.setopt(pycurl.SH_SHARE, pycurl.LOCK_DATA_SSL_SESSION)
-        self._local = threading.local()
+        # idle handles, longest idle first, and the handles that served each host lately (their connections
+        # to it are likely still open): a pool of handles rather than one per thread, so a host's requests find
+        # its connections whichever thread makes them
+        self._idle: dict[pycurl.Curl, None] = {}
+        self._by_host: dict[str, list[pycurl.Curl]] = {}
+        self._states: dict[pycurl.Curl, _State] = {}
         self._lock = threading.Lock()
         self.requests = 0
         self.connects = 0
 
-    def _handle(self) -> tuple[pycurl.Curl, _State]:
-        local = self._local
-        if getattr(local, "curl", None) is None:
-            c = pycurl.Curl()
-            state = _State()
-            c.setopt(pycurl.SHARE, self.share)
-            c.setopt(pycurl.NOSIGNAL, 1)  # worker threads: no SIGALRM for timeouts
-            c.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
-            c.setopt(pycurl.FOLLOWLOCATION, 0)  # redirects are followed by the caller, each hop checked
-            c.setopt(pycurl.HTTPHEADER, self.headers)
-            c.setopt(pycurl.MAXCONNECTS, 16)
-            c.setopt(pycurl.BUFFERSIZE, 64 << 10)  # body chunks of up to 64 KiB: one Python callback each
-            c.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_2TLS)
-            if self.cafile:
-                c.setopt(pycurl.CAINFO, self.cafile)
-            c.setopt(pycurl.OPENSOCKETFUNCTION, lambda purpose, address: self._open_socket(state, address))
-            c.setopt(pycurl.HEADERFUNCTION, lambda line: self._header(state, line))
-            c.setopt(pycurl.WRITEFUNCTION, lambda chunk: self._write(state, chunk))
-            local.curl, local.state = c, state
-        return local.curl, local.state
+    def _take(self, host: str) -> tuple[pycurl.Curl, _State]:
+        """An idle handle for a request to `host`: one that served the host lately (its connection to it is
+        likely still open), else the longest idle, else a new one."""
+        with self._lock:
+            for handle in reversed(self._by_host.get(host, ())):
+                if handle in self._idle:
+                    del self._idle[handle]
+                    return handle, self._states[handle]
+            if self._idle:
+                handle = next(iter(self._idle))
+                del self._idle[handle]
+                return handle, self._states[handle]
+        return self._new_handle()
+
+    def _give(self, handle: pycurl.Curl, host: str) -> None:
+        with self._lock:
+            served = self._by_host.setdefault(host, [])
+            if handle in served:
+                served.remove(handle)
+            served.append(handle)  # the most recent last
+            del served[:-_HANDLES_PER_HOST]
+            self._idle[handle] = None
+
+    def _new_handle(self) -> tuple[pycurl.Curl, _State]:
+        c = pycurl.Curl()
+        state = _State()
+        c.setopt(pycurl.SHARE, self.share)
+        c.setopt(pycurl.NOSIGNAL, 1)  # worker threads: no SIGALRM for timeouts
+        c.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP | pycurl.PROTO_HTTPS)
+        c.setopt(pycurl.FOLLOWLOCATION, 0)  # redirects are followed by the caller, each hop checked
+        c.setopt(pycurl.HTTPHEADER, self.headers)
+        c.setopt(pycurl.MAXCONNECTS, _MAX_CONNECTS)
+        c.setopt(pycurl.BUFFERSIZE, 64 << 10)  # body chunks of up to 64 KiB: one Python callback each
+        c.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_2TLS)
+        if self.cafile:
+            c.setopt(pycurl.CAINFO, self.cafile)
+        c.setopt(pycurl.OPENSOCKETFUNCTION, lambda purpose, address: self._open_socket(state, address))
+        c.setopt(pycurl.WRITEFUNCTION, lambda chunk: self._write(state, chunk))
+        with self._lock:
+            self._states[c] = state
+        return c, state
 
     # --- callbacks (run in the requesting thread, inside perform) ------------------------------------
 
     def _open_socket(self, state: _State, address: tuple) -> socket.socket | int:
         family, socktype, protocol, addr = address
         if state.check_sockets and not self.guard.host_allowed(state.host):
-            ip = plain_ip(addr[0])
-            why = self.guard.refusal(ip)
+            why = self.guard.refusal_of(addr[0])
             if why:
+                ip = plain_ip(addr[0])
                 named = "" if state.host.strip("[]") == str(ip) else f"{state.host} resolves to "
                 state.refused = Refused(
                     "blocked_address",
@@ -154,41 +184,27 @@ class Curl:
                 return pycurl.SOCKET_BAD
         return socket.socket(family, socktype, protocol)
 
-    def _header(self, state: _State, line: bytes) -> int | None:
-        text = line.decode("latin-1")
-        if text.startswith("HTTP/"):
-            parts = text.rstrip("\r\n").split(" ", 2)
-            try:
-                status = int(parts[1])
-            except (IndexError, ValueError):
-                status = 0
-            state.head = Head(status, parts[2].strip() if len(parts) > 2 else "")
-            return None
-        if state.head is None:
-            return None
-        if text in ("\r\n", "\n"):
-            if 100 <= state.head.status < 200:
-                return None  # an interim response; the real one follows
-            return self._head_done(state)
-        if ":" in text:
-            name, value = text.split(":", 1)
-            state.head.add(name, value)
-        return None
-
-    def _head_done(self, state: _State) -> int | None:
+    def _head_done(self, state: _State) -> bool:
+        """Parse the response's head from the header lines curl collected, and run on_head; False when on_head
+        raised (the transfer is to stop)."""
+        state.head = head = parse_head(state.lines)
+        if head is None:
+            return True
         try:
-            said = state.on_head(state.head) if state.on_head else None
+            said = state.on_head(head) if state.on_head else None
         except BaseException as e:  # what the caller's checks raise: the transfer stops, the caller re-raises it
             state.aborted = e
-            return -1
+            return False
         if said is SKIP_BODY:
             state.skip = True
         elif isinstance(said, int):  # the declared length: the body is read into a buffer of that size
             state.body = bytearray(said)
             state.view = memoryview(state.body)
-        return None
+        return True
 
     def _write(self, state: _State, chunk: bytes) -> int | None:
+        if state.head is None and not self._head_done(state):
+            return 0
         n = state.n + len(chunk)
         if state.skip:
             state.n = n
@@ -231,7 +247,15 @@ class Curl:
         `Reply.aborted` holds the exception), return SKIP_BODY, or return the declared length to read the body
         into a buffer of that size. The body is cut at `max_bytes` (curl stops; `nbytes` says how far it got).
         """
-        c, state = self._handle()
+        c, state = self._take(host)
+        try:
+            return self._get(
+                c, state, url, host, port, connect_timeout_s, timeout_s, silence_s, max_bytes, on_head, proxy
+            )
+        finally:
+            self._give(c, host)
+
+    def _get(self, c, state, url, host, port, connect_timeout_s, timeout_s, silence_s, max_bytes, on_head, proxy):
         pin = []
         if proxy:
             self.guard.check_host(host, port)
@@ -242,6 +266,7 @@ class Curl:
                 pin = [f"{host}:{port}:{ips}"]
         state.__init__(host=host, check_sockets=not proxy, on_head=on_head, max_bytes=max_bytes)
         c.setopt(pycurl.URL, url)
+        c.setopt(pycurl.HEADERFUNCTION, state.lines.append)
         c.setopt(pycurl.RESOLVE, pin)
         c.setopt(pycurl.PROXY, proxy)  # "" also keeps curl from reading proxy variables itself
         c.setopt(pycurl.CONNECTTIMEOUT_MS, max(1, int(connect_timeout_s * 1000)))
@@ -252,6 +277,7 @@ class Curl:
         if error and error[0] == 8 and "Content-Length" in error[1] and state.aborted is None:
             # a length that is no length (-1, text): asked again and read to the end, as without one
             state.__init__(host=host, check_sockets=not proxy, on_head=on_head, max_bytes=max_bytes)
+            c.setopt(pycurl.HEADERFUNCTION, state.lines.append)
             c.setopt(pycurl.IGNORE_CONTENT_LENGTH, 1)
             ignored = True
             try:
@@ -262,6 +288,8 @@ class Curl:
             # a TLS connection closed without close_notify, as many servers do: the end of a body without a
             # length (as Python's ssl takes it), a truncation of one with a length
             error = None if state.head.content_length() is None or ignored else (18, error[1])
+        if state.head is None and state.lines and state.aborted is None:  # no body came (or not yet)
+            self._head_done(state)
         if state.view is not None:
             state.view.release()
             state.view = None
@@ -275,8 +303,29 @@ class Curl:
         if len(body) > state.n:
             del body[state.n :]  # a declared length longer than what came
         reply = Reply(state.head, body, state.n, error, state.aborted, connects)
-        state.body, state.on_head = bytearray(), None  # the handle keeps no body and no caller's closure
+        state.body, state.on_head, state.lines = bytearray(), None, []  # the handle keeps no body, no caller's closure
         return reply
+
+
+def parse_head(lines: list[bytes]) -> Head | None:
+    """The head of the last response among the header lines (an interim 1xx response comes before it)."""
+    start = None
+    for i, line in enumerate(lines):
+        if line.startswith(b"HTTP/"):
+            start = i
+    if start is None:
+        return None
+    parts = lines[start].decode("latin-1").rstrip("\r\n").split(" ", 2)
+    try:
+        status = int(parts[1])
+    except (IndexError, ValueError):
+        status = 0
+    head = Head(status, parts[2].strip() if len(parts) > 2 else "")
+    for line in lines[start + 1 :]:
+        name, colon, value = line.decode("latin-1").partition(":")
+        if colon:
+            head.add(name, value)
+    return head
 
 
 def _perform(c: pycurl.Curl) -> tuple[int, str] | None:

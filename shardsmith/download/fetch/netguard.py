@@ -111,6 +111,7 @@ class Guard:
         self._host_checked: dict[tuple[str, int], Refused | None] = {}
         self._lookups: dict[tuple[str, int], _Lookup] = {}
         self._lookups_lock = threading.Lock()
+        self._refusals: dict[str, str | None] = {}
         self.lookups = 0  # names actually looked up (the rest came from this job's cache)
 
     # --- URLs ---------------------------------------------------------------------------------------
@@ -168,17 +169,24 @@ class Guard:
             return infos
         allowed, refused = [], []
         for info in infos:
-            ip = plain_ip(info[4][0])
-            why = self.refusal(ip)
-            (refused if why else allowed).append(info if not why else (ip, why))
+            why = self.refusal_of(info[4][0])
+            (refused if why else allowed).append(info if not why else (info[4][0], why))
         if not allowed:
             ip, why = refused[0]
-            named = "" if host.strip("[]") == str(ip) else f"{host} resolves to "
+            named = "" if host.strip("[]") == str(plain_ip(ip)) else f"{host} resolves to "
             raise Refused(
                 "blocked_address",
-                f"{named}{ip} ({why}); not fetched (download.allow_networks or allow_hosts allows it)",
+                f"{named}{plain_ip(ip)} ({why}); not fetched (download.allow_networks or allow_hosts allows it)",
             )
         return allowed
+
+    def refusal_of(self, address: str) -> str | None:
+        """`refusal` of an address as getaddrinfo writes it, remembered for the job: every request checks its
+        host's addresses, and every connection its own."""
+        why = self._refusals.get(address, False)
+        if why is False:
+            why = self._refusals[address] = self.refusal(plain_ip(address))
+        return why
 
     def _resolve(self, host: str, port: int) -> list[tuple]:
         """getaddrinfo() of `host` for `port`, through the job's cache (kept without the port: http and https

@@ -4,9 +4,8 @@ once whatever the number of jobs, on whichever nodes, as long as they share the 
 One answer is one small file, `{folder}/{h[:2]}/{h[2:4]}/{h}` where `h` is the SHA-256 of the file's URL
 (65,536 folders: millions of origins never crowd one directory). It holds a JSON header line (`v`, `url`,
 `status`, `fetched`, `expires`, `bytes`: Unix times and the body's length) and then the body as it came. It
-is written under a temporary name and renamed into place (shardsmith.core.atomic), so a reader finds a whole
-file or none; a file that does not read back whole (cut short, another version, another URL) counts as
-missing.
+is written under a temporary name and renamed into place, so a reader finds a whole file or none; a file
+that does not read back whole (cut short, another version, another URL) counts as missing.
 
 Kept: 2xx and 4xx answers, for at most 24 hours as RFC 9309 allows, less when the answer's Cache-Control says
 so (`max-age`; `no-store` and `no-cache` keep nothing). Not kept: a 5xx answer or none at all (these are the
@@ -22,12 +21,13 @@ import fcntl
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardsmith.core.atomic import atomic_path
+from shardsmith.core.atomic import UMASK
 
 MAX_AGE_S = 24 * 3600  # RFC 9309 2.4: a cached robots.txt should not be used for more than 24 hours
 VERSION = 1
@@ -79,19 +79,30 @@ class PolicyCache:
     ) -> None:
         self.folder = Path(folder)
         self.max_age_s, self.wait_s, self.clock = max_age_s, wait_s, clock
+        self._made: set[str] = set()  # subfolders known to exist (a job asks for thousands of origins)
 
     def path(self, url: str) -> Path:
+        return Path(self._where(url))
+
+    def _where(self, url: str) -> str:
+        # plain strings and os calls, not pathlib: a job reads and writes two of these per origin
         h = hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()
-        return self.folder / h[:2] / h[2:4] / h
+        return f"{self.folder}/{h[:2]}/{h[2:4]}/{h}"
+
+    def _folder_of(self, where: str) -> None:
+        parent = where.rsplit("/", 1)[0]
+        if parent not in self._made:
+            os.makedirs(parent, exist_ok=True)
+            self._made.add(parent)
 
     def get(self, url: str, fetch: Fetch) -> tuple[Answer, bool]:
         """The answer for `url` and whether it came from the cache: a fresh kept one, else the one `fetch`
         gives (kept when it may be), fetched by one job at a time."""
-        path = self.path(url)
+        where = self._where(url)
         if (answer := self.read(url)) is not None:
             return answer, True
-        with self._turn(path):
-            if (answer := self.read(url)) is not None:  # the job we waited for fetched it
+        with self._turn(where) as waited:
+            if waited and (answer := self.read(url)) is not None:  # the job we waited for fetched it
                 return answer, True
             status, body, cache_control = fetch()
             return self.keep(url, status, body, cache_control), False
@@ -100,7 +111,7 @@ class PolicyCache:
         """The kept answer for `url` while it may be used; None when there is none, it expired, or its file
         does not read back whole."""
         try:
-            with open(self.path(url), "rb") as f:
+            with open(self._where(url), "rb") as f:
                 data = f.read(_MAX_FILE)
         except OSError:
             return None
@@ -123,34 +134,51 @@ class PolicyCache:
         answer = Answer(status, bytes(body), now, now + seconds)
         if seconds > 0:
             head = {"v": VERSION, "url": url, "status": status, "fetched": now, "expires": answer.expires}
-            # a full or read-only disk: this job's answer still stands
-            with contextlib.suppress(OSError), atomic_path(self.path(url), fsync=False) as tmp:
-                tmp.write_bytes(json.dumps({**head, "bytes": len(answer.body)}).encode() + b"\n" + answer.body)
+            data = json.dumps({**head, "bytes": len(answer.body)}).encode() + b"\n" + answer.body
+            with contextlib.suppress(OSError):  # a full or read-only disk: this job's answer still stands
+                self._write(self._where(url), data)
         return answer
 
-    @contextlib.contextmanager
-    def _turn(self, path: Path) -> Iterator[None]:
-        """Hold the entry's lock while the block runs, if it can be had within wait_s."""
-        fd = self._lock(path)
+    def _write(self, where: str, data: bytes) -> None:
+        """`data` at `where`, whole or not at all (written beside it under a name of this thread's, renamed)."""
+        self._folder_of(where)
+        tmp = f"{where}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 & ~UMASK)
         try:
-            yield
+            with open(fd, "wb", closefd=True) as f:
+                f.write(data)
+            os.replace(tmp, where)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    @contextlib.contextmanager
+    def _turn(self, where: str) -> Iterator[bool]:
+        """Hold the entry's lock while the block runs, if it can be had within wait_s; yields whether another
+        job held it first (and so may have written the answer meanwhile)."""
+        fd, waited = self._lock(where)
+        try:
+            yield waited
         finally:
             if fd is not None:
                 os.close(fd)  # closing the file releases the lock
 
-    def _lock(self, path: Path) -> int | None:
-        """The locked lock file's descriptor, or None after wait_s or where locks fail (fetch anyway)."""
+    def _lock(self, where: str) -> tuple[int | None, bool]:
+        """The locked lock file's descriptor (None after wait_s or where locks fail: fetch anyway), and whether
+        it had to wait."""
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+            self._folder_of(where)
+            fd = os.open(where + ".lock", os.O_RDWR | os.O_CREAT, 0o666)
         except OSError:
-            return None
-        give_up, pause = time.monotonic() + self.wait_s, 0.005
+            return None, False
+        give_up, pause, waited = time.monotonic() + self.wait_s, 0.005, False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
+                return fd, waited
             except BlockingIOError:
+                waited = True
                 if time.monotonic() >= give_up:
                     break
                 time.sleep(pause)
@@ -158,4 +186,4 @@ class PolicyCache:
             except OSError:  # no locks on this filesystem (ENOLCK, EOPNOTSUPP)
                 break
         os.close(fd)
-        return None
+        return None, True
