@@ -13,7 +13,9 @@ connection, policy requests per origin); raw figures go to bench/results/fetch-s
 
 The urllib3 client is the transport the Fetcher had before libcurl: urllib3's pool manager with the network
 guard's connections (one lookup per host per job through the guard's cache in both), bodies read into a
-buffer of the declared length."""
+buffer of the declared length. Exploring: FETCH_BENCH_SETTINGS (JSON) overrides download settings,
+FETCH_BENCH_NO_CACHE=1 leaves the policy cache out, FETCH_BENCH_PROFILE=FILE writes a yappi profile of every
+thread (pip install yappi)."""
 
 from __future__ import annotations
 
@@ -114,7 +116,8 @@ def worker(client: str, urls_file: Path, parts: int, in_flight: int) -> None:
     if profile:
         yappi.stop()
         with open(profile, "w") as f:
-            yappi.get_func_stats().sort("tsub").print_all(out=f, columns={0: ("name", 90), 1: ("ncall", 10), 2: ("tsub", 8), 3: ("ttot", 8)})
+            columns = {0: ("name", 90), 1: ("ncall", 10), 2: ("tsub", 8), 3: ("ttot", 8)}
+            yappi.get_func_stats().sort("tsub").print_all(out=f, columns=columns)
     n = len(urls)
     print(
         json.dumps(
