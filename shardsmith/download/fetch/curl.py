@@ -122,6 +122,7 @@ class Curl:
         self._idle: dict[pycurl.Curl, None] = {}
         self._by_host: dict[str, list[pycurl.Curl]] = {}
         self._states: dict[pycurl.Curl, _State] = {}
+        self._pinned: dict[pycurl.Curl, str] = {}  # a handle's name handed to curl with its addresses
         self._lock = threading.Lock()
         self.requests = 0
         self.connects = 0
@@ -256,14 +257,18 @@ class Curl:
             self._give(c, host)
 
     def _get(self, c, state, url, host, port, connect_timeout_s, timeout_s, silence_s, max_bytes, on_head, proxy):
-        pin = []
+        # the last request's pinned name is dropped from the handle's DNS cache, which curl walks at every
+        # request: kept, a part of a million hosts would make each request slower than the last
+        last = self._pinned.pop(c, None)
+        pin = [f"-{last}"] if last else []
         if proxy:
             self.guard.check_host(host, port)
         else:
             infos = self.guard.addresses(host, port)
             if not _is_ip(host):
                 ips = ",".join(f"[{i[4][0]}]" if i[0] == socket.AF_INET6 else i[4][0] for i in infos)
-                pin = [f"{host}:{port}:{ips}"]
+                pin.append(f"{host}:{port}:{ips}")
+                self._pinned[c] = f"{host}:{port}"
         state.__init__(host=host, check_sockets=not proxy, on_head=on_head, max_bytes=max_bytes)
         c.setopt(pycurl.URL, url)
         c.setopt(pycurl.HEADERFUNCTION, state.lines.append)
@@ -284,12 +289,12 @@ class Curl:
                 error = _perform(c)
             finally:
                 c.setopt(pycurl.IGNORE_CONTENT_LENGTH, 0)
+        if state.head is None and state.lines and state.aborted is None:  # no body came (or not yet)
+            self._head_done(state)
         if error and error[0] == 56 and "unexpected eof" in error[1].lower() and state.head is not None:
             # a TLS connection closed without close_notify, as many servers do: the end of a body without a
             # length (as Python's ssl takes it), a truncation of one with a length
             error = None if state.head.content_length() is None or ignored else (18, error[1])
-        if state.head is None and state.lines and state.aborted is None:  # no body came (or not yet)
-            self._head_done(state)
         if state.view is not None:
             state.view.release()
             state.view = None
