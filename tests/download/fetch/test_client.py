@@ -21,11 +21,11 @@ FAST = dict(
 )  # fmt: skip
 
 
-def fetch(urls: dict[str, str], **overrides) -> dict[str, Outcome]:
+def fetch(urls: dict[str, str], log=lambda msg: None, **overrides) -> dict[str, Outcome]:
     """Fetch {name: url} with FAST settings (plus overrides); returns {name: outcome}."""
     names = list(urls)
     out: dict[str, Outcome] = {}
-    fetcher = Fetcher(FetchSettings(**{**FAST, **overrides}), log=lambda msg: None)
+    fetcher = Fetcher(FetchSettings(**{**FAST, **overrides}), log=log)
     fetcher.fetch_all([(i, urls[n], None) for i, n in enumerate(names)], lambda i, o: out.__setitem__(names[i], o))
     assert sorted(out) == sorted(names)  # one outcome per URL, always
     return out

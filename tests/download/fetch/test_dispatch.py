@@ -58,3 +58,32 @@ def test_part_deadline_ends_the_job_even_when_every_server_stalls(http_server):
     assert {o.reason for o in out.values()} == {"deadline"}
     assert sum(o.attempts for o in out.values()) == 4  # four were in flight; the rest never started
     assert all("deadline" in o.detail for o in out.values())
+
+
+def test_requests_in_flight_grow_while_the_cores_wait_on_the_network(http_server, monkeypatch):
+    from shardsmith.download.fetch import dispatch
+
+    monkeypatch.setattr(dispatch.InFlight, "INTERVAL", 0.3)
+    monkeypatch.setattr(dispatch, "_machine_busy", lambda: None)  # the job's own CPU decides (CI shares its cores)
+    img = jpeg_bytes()
+    urls = {f"i{i}": http_server.route(f"/far{i}.jpg", Reply(body=img, delay=0.25)) for i in range(120)}
+    said: list[str] = []
+    out = fetch(urls, concurrency=2, max_concurrency=8, log=said.append)
+    assert all(o.ok for o in out.values())
+    grew = [line for line in said if "requests in flight" in line and "->" in line]
+    assert grew and "requests in flight 2 -> 3 (cores" in grew[0]
+    assert 2 < http_server.max_in_flight <= 8  # it grew, and never past max_concurrency
+    assert any("requests in flight: at most 8" in line for line in said)
+
+
+def test_requests_in_flight_shrink_while_bodies_fill_the_memory_budget(http_server, monkeypatch):
+    from shardsmith.download.fetch import dispatch
+
+    monkeypatch.setattr(dispatch.InFlight, "INTERVAL", 0.3)
+    body = jpeg_bytes() + b"\0" * 600_000  # two of these do not fit in 1 MB at once
+    slow = Reply(body=body, trickle=0.05, chunk=200_000)
+    urls = {f"b{i}": http_server.route(f"/big{i}.jpg", slow) for i in range(40)}
+    said: list[str] = []
+    out = fetch(urls, concurrency=8, max_concurrency=8, max_buffered_mb=1, max_bytes=1_000_000, log=said.append)
+    assert all(o.ok for o in out.values())
+    assert any("requests in flight 8 -> 6 (bodies fill the memory budget" in line for line in said)
