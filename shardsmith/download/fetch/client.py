@@ -85,6 +85,12 @@ class _ByteBudget:
                 self._cv.notify_all()
 
 
+def _status_error(status: int, reason: str | None, retry_after: str | None) -> AttemptError:
+    """The error of a status that is neither a success nor a redirect; a 429 or 503 carries its Retry-After."""
+    pause = parse_retry_after(retry_after) if status in (429, 503) else None
+    return AttemptError(http_status_reason(status), f"HTTP {status} {reason or ''}".strip(), status, pause)
+
+
 def _skip_redirect_body(head: Head) -> object:
     return SKIP_BODY if head.status in _REDIRECTS else None
 
@@ -255,25 +261,12 @@ class Fetcher:
                 raise AttemptError(*classify_exception(e)) from None
             status = resp.status
             if status in _REDIRECTS:
-                location = resp.headers.get("Location")
                 discard(resp)
-                if not location:
-                    raise AttemptError("http_error", f"HTTP {status} without a Location header", status)
-                hops += 1
-                if hops > self.s.max_redirects:
-                    raise AttemptError(
-                        "too_many_redirects",
-                        f"more than {self.s.max_redirects} redirects (next: {location[:200]})",
-                        status,
-                    )
-                url = urljoin(url, location)
+                url, hops = self._redirect(url, status, resp.headers.get("Location"), hops), hops + 1
                 continue
             if not 200 <= status < 300:
-                retry_after = parse_retry_after(resp.headers.get("Retry-After")) if status in (429, 503) else None
                 discard(resp)
-                raise AttemptError(
-                    http_status_reason(status), f"HTTP {status} {resp.reason or ''}".strip(), status, retry_after
-                )
+                raise _status_error(status, resp.reason, resp.headers.get("Retry-After"))
             if self.s.respect_optout:
                 said = opted_out(resp.headers.getlist("X-Robots-Tag"), self.s.ua_token, self.s.optout_directives)
                 if said:
@@ -389,23 +382,10 @@ class Fetcher:
                 raise AttemptError(*self._failure(reply, started))
             status = head.status
             if status in _REDIRECTS:
-                location = head.get("Location")
-                if not location:
-                    raise AttemptError("http_error", f"HTTP {status} without a Location header", status)
-                hops += 1
-                if hops > self.s.max_redirects:
-                    raise AttemptError(
-                        "too_many_redirects",
-                        f"more than {self.s.max_redirects} redirects (next: {location[:200]})",
-                        status,
-                    )
-                url = urljoin(url, location)
+                url, hops = self._redirect(url, status, head.get("Location"), hops), hops + 1
                 continue
             if not 200 <= status < 300:
-                retry_after = parse_retry_after(head.get("Retry-After")) if status in (429, 503) else None
-                raise AttemptError(
-                    http_status_reason(status), f"HTTP {status} {head.reason or ''}".strip(), status, retry_after
-                )
+                raise _status_error(status, head.reason, head.get("Retry-After"))
             n = reply.nbytes
             if reply.error:
                 if n > self.s.max_bytes:
@@ -421,6 +401,17 @@ class Fetcher:
                 raise AttemptError("truncated_download", f"got {n} of {declared} bytes", status, nbytes=n)
             # the bytearray itself, not bytes(buf): a copy doubled the memory of 32 multi-MB bodies in flight
             return reply.body, status, head.get("Content-Type", "")
+
+    def _redirect(self, url: str, status: int, location: str | None, hops: int) -> str:
+        """The URL a redirect leads to, after `hops` redirects followed; raises AttemptError when it names none
+        or one more would pass max_redirects."""
+        if not location:
+            raise AttemptError("http_error", f"HTTP {status} without a Location header", status)
+        if hops + 1 > self.s.max_redirects:
+            raise AttemptError(
+                "too_many_redirects", f"more than {self.s.max_redirects} redirects (next: {location[:200]})", status
+            )
+        return urljoin(url, location)
 
     def _image_head(self, head: Head, stop_at: float) -> object:
         """Checks on an image response's headers, before its body is read (see Curl.get's on_head)."""

@@ -30,6 +30,7 @@ SKIP_BODY = object()  # returned by an on_head callback: keep the connection, th
 _SKIPPED_BODY_MAX = 64 << 10  # an error page or redirect body read past this closes the connection instead
 _MAX_CONNECTS = 16  # connections a handle keeps open
 _HANDLES_PER_HOST = 8  # handles remembered per host (per_host_concurrency's default)
+_HOSTS_REMEMBERED = 8192  # more than the handles' open connections can hold: a part may reach a million hosts
 _SSL_ERRORS = {35, 51, 53, 54, 58, 59, 60, 64, 66, 77, 80, 82, 83, 90, 91, 98}
 _CONNECTION_ERRORS = {7, 8, 16, 52, 55, 56, 92, 95}
 
@@ -143,6 +144,9 @@ class Curl:
 
     def _give(self, handle: pycurl.Curl, host: str) -> None:
         with self._lock:
+            if host not in self._by_host and len(self._by_host) >= _HOSTS_REMEMBERED:
+                for old in list(self._by_host)[: _HOSTS_REMEMBERED // 2]:  # the hosts served longest ago
+                    del self._by_host[old]
             served = self._by_host.setdefault(host, [])
             if handle in served:
                 served.remove(handle)
