@@ -145,7 +145,7 @@ class Curl:
     def _give(self, handle: pycurl.Curl, host: str) -> None:
         with self._lock:
             if host not in self._by_host and len(self._by_host) >= _HOSTS_REMEMBERED:
-                for old in list(self._by_host)[: _HOSTS_REMEMBERED // 2]:  # the hosts served longest ago
+                for old in list(self._by_host)[: _HOSTS_REMEMBERED // 2]:  # the hosts first served longest ago
                     del self._by_host[old]
             served = self._by_host.setdefault(host, [])
             if handle in served:
