@@ -243,20 +243,8 @@ class Fetcher:
         and with `optouts` (images, not the sources named in the config) for what robots.txt and TDMRep forbid."""
         hops = 0
         while True:
-            if urlsplit(url).scheme.lower() not in ("http", "https"):
-                raise AttemptError("unsupported_url", f"redirected to a non-http URL: {url[:200]}")
-            if self.left() <= 0:
-                raise AttemptError("deadline", "the part deadline passed")
             try:
-                self.guard.check_url(url)
-                if optouts:
-                    self.optouts.check(url)
-                resp = self._request(url)
-            except Refused as e:
-                detail = e.detail if not hops else f"{e.detail} (after {hops} redirects)"
-                raise AttemptError(e.reason, detail) from None
-            except Unreachable as e:
-                raise AttemptError(e.reason, f"no answer for robots.txt or tdmrep.json: {e.detail}") from None
+                resp = self._hop(url, hops, optouts, self._request)
             except urllib3.exceptions.HTTPError as e:
                 raise AttemptError(*classify_exception(e)) from None
             status = resp.status
@@ -361,20 +349,12 @@ class Fetcher:
         started = time.monotonic()
         stop_at = min(started + self.s.request_timeout_s, self.deadline)
         hops = 0
+
+        def on_head(head: Head) -> object:
+            return self._image_head(head, stop_at)
+
         while True:
-            if urlsplit(url).scheme.lower() not in ("http", "https"):
-                raise AttemptError("unsupported_url", f"redirected to a non-http URL: {url[:200]}")
-            if self.left() <= 0:
-                raise AttemptError("deadline", "the part deadline passed")
-            try:
-                self.guard.check_url(url)
-                self.optouts.check(url)
-                reply = self._get(url, stop_at, self.s.max_bytes, lambda head: self._image_head(head, stop_at))
-            except Refused as e:
-                detail = e.detail if not hops else f"{e.detail} (after {hops} redirects)"
-                raise AttemptError(e.reason, detail) from None
-            except Unreachable as e:
-                raise AttemptError(e.reason, f"no answer for robots.txt or tdmrep.json: {e.detail}") from None
+            reply = self._hop(url, hops, True, lambda u: self._get(u, stop_at, self.s.max_bytes, on_head))
             if reply.aborted is not None:
                 raise reply.aborted
             head = reply.head
@@ -401,6 +381,24 @@ class Fetcher:
                 raise AttemptError("truncated_download", f"got {n} of {declared} bytes", status, nbytes=n)
             # the bytearray itself, not bytes(buf): a copy doubled the memory of 32 multi-MB bodies in flight
             return reply.body, status, head.get("Content-Type", "")
+
+    def _hop(self, url: str, hops: int, optouts: bool, send: Callable[[str], object]):
+        """`send(url)` once the URL passes: an http(s) URL, time left, the guard, and with `optouts` robots.txt
+        and TDMRep. A refusal or a policy file without answer becomes the AttemptError of the record."""
+        if urlsplit(url).scheme.lower() not in ("http", "https"):
+            raise AttemptError("unsupported_url", f"redirected to a non-http URL: {url[:200]}")
+        if self.left() <= 0:
+            raise AttemptError("deadline", "the part deadline passed")
+        try:
+            self.guard.check_url(url)
+            if optouts:
+                self.optouts.check(url)
+            return send(url)
+        except Refused as e:
+            detail = e.detail if not hops else f"{e.detail} (after {hops} redirects)"
+            raise AttemptError(e.reason, detail) from None
+        except Unreachable as e:
+            raise AttemptError(e.reason, f"no answer for robots.txt or tdmrep.json: {e.detail}") from None
 
     def _redirect(self, url: str, status: int, location: str | None, hops: int) -> str:
         """The URL a redirect leads to, after `hops` redirects followed; raises AttemptError when it names none
