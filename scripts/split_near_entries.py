@@ -3,13 +3,13 @@ of groups, a file each."""
 
 import os
 
-import numpy as np
 import pandas as pd
 
 from shardsmith.core.logs import run_job
 from shardsmith.formats.filelist import by_part, slice_file
 from shardsmith.shards.buckets import dropped_ids
 from shardsmith.shards.neardup import split_near_group
+from shardsmith.shards.sampleid import row_of
 
 
 def main() -> None:
@@ -20,7 +20,7 @@ def main() -> None:
         group, first, parts = g["group"], g["first_part"], g["parts"]
         piece = os.path.join(inp.dropped, f"{group}.parquet")
         # each part's rows the exact steps left out, as the group's ledger piece names them
-        dropped = [dropped_ids([piece], first + i) & np.int64(0xFFFF_FFFF) for i in range(len(parts))]
+        dropped = [row_of(dropped_ids([piece], first + i)) for i in range(len(parts))]
         gone_here = pd.read_parquet(os.path.join(gone[0], f"{group}.parquet")) if gone else None
         n = split_near_group(
             [samples[p] for p in parts],

@@ -1,7 +1,7 @@
 """Repeated keys and exclusions decided per key bucket; the shards assigned from per-part counts.
 
 Parts are taken in groups of consecutive parts (one job each, not one a part: the jobs are light and a
-LAION-size DAG is long). Every sample's key (with its id, part index << 32 | row: dataset order) is written
+LAION-size DAG is long). Every sample's key (with its id, shardsmith.shards.sampleid: dataset order) is written
 by its group's job to the bucket its key hashes to (`split_keys`), and every row of the exclusion tables
 likewise (`split_exclusions`, numbered below zero in table order, so the first exclusion of a key counts).
 A bucket job (`bucket_drops`) sees every row of its keys and decides alone: an excluded key's samples drop
@@ -31,6 +31,7 @@ from shardsmith.core.atomic import atomic_open, atomic_write_text
 from shardsmith.core.ledger import REJECT_COLUMNS, SHARD
 from shardsmith.formats.names import shard_name
 from shardsmith.formats.tables import Spill, key_bins, key_digest_sum, num_rows, spill_folder
+from shardsmith.shards.sampleid import part_of, part_range, row_of, sample_ids, split
 
 STAGE = SHARD
 KEYS = pa.schema([("key", pa.large_string()), ("id", pa.int64()), ("source_id", pa.large_string())])
@@ -45,7 +46,7 @@ LEDGER_PIECE = REJECT_COLUMNS + ["id"]  # the ledger's columns, and which sample
 
 
 def group_of(ids: np.ndarray, parts_per_group: int) -> np.ndarray:
-    return (np.asarray(ids, np.int64) >> np.int64(32)) // parts_per_group
+    return part_of(ids) // parts_per_group
 
 
 def write_batches(
@@ -81,7 +82,7 @@ def split_keys(samples: list[str], first_part: int, buckets: int, out: str | os.
     tables = []
     for i, path in enumerate(samples):
         t = pq.read_table(path, columns=["key", "source_id"])
-        ids = pa.array((np.int64(first_part + i) << np.int64(32)) | np.arange(t.num_rows, dtype=np.int64))
+        ids = pa.array(sample_ids(first_part + i, np.arange(t.num_rows)))
         tables.append(pa.table({"key": t["key"], "id": ids, "source_id": t["source_id"]}).cast(KEYS))
     table = pa.concat_tables(tables) if tables else KEYS.empty_table()
     write_batches(out, KEYS, cut(table, key_bins(table["key"], buckets), buckets))
@@ -176,7 +177,7 @@ def ledger_piece(drops: pd.DataFrame, samples: dict[int, str]) -> pd.DataFrame:
     samples tables of their parts (part index -> samples table)."""
     drops = drops.sort_values("id", kind="stable")
     ids = drops["id"].to_numpy(np.int64)
-    part, row = ids >> np.int64(32), ids & np.int64(0xFFFF_FFFF)
+    part, row = split(ids)
     frames = []
     for p in np.unique(part):
         t = pd.read_parquet(samples[int(p)], columns=["source", "source_id", "url", "key"])
@@ -200,7 +201,7 @@ def group_drops(drop_paths: list[str], group: int, samples: list[str], parts: li
     got = [read_batch(p, group) for p in drop_paths]
     drops = pa.concat_tables(got).to_pandas() if got else pd.DataFrame(columns=DROPS.names)
     rows = ledger_piece(drops, {first_part + i: p for i, p in enumerate(samples)})
-    dropped = pd.Series(rows["id"].to_numpy(np.int64) >> np.int64(32)).value_counts()
+    dropped = pd.Series(part_of(rows["id"].to_numpy(np.int64))).value_counts()
     counts = {
         part: [num_rows(path), int(dropped.get(first_part + i, 0))]
         for i, (part, path) in enumerate(zip(parts, samples, strict=True))
@@ -215,7 +216,7 @@ def piece_counts(path: str | os.PathLike) -> dict[str, list[int]]:
 
 def dropped_ids(paths: list[str], part: int) -> np.ndarray:
     """The ids of a part's samples that the ledger pieces name (the part's rows only are read)."""
-    lo, hi = np.int64(part) << np.int64(32), np.int64(part + 1) << np.int64(32)
+    lo, hi = part_range(part)
     found = [pq.read_table(p, columns=["id"], filters=[("id", ">=", lo), ("id", "<", hi)])["id"] for p in paths]
     return np.concatenate([c.to_numpy() for c in found]) if found else np.empty(0, np.int64)
 
@@ -241,15 +242,15 @@ class DroppedRows:
             batches = pq.ParquetFile(path).iter_batches(columns=["id"], batch_size=65536)
             self._open[path] = (batches, np.empty(0, np.int64))
         batches, held = self._open[path]
-        end = np.int64(part + 1) << np.int64(32)
+        end = part_range(part)[1]
         while not len(held) or held[-1] < end:
             batch = next(batches, None)
             if batch is None:
                 break
             held = np.concatenate([held, batch.column(0).to_numpy()])
-        here = held[(held >> np.int64(32)) == part]
+        here = held[part_of(held) == part]
         self._open[path] = (batches, held[held >= end])
-        return here & np.int64(0xFFFF_FFFF)
+        return row_of(here)
 
     def __call__(self, part: int, name: str) -> np.ndarray:
         """Sorted rows of the part (`part` its index, `name` its id) that some piece names."""

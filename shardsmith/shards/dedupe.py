@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from shardsmith.core.atomic import atomic_open
 from shardsmith.core.ledger import DEDUPE, EXCLUSION_COLUMNS
 from shardsmith.formats.tables import num_rows
+from shardsmith.shards.sampleid import published_order
 from shardsmith.storage.s3 import S3Settings
 from shardsmith.storage.stores import Store, complete_versions, open_store
 
@@ -88,17 +89,15 @@ def _read_manifest_file(store: Store, version: str, name: str, sha256: str) -> p
 def published_records(dest: str, dataset: str, s3: S3Settings | None = None) -> pd.DataFrame:
     """key, source_id, url, sha256 (and NEAR_COLUMNS, empty where a version lacks them) of every sample in
     every complete version, oldest version first, with each record's `order` (the version's index <<
-    neardup.ORDER_BITS | its row in the version's manifest, its files read as one table).
+    sampleid.ORDER_BITS | its row in the version's manifest, its files read as one table).
 
     Each manifest file is checked against the sha256 its completion marker records: a damaged or replaced
     manifest stops the refresh instead of letting duplicates through.
     """
-    from shardsmith.shards.neardup import ORDER_BITS
-
     frames = []
     for v, (store, version, files) in enumerate(published_manifests(dest, dataset, s3)):
         df = pd.concat([_read_manifest_file(store, version, n, sha) for n, sha in files], ignore_index=True)
-        order = (v << ORDER_BITS) + np.arange(len(df), dtype=np.int64)
+        order = published_order(v, np.arange(len(df), dtype=np.int64))
         frames.append(df.assign(version=version, order=order)[PUBLISHED_COLUMNS + NEAR_COLUMNS + ["order"]])
     if not frames:
         empty = {c: pd.Series(dtype=str) for c in PUBLISHED_COLUMNS + NEAR_COLUMNS}

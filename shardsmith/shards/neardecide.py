@@ -35,6 +35,7 @@ from shardsmith.core.atomic import atomic_open
 from shardsmith.core.ledger import DEDUPE
 from shardsmith.formats.tables import ParquetAppender
 from shardsmith.shards.buckets import LEDGER_PIECE
+from shardsmith.shards.sampleid import part_of
 
 SIGNALS = ("phash", "embedding", "same_hash")  # a pair's signal, by its code
 PHASH, EMBEDDING, SAME = 0, 1, 2
@@ -496,7 +497,7 @@ def finish(
         tables = merge_steps([*found_paths, rest], tmp)
         dropped = np.zeros(len(part_ids) + 1, np.int64)
         for chunk in merged(tables, ["id"]):  # each part's count first: the piece carries them in its metadata
-            part = chunk["id"].to_numpy(np.int64) >> np.int64(32)
+            part = part_of(chunk["id"].to_numpy(np.int64))
             dropped += np.bincount(part, minlength=len(dropped))[: len(dropped)]
         counts = {p: [0, int(dropped[i]) if exclude else 0] for i, p in enumerate(part_ids)}
         distinct = DistinctCount(tmp, int(dropped.sum()))
@@ -505,8 +506,10 @@ def finish(
             for chunk in merged(tables):
                 ids, kept = chunk["id"].to_numpy(np.int64), chunk["kept"].to_numpy(np.int64)
                 last = np.int64(len(part_ids))  # every published record gone from the build is after the last part
-                parts = {"part": names[np.minimum(ids >> np.int64(32), last)],
-                         "kept_part": names[np.minimum(kept >> np.int64(32), last)]}  # fmt: skip
+                parts = {
+                    "part": names[np.minimum(part_of(ids), last)],
+                    "kept_part": names[np.minimum(part_of(kept), last)],
+                }
                 table.append(chunk.assign(**parts)[NEAR_COLUMNS])
                 distinct.add(kept)
                 for sig, g in chunk.groupby("signal"):

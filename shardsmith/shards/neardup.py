@@ -51,11 +51,11 @@ from shardsmith.shards.nearparts import (
     part_entries,
     priority,
     read_cells,
-    sample_id,
     train_cells,
     write_cells,
     write_entries,
 )
+from shardsmith.shards.sampleid import gone_ids, sample_ids
 
 MODES = ("report", "exclude", "off")
 SLICE_JOBS = 500  # buckets_per_job and groups_per_job: auto keeps a planning step near this many jobs
@@ -140,7 +140,6 @@ class Published:
 
 
 GONE_COLUMNS = ["key", "version", "width_before", "height_before", "phash", "phash_mirror", "order"]
-ORDER_BITS = 40  # a published record's `order`: its version's index << 40 | its row in that version's manifest
 
 
 def published_candidates(sample_paths: list[str], excluded: set[str], published: pd.DataFrame | None) -> Published:
@@ -186,16 +185,7 @@ def part_candidates(
     size = next((c for c in ("bytes_before", "bytes") if c in t), None)
     nbytes = t[size].fillna(0).to_numpy(np.int64) if size else np.zeros(len(t), np.int64)
     prio = priority(np.isin(rows, old_rows), area, nbytes)
-    return sample_id(part, rows), prio, _codes(t["phash"]), _codes(t["phash_mirror"]), rows
-
-
-def gone_ids(order: np.ndarray, part: int) -> np.ndarray:
-    """Ids of published records gone from the build, after every part (`part` = the parts' count), in their
-    published order (dedupe.published_records' `order`): the same ids whichever job makes their entries."""
-    order = np.asarray(order, np.int64)
-    version, row = order >> np.int64(ORDER_BITS), order & np.int64((1 << ORDER_BITS) - 1)
-    high = np.int64(part) + (version << np.int64(ORDER_BITS - 32)) + (row >> np.int64(32))
-    return (high << np.int64(32)) | (row & np.int64(0xFFFF_FFFF))
+    return sample_ids(part, rows), prio, _codes(t["phash"]), _codes(t["phash_mirror"]), rows
 
 
 def gone_candidates(gone: pd.DataFrame, part: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

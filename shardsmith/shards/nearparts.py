@@ -1,7 +1,7 @@
 """The near-duplicate search as partitioned jobs: a map per part, a job per bucket, one small decision.
 
 Map (`split_part`): every candidate sample of a part (one no other stage left out) becomes entries, each
-with the sample's id (part index << 32 | row: dataset order) and its keep priority (`priority`):
+with the sample's id (shardsmith.shards.sampleid: dataset order) and its keep priority (`priority`):
 - block entries: its hash and its mirror's, once for each of the four 16-bit blocks, grouped by (block,
   value). Two hashes at most 3 bits apart agree on one block whole (3 differing bits leave one of four
   blocks untouched), so they meet in one group whatever else happens;
@@ -58,16 +58,6 @@ ENTRY_SCHEMA = pa.schema(
      ("prio", pa.uint64()), ("mirror", pa.bool_()), ("code", pa.uint64()), ("vec", pa.binary()),
      ("home", pa.int32())]
 )  # fmt: skip
-
-
-def sample_id(part: int, row: np.ndarray) -> np.ndarray:
-    """Ids in dataset order: the part's index in the high half, the samples table's row in the low."""
-    return (np.int64(part) << np.int64(32)) | np.asarray(row, np.int64)
-
-
-def split_id(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    ids = np.asarray(ids, np.int64)
-    return ids >> np.int64(32), ids & np.int64(0xFFFF_FFFF)
 
 
 def priority(published: np.ndarray, area: np.ndarray, nbytes: np.ndarray) -> np.ndarray:

@@ -12,7 +12,6 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
@@ -36,6 +35,7 @@ from shardsmith.shards.buckets import (
 from shardsmith.shards.dedupe import published_records, write_exclusions
 from shardsmith.shards.neardup import NearSettings, excluded_keys, published_candidates, run_near_jobs
 from shardsmith.shards.nearparts import Layout
+from shardsmith.shards.sampleid import row_of
 from shardsmith.storage.s3 import S3Settings
 
 
@@ -93,7 +93,7 @@ def _near_in_process(
     pub = published_candidates(samples, set(excluded_keys(exclusions)), published)
     near_dir = work / "near"
     near_dir.mkdir()
-    dropped = [dropped_ids([piece], i) & np.int64(0xFFFF_FFFF) for i, piece in enumerate(pieces)]
+    dropped = [row_of(dropped_ids([piece], i)) for i, piece in enumerate(pieces)]
     run_near_jobs(samples, parts, near, dropped, pub, embeddings, layout, work, near_dir)
     return str(near_dir)
 

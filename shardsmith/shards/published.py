@@ -41,7 +41,8 @@ from shardsmith.shards.dedupe import (
     manifest_error,
     published_manifests,
 )
-from shardsmith.shards.neardup import GONE_COLUMNS, ORDER_BITS
+from shardsmith.shards.neardup import GONE_COLUMNS
+from shardsmith.shards.sampleid import part_of, published_order, row_of, sample_ids
 from shardsmith.storage.s3 import S3Settings
 from shardsmith.storage.stores import Store
 
@@ -181,7 +182,7 @@ def _file_rows(path: Path, version: str, v: int, piece: int, start: int, end: in
         tables = []
         for j in range(start, end):
             t = f.read_row_group(j, columns=columns).to_pandas()
-            order = (np.int64(v) << np.int64(ORDER_BITS)) | np.arange(row, row + len(t), dtype=np.int64)
+            order = published_order(v, np.arange(row, row + len(t), dtype=np.int64))
             row += len(t)
             tables.append(_published_rows(t, version, order, piece))
     return tables
@@ -217,14 +218,14 @@ def split_published(
 def split_lookups(
     samples: list[str], first_part: int, buckets: int, exclusions: list[str], out: str | os.PathLike
 ) -> int:
-    """The lookups of a group's samples (id = part << 32 | row), one batch per bucket; `kept` is False for a
+    """The lookups of a group's samples (by sample id), one batch per bucket; `kept` is False for a
     sample its group's exclusion tables leave out (its own parts' low similarity scores), which then does
     not keep its published record from being gone. Only the group's own tables: every group reading every
     table would read the dataset's exclusions once a group. Returns the samples."""
     tables = []
     for i, path in enumerate(samples):
         t = pd.read_parquet(path, columns=["key", "source_id", "url", "sha256"])
-        ids = (np.int64(first_part + i) << np.int64(32)) | np.arange(len(t), dtype=np.int64)
+        ids = sample_ids(first_part + i, np.arange(len(t)))
         kept = np.ones(len(t), bool)
         if exclusions and len(t):
             keys = t["key"].astype(str).tolist()
@@ -286,13 +287,13 @@ def collect_published(
     published_ids = m.loc[m["kind"] == SOURCE_ID, "id"].unique()
     old = m[(m["kind"] == SOURCE_ID) & m["kept"] & near]
     ids = old["id"].to_numpy(np.int64)
-    old = pd.DataFrame({"part": ids >> np.int64(32), "row": ids & np.int64(0xFFFF_FFFF), "version": old["version"]})
+    old = pd.DataFrame({"part": part_of(ids), "row": row_of(ids), "version": old["version"]})
     hits = m[(m["kind"] != SOURCE_ID) & ~m["id"].isin(published_ids) & exact].drop_duplicates("id")  # url first
     keys = {}
-    for part in sorted(set((hits["id"].to_numpy(np.int64) >> np.int64(32)).tolist())):
+    for part in sorted(set(part_of(hits["id"].to_numpy(np.int64)).tolist())):
         keys[part] = pd.read_parquet(samples[part - first_part], columns=["key"])["key"].astype(str).to_numpy(object)
     rows = [
-        [keys[i >> 32][i & 0xFFFF_FFFF], STAGE, REASON, f"{WHAT[kind]} already published as {key} in version {version}"]
+        [keys[part_of(i)][row_of(i)], STAGE, REASON, f"{WHAT[kind]} already published as {key} in version {version}"]
         for i, kind, key, version in zip(
             hits["id"].tolist(), hits["kind"].tolist(), hits["key"].tolist(), hits["version"].tolist(), strict=True
         )

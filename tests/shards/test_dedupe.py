@@ -15,7 +15,7 @@ from shardsmith.shards.dedupe import (
     published_records,
     write_exclusions,
 )
-from shardsmith.shards.neardup import ORDER_BITS
+from shardsmith.shards.sampleid import ORDER_BITS
 
 
 def frame(rows, columns=("key", "source_id", "url", "sha256")):

@@ -26,9 +26,7 @@ from shardsmith.shards.nearparts import (
     nearest_cells,
     priority,
     read_bucket,
-    sample_id,
     signs,
-    split_id,
     train_cells,
 )
 from shardsmith.shards.nearsearch import MIRROR, exact_pairs
@@ -39,8 +37,6 @@ def test_priority_orders_published_then_pixels_then_file_size():
     prio = priority(np.array([True, False, False, False]), np.array([10, 900, 400, 400]), np.array([1, 5, 300, 20]))
     assert list(np.argsort(prio, kind="stable")) == [0, 1, 2, 3]
     assert is_published(prio).tolist() == [True, False, False, False]
-    ids = sample_id(3, np.array([0, 7]))
-    assert [p.tolist() for p in split_id(ids)] == [[3, 3], [0, 7]]
 
 
 def write_parts(tmp_path, codes: np.ndarray, mirrors: np.ndarray, parts: int, **columns) -> list[str]:
