@@ -320,17 +320,13 @@ def job(spec: dict) -> None:
     processor = ChildProcessor(str(processed / f"{PART}.tar"), resize=ResizeSettings(), captions=CaptionSettings(),
                                threads=1, label=PART)  # fmt: skip
     (run / "pids.json").write_text(json.dumps({"job": os.getpid(), "resize": processor._child.pid}))
-    with open(run / "job.log", "a") as log:
-        try:
-            status = download_part(spec["records"], out_tar=str(raw / f"{PART}.tar"),
-                                   out_status=str(raw / f"{PART}.status.parquet"), source=spec["source"],
-                                   settings=spec["settings"], processor=processor,
-                                   log=lambda m: print(m, file=log, flush=True))  # fmt: skip
-            kept, rejected = processor.finish(status, str(processed / f"{PART}.samples.parquet"),
-                                              str(processed / f"{PART}.rejected.parquet"))  # fmt: skip
-        except BaseException:
-            processor.abort()
-            raise
+    with open(run / "job.log", "a") as log, processor:  # as download_part's script: stop on SIGTERM, else abort
+        status = download_part(spec["records"], out_tar=str(raw / f"{PART}.tar"),
+                               out_status=str(raw / f"{PART}.status.parquet"), source=spec["source"],
+                               settings=spec["settings"], processor=processor,
+                               log=lambda m: print(m, file=log, flush=True))  # fmt: skip
+        kept, rejected = processor.finish(status, str(processed / f"{PART}.samples.parquet"),
+                                          str(processed / f"{PART}.rejected.parquet"))  # fmt: skip
     out = {
         "wall_s": time.monotonic() - started,
         "cpu_s": _cpu(resource.RUSAGE_SELF) + _cpu(resource.RUSAGE_CHILDREN),  # the resize process has been waited for

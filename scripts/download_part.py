@@ -1,9 +1,9 @@
 """Rule glue for download_part: logic in shardsmith.download.part (records, raw cache), shardsmith.download.fetch.client
-and shardsmith.download.process.child (resize, captions; run on each image as it arrives)."""
+and shardsmith.download.process.child (resize, captions; run on each image as it arrives). Leaving the processor's
+block on SIGTERM commits its results, on an error aborts it (shardsmith.download.process.processor)."""
 
 from shardsmith.core.logs import run_job
 from shardsmith.core.memory import reuse_freed_buffers
-from shardsmith.core.stopping import Stopped, deferred
 from shardsmith.download.part import download_part
 from shardsmith.download.process.blur import BlurSettings
 from shardsmith.download.process.captions import CaptionSettings
@@ -13,7 +13,7 @@ from shardsmith.download.process.resize import ResizeSettings
 
 def main() -> None:
     out = snakemake.output
-    processor = ChildProcessor(
+    with ChildProcessor(
         out.processed,
         resize=ResizeSettings(**snakemake.params.resize),
         captions=CaptionSettings(**snakemake.params.captions),
@@ -21,11 +21,10 @@ def main() -> None:
         label=snakemake.wildcards.part,
         blur_boxes=snakemake.params.source.get("blur_boxes"),
         blur=BlurSettings(**snakemake.params.blur),
-    )
-    # after the fork: the resize process keeps its own malloc settings. Bodies are freed once written out, and
-    # the next ones reuse their pages (large mix: 6.0 -> 4.45 ms of the fetching process's CPU a record).
-    reuse_freed_buffers()
-    try:
+    ) as processor:
+        # after the fork: the resize process keeps its own malloc settings. Bodies are freed once written out, and
+        # the next ones reuse their pages (large mix: 6.0 -> 4.45 ms of the fetching process's CPU a record).
+        reuse_freed_buffers()
         status = download_part(
             snakemake.input.records,
             out_tar=out.tar,
@@ -38,14 +37,6 @@ def main() -> None:
             policy_folder=snakemake.params.policy,
         )
         kept, rejected = processor.finish(status, out.samples, out.rejected)
-    except Stopped:
-        with deferred():  # a second signal does not cut the resize process's last commit short
-            committed = processor.stop()
-        print(f"{snakemake.wildcards.part}: resize process stopped, {committed} samples committed")
-        raise
-    except BaseException:
-        processor.abort()
-        raise
     failed = status[status["status"] == "error"]
     if len(failed):
         print("download failures by reason:\n" + failed["reason"].value_counts().to_string())

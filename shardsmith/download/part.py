@@ -10,15 +10,19 @@ hard-linked under {raw}/{dataset}/.keep/. Snakemake deletes a job's outputs befo
 the .keep links survive, so any rerun of a part (`make retry-failed`, `--forcerun download_part`, a
 changed download setting) reuses every record whose URL is unchanged and whose outcome is final, and
 fetches only records never fetched and failures whose reason is in `download.retry_reasons`.
+
+Both kinds of part are here, records fetched one by one and source shards read in order (so this module is over
+400 lines): they share the keep, the raw tar's commits (_raw_tar) and the hand-over to the processor.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import resource
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -31,7 +35,7 @@ from shardsmith.download.fetch.netguard import Refused
 from shardsmith.download.fetch.policycache import PolicyCache
 from shardsmith.download.fetch.responses import AttemptError, Outcome, check_hash
 from shardsmith.download.fetch.settings import DEFAULT_RETRY_REASONS, FetchSettings
-from shardsmith.download.process.child import ChildProcessor, PartProcessor
+from shardsmith.download.process.processor import Processor
 from shardsmith.download.rawcache import (
     FILTERED,
     STATUS_COLUMNS,
@@ -64,7 +68,7 @@ def download_records(
     kept: pd.DataFrame | None,
     label: str = "",
     refetch: set[str] | None = None,
-    processor: "PartProcessor | ChildProcessor | None" = None,
+    processor: Processor | None = None,
     commits: Commits | None = None,
 ) -> list[dict]:
     """Fetch what is not in the keep, writing every ok record to `tar` as it arrives; returns status rows.
@@ -190,7 +194,7 @@ def _record_writer(
     source: dict,
     fetcher: Fetcher,
     tar: ShardWriter,
-    processor: "PartProcessor | ChildProcessor | None",
+    processor: Processor | None,
 ) -> Callable[..., None]:
     def write(rid: int, data: bytes, reuse: bool = False) -> None:
         """Write one record's image and fields; raises Refused (nothing written) for a sidecar out of bounds.
@@ -222,7 +226,7 @@ def download_part(
     s3: "S3Settings | dict | None" = None,
     log: Callable[[str], None] = print,
     retry_marker: str | None = None,
-    processor: "PartProcessor | ChildProcessor | None" = None,
+    processor: Processor | None = None,
     policy_folder: str | None = None,
 ) -> pd.DataFrame:
     """Fetch one part into `out_tar` (members r{rid}.img + r{rid}.meta) and write its status parquet.
@@ -240,7 +244,7 @@ def download_part(
         PolicyCache(policy_folder) if policy_folder else None
     )  # robots.txt and tdmrep.json, shared by the run's jobs
     fetcher = Fetcher(settings, s3, log=log, local_folders=local_folders(source), policy_cache=cache)
-    if getattr(processor, "pid", None):
+    if processor is not None and processor.pid:
         fetcher.cpu_pids.append(processor.pid)
     keep = Keep(out_tar)
     kept = keep.load()
@@ -256,16 +260,8 @@ def download_part(
             resume = None if finished or kept is None else _ShardResume(records, keep, kept, source, retry)
             status = _read_shards(records, source, fetcher, out_tar, processor, resume, label, log)
     else:
-        with atomic_open(out_tar) as f, ShardWriter(f) as tar:
-            if processor is not None:
-                processor.read_from(f.name)
-            done = _progress(out_tar, f, tar, processor, log)
-            try:
-                rows = download_records(records, source, fetcher, tar, keep, kept, label, retry, processor, done)
-                _downloaded(done, processor)
-            except Stopped:
-                _last_commit(done, label, log)
-                raise
+        with _raw_tar(out_tar, processor, label, log) as (tar, done):
+            rows = download_records(records, source, fetcher, tar, keep, kept, label, retry, processor, done)
         status = pd.DataFrame(rows, columns=STATUS_COLUMNS)
 
     status = status.astype(STATUS_TYPES)
@@ -285,7 +281,7 @@ def download_part(
 
 
 def _reuse_shard(
-    keep: Keep, kept: pd.DataFrame, source: dict, out_tar: str, processor: "PartProcessor | ChildProcessor | None"
+    keep: Keep, kept: pd.DataFrame, source: dict, out_tar: str, processor: Processor | None
 ) -> pd.DataFrame:
     """The kept raw tar of a source shard put back in place, its samples handed to `processor`."""
     link_or_copy(keep.tar, Path(out_tar))
@@ -300,31 +296,33 @@ def _reuse_shard(
     return status
 
 
-def _progress(
-    out_tar: str, f, tar: ShardWriter, processor: "PartProcessor | ChildProcessor | None", log: Callable[[str], None]
-) -> Commits:
-    """The part's commits; its processor commits its results right after each (and only then), so every result
-    it commits is of a record the raw commit holds, which a rerun keeps and whose result it copies."""
-    if processor is None:
-        return progress(Keep(out_tar), f, tar, log=log)
-    processor.commit_when_told()
-    return progress(Keep(out_tar), f, tar, log=log, on_commit=processor.commit)
+@contextlib.contextmanager
+def _raw_tar(
+    out_tar: str, processor: Processor | None, label: str, log: Callable[[str], None]
+) -> Iterator[tuple[ShardWriter, Commits]]:
+    """The part's raw tar, put in place when the block ends, and its commits.
 
-
-def _downloaded(done: Commits, processor: "PartProcessor | ChildProcessor | None") -> None:
-    """Every record is fetched: commit them all, and let the processor, still resizing, commit at its own pace
-    (every record it holds is in the raw commit now)."""
-    with deferred():
-        done.commit()
-    if processor is not None:
-        processor.commit_when_told(False)
-
-
-def _last_commit(done: Commits, label: str, log: Callable[[str], None]) -> None:
-    """On a stop: commit every record written so far, so the rerun goes on from here."""
-    with deferred():
-        done.commit()
-    log(f"download {label}: stopped; {done.committed} records committed, the rerun goes on from them")
+    The processor commits its results right after each commit (and only then), so every result it commits is of
+    a record the raw commit holds, which a rerun keeps and whose result it copies. Once every record is written,
+    all are committed and the processor, still resizing, commits at its own pace; on a stop, every record
+    written so far is committed, so the rerun goes on from there.
+    """
+    with atomic_open(out_tar) as f, ShardWriter(f) as tar:
+        if processor is not None:
+            processor.read_from(f.name)
+            processor.commit_when_told()
+        done = progress(Keep(out_tar), f, tar, log=log, on_commit=None if processor is None else processor.commit)
+        try:
+            yield tar, done
+            with deferred():
+                done.commit()
+            if processor is not None:
+                processor.commit_when_told(False)
+        except Stopped:
+            with deferred():
+                done.commit()
+            log(f"download {label}: stopped; {done.committed} records committed, the rerun goes on from them")
+            raise
 
 
 class _ShardResume:
@@ -376,7 +374,7 @@ def _read_shards(
     source: dict,
     fetcher: Fetcher,
     out_tar: str,
-    processor: "PartProcessor | ChildProcessor | None",
+    processor: Processor | None,
     resume: _ShardResume | None = None,
     label: str = "",
     log: Callable[[str], None] = print,
@@ -385,10 +383,7 @@ def _read_shards(
     progress committed as it goes, and a stopped run's commit taken over (`resume`)."""
     rows: list[dict] = []
     shards = records.to_dict("records")
-    with atomic_open(out_tar) as f, ShardWriter(f) as tar:
-        if processor is not None:
-            processor.read_from(f.name)
-        done = _progress(out_tar, f, tar, processor, log)
+    with _raw_tar(out_tar, processor, label, log) as (tar, done):
 
         def put(row: dict, data: bytes | None, meta: bytes | None, reuse: bool) -> None:
             with deferred():  # a stop lands between records: each one is written and added whole
@@ -419,10 +414,6 @@ def _read_shards(
                     else:
                         put(row, data, None if data is None else encode_fields(fields), reuse=False)
                 done.meta["shards"] = i + 1
-            _downloaded(done, processor)
-        except Stopped:
-            _last_commit(done, label, log)
-            raise
         finally:
             if resume is not None:
                 resume.keep.close()

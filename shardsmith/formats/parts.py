@@ -32,7 +32,7 @@ def _padded(size: int) -> int:
 
 def sample_span(row: dict) -> tuple[int, int] | None:
     """Bytes [start, end) of a sample's jpg, txt and json members with their headers, when they lie back to
-    back in its part tar; None otherwise. Part tars come from the processor (shardsmith.download.process.child), whose
+    back in its part tar; None otherwise. Part tars come from the processor (shardsmith.download.process.part), whose
     ShardWriter gives each member a one-block header with the shard's fields, so such a range holds the bytes
     write() would."""
     if row["txt_offset"] != row["jpg_offset"] + _padded(row["jpg_size"]) + BLOCKSIZE:

@@ -24,7 +24,7 @@ from shardsmith.core.stopping import STOPPED_EXIT_CODE, Stopped, stop_on_sigterm
 from shardsmith.download import commits
 from shardsmith.download.part import download_part
 from shardsmith.download.process.captions import CaptionSettings
-from shardsmith.download.process.child import PartProcessor
+from shardsmith.download.process.part import PartProcessor
 from shardsmith.download.process.resize import ResizeSettings
 from shardsmith.download.rawcache import Keep, mark_failed
 from shardsmith.download.sources import plan_parts
@@ -494,13 +494,14 @@ def _stoppable_download(
     from shardsmith.download import rawcache
 
     rawcache.COMMIT_RECORDS = every
-    proc = None if processed is None else PartProcessor(processed, RESIZE, CaptionSettings())
     try:
         with stop_on_sigterm():
-            download_part(records, tar, status, source, settings, log=lambda m: None, processor=proc)
+            if processed is None:
+                download_part(records, tar, status, source, settings, log=lambda m: None)
+                return
+            with PartProcessor(processed, RESIZE, CaptionSettings()) as proc:
+                download_part(records, tar, status, source, settings, log=lambda m: None, processor=proc)
     except Stopped:
-        if proc is not None:
-            proc.stop()
         os._exit(STOPPED_EXIT_CODE)
 
 
@@ -540,7 +541,7 @@ def test_a_source_shard_part_stopped_midway_takes_its_committed_samples_over(tmp
     shard again (one request: a stream cannot be picked up in the middle) but takes the committed records
     from the commit, resizes none of the committed samples again, and ends with the status, raw tar and
     samples of a run never stopped."""
-    from shardsmith.download.process import child as child_module
+    from shardsmith.download.process import part as part_module
 
     s = http_server
     n = 150
@@ -557,14 +558,15 @@ def test_a_source_shard_part_stopped_midway_takes_its_committed_samples_over(tmp
         (tmp_path / name / "processed").mkdir()
         out[name] = (tmp_path / name / "raw" / f"{pid}.tar", tmp_path / name / "processed" / f"{pid}.tar")
 
-    def finish(raw_tar, processed, proc):
-        status = download_part(records, str(raw_tar), str(raw_tar).replace(".tar", ".status.parquet"), src, FAST,
-                               log=lambda m: None, processor=proc)  # fmt: skip
-        proc.finish(status, str(processed).replace(".tar", ".samples.parquet"),
-                    str(processed).replace(".tar", ".rejected.parquet"))  # fmt: skip
+    def finish(raw_tar, processed):
+        with PartProcessor(str(processed), RESIZE, CaptionSettings()) as proc:
+            status = download_part(records, str(raw_tar), str(raw_tar).replace(".tar", ".status.parquet"), src, FAST,
+                                   log=lambda m: None, processor=proc)  # fmt: skip
+            proc.finish(status, str(processed).replace(".tar", ".samples.parquet"),
+                        str(processed).replace(".tar", ".rejected.parquet"))  # fmt: skip
         return status
 
-    expected = finish(*out["clean"], PartProcessor(str(out["clean"][1]), RESIZE, CaptionSettings()))
+    expected = finish(*out["clean"])
     s.reset_counts()
 
     tar, processed = out["stopped"]
@@ -589,9 +591,9 @@ def test_a_source_shard_part_stopped_midway_takes_its_committed_samples_over(tmp
     remove_leftovers([tmp_path / "stopped"])
 
     resized = []
-    real = child_module.process_image
-    monkeypatch.setattr(child_module, "process_image", lambda data, r, *rest: resized.append(1) or real(data, r, *rest))
-    status = finish(tar, processed, PartProcessor(str(processed), RESIZE, CaptionSettings()))
+    real = part_module.process_image
+    monkeypatch.setattr(part_module, "process_image", lambda data, r, *rest: resized.append(1) or real(data, r, *rest))
+    status = finish(tar, processed)
     assert s.count("/shards/web-0.tar") == 2  # the stopped run's request and the rerun's
     assert set(done.rows["rid"]) <= set(committed.rows["rid"])
     assert len(resized) == n - len(done.rows)

@@ -1,12 +1,12 @@
-"""Processing while downloading: images are resized as they arrive, in a child process, with the same result
-as processing the raw tar afterwards; a failure fails the part and leaves no file behind."""
+"""Processing while downloading in a resize process of the job's own (ChildProcessor): the same part as
+processing the raw tar afterwards; a failure fails the part and leaves no file behind; a stop or a kill of the
+job leaves what the resize process made committed for the rerun."""
 
 import json
 import multiprocessing
 import os
 import signal
 import tarfile
-import threading
 import time
 from pathlib import Path
 
@@ -15,35 +15,18 @@ import pytest
 from generated import jpeg_bytes
 from httpserver import Reply
 
-from shardsmith.core.atomic import atomic_open
 from shardsmith.core.leftovers import find_leftovers, remove_leftovers
 from shardsmith.core.stopping import STOPPED_EXIT_CODE, Stopped, stop_on_sigterm
 from shardsmith.download import commits
 from shardsmith.download.part import download_part
+from shardsmith.download.process import child
 from shardsmith.download.process.captions import CaptionSettings
-from shardsmith.download.process.child import ChildProcessor, PartProcessor, process_part
+from shardsmith.download.process.child import ChildProcessor
+from shardsmith.download.process.part import PartProcessor, process_part
 from shardsmith.download.process.resize import ResizeSettings
-from shardsmith.download.rawcache import encode_fields, write_raw
 from shardsmith.download.sources import plan_parts
-from shardsmith.formats.tario import ShardWriter
+from tests.download.process.test_part import manifest_part, ok_status
 from tests.download.test_part import FAST, RESIZE, _samples
-
-
-def ok_status(n: int) -> list[dict]:
-    """Status rows of `n` records of source `web`, all downloaded."""
-    return [
-        {"key": f"web-{i}", "source": "web", "source_id": f"u{i}", "url": f"u{i}", "rid": i, "status": "ok",
-         "reason": "", "detail": ""}
-        for i in range(n)
-    ]  # fmt: skip
-
-
-def manifest_part(tmp_path, rows: list[dict]) -> tuple[str, dict]:
-    path = tmp_path / "manifest.parquet"
-    pd.DataFrame(rows).to_parquet(path, index=False)
-    source = {"name": "web", "type": "manifest", "path": str(path), "url_column": "url"}
-    [pid] = plan_parts([source], 100, tmp_path / "parts")
-    return str(tmp_path / "parts" / f"{pid}.parquet"), source
 
 
 def members(path) -> dict[str, bytes]:
@@ -61,37 +44,6 @@ def serve_mix(s) -> tuple[list[dict], bytes, bytes]:
     s.route("/gone.jpg", Reply(status=404, body=b"no"))
     rows = [{"url": s.url(f"/{n}.jpg"), "caption": f"photo {n}"} for n in ("small", "big", "cut", "gone")]
     return rows, small, truncated
-
-
-def test_images_are_resized_while_the_part_still_downloads(tmp_path, http_server):
-    """The fast records are processed before the slow one has even arrived."""
-    s = http_server
-    for i in range(3):
-        s.route(f"/f{i}.jpg", Reply(body=jpeg_bytes((100 + i, 80))))
-    s.route("/slow.jpg", Reply(body=jpeg_bytes(), delay=3.0))
-    rows = [{"url": s.url(p), "caption": "c"} for p in ("/f0.jpg", "/f1.jpg", "/slow.jpg", "/f2.jpg")]
-    records, source = manifest_part(tmp_path, rows)
-    done_at: dict[int, float] = {}
-
-    class Timed(PartProcessor):
-        def _run(self, rid, *args):
-            super()._run(rid, *args)
-            done_at[rid] = time.monotonic()
-
-    proc = Timed(str(tmp_path / "p.tar"), RESIZE, CaptionSettings())
-    status = download_part(
-        records,
-        str(tmp_path / "raw.tar"),
-        str(tmp_path / "st.parquet"),
-        source,
-        {**FAST, "read_timeout_s": 5, "request_timeout_s": 10},
-        log=lambda m: None,
-        processor=proc,
-    )
-    downloaded = time.monotonic()
-    assert proc.finish(status, str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet")) == (4, 0)
-    slow = int(status.loc[status["url"].str.endswith("/slow.jpg"), "rid"].iloc[0])
-    assert max(t for rid, t in done_at.items() if rid != slow) < downloaded - 1.0
 
 
 def test_the_child_process_gives_the_part_that_processing_the_raw_tar_gives(tmp_path, http_server):
@@ -138,6 +90,32 @@ def test_the_child_process_gives_the_part_that_processing_the_raw_tar_gives(tmp_
     assert sorted((r["stage"], r["reason"]) for r in rejected) == [("download", "not_found"), ("resize", "truncated")]
 
 
+def test_every_message_crosses_the_pipe_as_it_was_sent():
+    """The job's messages and the resize process's answers arrive with their type and every field."""
+    record = {"key": "web-7", "source": "web", "source_id": "u7", "url": "https://example.com/7.jpg"}
+    sent = [
+        child.ReadFrom("/raw/web-000000.tar"),
+        child.Submit(7, record, b'{"caption":"c"}', (1536, 4096), True),
+        child.Submit(8, record, {"caption": "c"}, (0, 1), False),
+        child.CommitWhenTold(False),
+        child.Commit(),
+        child.Stop(),
+        child.Abort(),
+        child.Reply((3, 1)),
+        child.Reply(error="OSError: raw tar: short read"),
+    ]
+    ours, theirs = multiprocessing.Pipe()
+    for msg in sent:
+        child.send_message(ours, msg)
+        got = child.receive_message(theirs)
+        assert type(got) is type(msg) and got == msg
+    status = pd.DataFrame(ok_status(2))
+    child.send_message(ours, child.Finish(status, "s.parquet", "r.parquet"))
+    got = child.receive_message(theirs)
+    assert type(got) is child.Finish and (got.out_samples, got.out_rejected) == ("s.parquet", "r.parquet")
+    pd.testing.assert_frame_equal(got.status, status)
+
+
 def test_a_failure_in_the_child_fails_the_part_and_leaves_no_file(tmp_path):
     """An image that cannot be read back (the raw tar cut short) is an error of the job, not a lost record."""
     raw = tmp_path / "raw.tar"
@@ -174,41 +152,6 @@ def test_an_aborted_part_leaves_no_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_held_images_stay_within_the_memory_bound(tmp_path):
-    """Beyond `hold_bytes`, a submission carries only where its image lies and is read back when its turn comes."""
-    images = [jpeg_bytes((60 + i, 40)) for i in range(6)]
-    raw = tmp_path / "raw.tar"
-    from shardsmith.core.atomic import atomic_open
-    from shardsmith.formats.tario import ShardWriter
-
-    where = []
-    with atomic_open(raw) as f, ShardWriter(f) as w:
-        for i, data in enumerate(images):
-            where.append(w.write(f"r{i:07d}", {"img": data, "meta": b"{}"})["img"])
-    gate = threading.Event()
-    held = []
-
-    class Gated(PartProcessor):
-        def _run(self, rid, record, fields, data, loc, source):
-            held.append(data is not None)
-            gate.wait(10)
-            super()._run(rid, record, fields, data, loc, source)
-
-    proc = Gated(str(tmp_path / "p.tar"), RESIZE, CaptionSettings(), hold_bytes=len(images[0]) * 2)
-    proc.read_from(raw)
-    rows = ok_status(6)
-    for i, data in enumerate(images):
-        proc.submit(i, rows[i], {"caption": f"c{i}"}, data, where[i])
-    assert proc._held <= len(images[0]) * 2
-    gate.set()
-    for f in proc._futures:
-        f.result()
-    kept = [v for row, _ in proc.results.values() for v in row.values()]
-    assert not any(isinstance(v, bytes) for v in kept)  # done images are not held until finish
-    assert proc.finish(pd.DataFrame(rows), str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet")) == (6, 0)
-    assert held.count(True) == 2 and held.count(False) == 4
-
-
 def _faults_per_image(conn) -> None:
     """In a fresh process with the resize process's allocator settings: minor page faults per image over a
     second pass through web-size images of alternating sizes (a large one's freed buffer is what the next
@@ -219,10 +162,9 @@ def _faults_per_image(conn) -> None:
     import numpy as np
     from PIL import Image
 
-    from shardsmith.download.process.child import tune_allocator
     from shardsmith.download.process.resize import process_image
 
-    tune_allocator()
+    child.tune_allocator()
     rng = np.random.default_rng(0)
     images = []
     for i in range(12):
@@ -259,100 +201,30 @@ def test_the_resize_process_reuses_freed_decode_buffers():
     assert faults < 50
 
 
-def test_rejected_images_are_not_held_until_the_part_is_done(tmp_path):
-    """A rejection's traceback holds the decoder's frames and the image's bytes: kept as raised, every
-    rejected image of a part stayed in memory until the part finished."""
-    import io
-    import tracemalloc
-
-    import numpy as np
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(np.random.default_rng(0).integers(0, 255, (900, 1200, 3), dtype=np.uint8)).save(
-        buf, "JPEG", quality=95
-    )
-    jpeg = buf.getvalue()  # about 1.3 MB
-    rows = ok_status(12)
-    proc = PartProcessor(str(tmp_path / "p.tar"), ResizeSettings(max_side=512), CaptionSettings(), hold_bytes=64 << 20)
-    tracemalloc.start()
-    try:
-        for i in range(12):
-            proc.submit(i, rows[i], {"caption": f"c{i}"}, jpeg[: (1 << 20) - i])  # a new 1 MB object each, cut short
-        for f in proc._futures:
-            f.result()
-        held = tracemalloc.get_traced_memory()[0]
-    finally:
-        tracemalloc.stop()
-    assert all(isinstance(r, Exception) and r.reason == "truncated" for r, _ in proc.results.values())
-    assert held < 4 << 20, f"{held >> 20} MiB still held after 12 rejected images of 1 MB"
-    proc.finish(pd.DataFrame(rows), str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet"))
-
-
-def test_process_follows_record_order_whatever_order_the_raw_tar_holds(tmp_path):
-    """Downloads write bodies as they arrive and images are processed as they come; the samples table (and so
-    every shard) is in record order, its offsets point at each sample's own members, and a record whose
-    bytes are missing from the raw tar ends in the ledger, not nowhere."""
-    raw, rows = tmp_path / "raw.tar", []
-    with atomic_open(raw) as f, ShardWriter(f) as w:
-        for rid in (3, 0, 2):  # arrival order; rid 1 is "ok" in the status but its bytes are missing
-            write_raw(w, rid, jpeg_bytes((40 + rid, 40)), encode_fields({"txt": f"c{rid}"}))
-    for rid in range(4):
-        rows.append(
-            {
-                "rid": rid,
-                "source": "web",
-                "source_id": f"id{rid}",
-                "url": f"u{rid}",
-                "key": f"web-{rid}",
-                "status": "ok",
-                "reason": "",
-                "detail": "",
-            }
-        )
-    pd.DataFrame(rows).to_parquet(tmp_path / "status.parquet")
-    out = {k: str(tmp_path / f"p.{k}") for k in ("tar", "samples.parquet", "rejected.parquet")}
-    kept, rejected = process_part(
-        str(raw), str(tmp_path / "status.parquet"), out["tar"], out["samples.parquet"], out["rejected.parquet"],
-        ResizeSettings(min_side=8), CaptionSettings(),
-    )  # fmt: skip
-    assert (kept, rejected) == (3, 1)
-    samples = pd.read_parquet(out["samples.parquet"])
-    assert list(samples["key"]) == ["web-0", "web-2", "web-3"]
-    with tarfile.open(out["tar"]) as tar:
-        at = {(i.offset_data, i.size): i.name for i in tar}
-    for row in samples.to_dict("records"):
-        assert [at[(row[f"{e}_offset"], row[f"{e}_size"])] for e in ("jpg", "txt", "json")] == [
-            f"{row['key']}.{e}" for e in ("jpg", "txt", "json")
-        ]
-    assert list(samples["width_before"]) == [40, 42, 43]
-    [miss] = pd.read_parquet(out["rejected.parquet"]).to_dict("records")
-    assert (miss["key"], miss["stage"], miss["reason"]) == ("web-1", "process", "missing_raw")
-
-
 def _part_in_child(records: str, raw_dir: str, processed: str, source: dict, every: int) -> None:
     from shardsmith.download import rawcache
 
     rawcache.COMMIT_RECORDS = every
-    proc = ChildProcessor(processed, RESIZE, CaptionSettings())
-    Path(processed + ".resize-pid").write_text(str(proc._child.pid))
-    status = download_part(records, f"{raw_dir}/web-000000.tar", f"{raw_dir}/web-000000.status.parquet", source,
-                           {**FAST, "concurrency": 2}, processor=proc, log=lambda m: None)  # fmt: skip
-    proc.finish(status, processed.replace(".tar", ".samples.parquet"), processed.replace(".tar", ".rejected.parquet"))
+    with ChildProcessor(processed, RESIZE, CaptionSettings()) as proc:
+        Path(processed + ".resize-pid").write_text(str(proc.pid))
+        status = download_part(records, f"{raw_dir}/web-000000.tar", f"{raw_dir}/web-000000.status.parquet", source,
+                               {**FAST, "concurrency": 2}, processor=proc, log=lambda m: None)  # fmt: skip
+        proc.finish(status, processed.replace(".tar", ".samples.parquet"),
+                    processed.replace(".tar", ".rejected.parquet"))  # fmt: skip
 
 
 def _rerun_counting_resizes(records: str, raw, processed, source: dict, monkeypatch) -> list[int]:
     """The part run again (no kill), as the rule runs it but in this process; returns a 1 per image resized."""
-    from shardsmith.download.process import child as child_module
+    from shardsmith.download.process import part as part_module
 
     resized = []
-    real = child_module.process_image
-    monkeypatch.setattr(child_module, "process_image", lambda data, r, *rest: resized.append(1) or real(data, r, *rest))
-    again = PartProcessor(str(processed), RESIZE, CaptionSettings())
-    status = download_part(records, str(raw / "web-000000.tar"), str(raw / "web-000000.status.parquet"), source,
-                           {**FAST, "concurrency": 2}, processor=again, log=lambda m: None)  # fmt: skip
-    again.finish(status, str(processed).replace(".tar", ".samples.parquet"),
-                 str(processed).replace(".tar", ".rejected.parquet"))  # fmt: skip
+    real = part_module.process_image
+    monkeypatch.setattr(part_module, "process_image", lambda data, r, *rest: resized.append(1) or real(data, r, *rest))
+    with PartProcessor(str(processed), RESIZE, CaptionSettings()) as again:
+        status = download_part(records, str(raw / "web-000000.tar"), str(raw / "web-000000.status.parquet"), source,
+                               {**FAST, "concurrency": 2}, processor=again, log=lambda m: None)  # fmt: skip
+        again.finish(status, str(processed).replace(".tar", ".samples.parquet"),
+                     str(processed).replace(".tar", ".rejected.parquet"))  # fmt: skip
     return resized
 
 
@@ -412,13 +284,11 @@ def _stoppable_part_in_child(records: str, raw_dir: str, processed: str, source:
     from shardsmith.download import rawcache
 
     rawcache.COMMIT_RECORDS = 100_000  # no commit falls due: what is committed, the stop committed
-    proc = ChildProcessor(processed, RESIZE, CaptionSettings())
     try:
-        with stop_on_sigterm():
+        with stop_on_sigterm(), ChildProcessor(processed, RESIZE, CaptionSettings()) as proc:
             download_part(records, f"{raw_dir}/web-000000.tar", f"{raw_dir}/web-000000.status.parquet", source,
                           {**FAST, "concurrency": 2}, processor=proc, log=lambda m: None)  # fmt: skip
     except Stopped:
-        proc.stop()
         os._exit(STOPPED_EXIT_CODE)
 
 
@@ -463,41 +333,6 @@ def test_a_part_stopped_by_sigterm_commits_the_samples_its_resize_process_made(t
     assert len(resized) == n - len(made.rows)
     assert _samples(processed) == _samples(clean / "p" / "web-000000.tar")
     assert not (processed.parent / ".keep").exists() and find_leftovers([tmp_path]) == []
-
-
-def test_the_resize_process_commits_on_its_own_once_every_record_is_fetched(tmp_path, http_server, monkeypatch):
-    """While the part downloads, results are committed right after the raw cache's commits; once every record
-    is fetched (and committed), the resize process, still busy, commits every so many results by itself."""
-    from shardsmith.download import rawcache
-    from shardsmith.download.process import child as child_module
-
-    s = http_server
-    n = 60
-    rows = [{"url": s.route(f"/{i}.jpg", Reply(body=jpeg_bytes(size=(96, 80), color=(i, 9, 9)))), "caption": f"c{i}"}
-            for i in range(n)]  # fmt: skip
-    records, source = manifest_part(tmp_path, rows)
-    monkeypatch.setattr(rawcache, "COMMIT_RECORDS", 10)
-    real = child_module.process_image
-    monkeypatch.setattr(child_module, "process_image", lambda data, r, *rest: time.sleep(0.05) or real(data, r, *rest))
-    processed = tmp_path / "p" / "web-000000.tar"
-    processed.parent.mkdir()
-    proc = PartProcessor(str(processed), RESIZE, CaptionSettings())
-    raw = tmp_path / "raw" / "web-000000.tar"
-    status = download_part(records, str(raw), str(raw).replace(".tar", ".status.parquet"), source,
-                           {**FAST, "concurrency": 8}, processor=proc, log=lambda m: None)  # fmt: skip
-    at_download_end = commits.load(processed.parent / ".keep", "web-000000")
-    seen = 0 if at_download_end is None else len(at_download_end.rows)
-    assert seen < n - 10  # the resize process lags behind the fetching
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        got = commits.load(processed.parent / ".keep", "web-000000")
-        if got is not None and len(got.rows) > seen:
-            break
-        time.sleep(0.01)
-    assert got is not None and len(got.rows) > seen
-    proc.finish(status, str(processed).replace(".tar", ".samples.parquet"),
-                str(processed).replace(".tar", ".rejected.parquet"))  # fmt: skip
-    assert not (processed.parent / ".keep").exists()
 
 
 def _job_with_a_resize_process(out: str, pid_file: str) -> None:
@@ -584,22 +419,3 @@ def test_curation_in_the_child_filters_captions_languages_and_boxes_each_reach_t
     assert meta["language"] == "en"
     assert json.loads(tar[f"{samples['key'][1]}.json"])["blur"]["boxes"] == []
     assert tar[f"{samples['key'][1]}.jpg"] == img  # no boxes: passed through byte for byte
-
-
-def test_boxes_in_a_source_shards_json_are_found_by_a_dotted_path(tmp_path):
-    """A shards source's face boxes live in each sample's json member: `blur_boxes: json.face_bboxes`."""
-    rows = ok_status(3)
-    proc = PartProcessor(str(tmp_path / "p.tar"), RESIZE, CaptionSettings(), blur_boxes="json.face_bboxes")
-    img = jpeg_bytes((60, 45), (200, 120, 40))
-    members = [
-        {"txt": "a face", "json": {"face_bboxes": [[0.2, 0.2, 0.6, 0.7]]}},  # json parsed, as member_fields gives it
-        {"txt": "no face", "json": '{"face_bboxes": []}'},  # json kept as text
-        {"txt": "no boxes at all", "json": {"other": 1}},
-    ]
-    for i, fields in enumerate(members):
-        proc.submit(i, rows[i], fields, img)
-    assert proc.finish(pd.DataFrame(rows), str(tmp_path / "s.parquet"), str(tmp_path / "r.parquet")) == (2, 1)
-    samples = pd.read_parquet(tmp_path / "s.parquet")
-    assert list(samples["blurred"]) == [1, 0] and list(samples["passthrough"]) == [False, True]
-    ledger = pd.read_parquet(tmp_path / "r.parquet")
-    assert list(ledger["reason"]) == ["bad_boxes"] and ledger["detail"][0].startswith("boxes missing")
