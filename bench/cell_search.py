@@ -1,6 +1,6 @@
-"""A cell's hashes searched two ways, alternating in one process: k-means bins (nearsearch.near_pairs, each hash in
-5 bins of dedupe.bin_size) and sampled-bit tables (nearsearch.held_pairs, what find_near_pairs runs): CPU a row and
-the share of planted pairs found at each distance.
+"""A cell's hashes searched two ways, alternating in one process: k-means bins
+(tests.shards.reference_search.near_pairs, each hash in 5 bins of dedupe.bin_size) and sampled-bit tables
+(nearsearch.held_pairs, what find_near_pairs runs): CPU a row and the share of planted pairs found at each distance.
 
     python bench/cell_search.py [--rows 1000000] [--rounds 2] [--out bench/results/cell-search.json]
 
@@ -25,7 +25,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench.e2e_bench import save_result  # noqa: E402
-from shardsmith.shards.nearsearch import MIRROR, held_pairs, near_pairs, sampled_bit_tables  # noqa: E402
+from shardsmith.shards.nearsearch import MIRROR, held_pairs, sampled_bit_tables  # noqa: E402
+from tests.shards.reference_search import near_pairs  # noqa: E402
 
 BIN_SIZE = 20_000
 CENTRES, FLIP = 2_000, 0.2

@@ -40,11 +40,11 @@ JOBS = {
         "work = lambda: split_lookups(paths, 0, {buckets}, [], w + '/lookups.arrow')\n"
     ),
     "split_near_entries": (
-        "from shardsmith.shards.neardup import NearSettings, split_near_group, train_near_cells\n"
+        "from shardsmith.shards.neardup import NearSettings, split_near_entries, train_near_cells\n"
         "from shardsmith.shards.nearparts import Layout\n"
         "layout = Layout(cells=4 * {probes}, buckets={buckets}, probes={probes})\n"
         "train_near_cells(paths, NearSettings(), {n}, [], w + '/cells.npz', layout)\n"
-        "work = lambda: split_near_group(paths, 0, [np.empty(0, np.int64)] * len(paths), None, w + '/cells.npz',\n"
+        "work = lambda: split_near_entries(paths, 0, [np.empty(0, np.int64)] * len(paths), None, w + '/cells.npz',\n"
         "                                w + '/e.arrow', w + '/h.arrow', [])\n"
     ),
 }

@@ -56,6 +56,7 @@ def write_parts(folder: Path, samples: int, part_size: int, rng: np.random.Gener
                 "caption_field": "caption", "passthrough": rng.random(n) < 0.3,
                 "phash": [f"{x:016x}" for x in rng.integers(0, 2**63, n)],
                 "phash_mirror": [f"{x:016x}" for x in rng.integers(0, 2**63, n)],
+                "language": "en", "language_score": 0.99, "blurred": 0,
                 "jpg_offset": i * 4096, "jpg_size": 3000, "txt_offset": i * 4096 + 3584, "txt_size": 40,
                 "json_offset": i * 4096 + 3712, "json_size": 300,
             }
@@ -90,9 +91,9 @@ def measure(folder: Path, samples: int, part_size: int, per_shard: int) -> dict:
     args = folder / "args.json"  # paths go through a file: thousands of them overflow a command line
     args.write_text(json.dumps({"parts": parts, "part_ids": part_ids}))
     load = f"import json\na = json.load(open({str(args)!r}))\n"
-    out["plan_shards"] = peak_rss_mib(
-        f"{load}from shardsmith.shards.plan import plan_shards\n"
-        f"plan_shards(a['parts'], a['part_ids'], 'ds', {per_shard}, {str(plan)!r})"
+    out["plan_shards"] = peak_rss_mib(  # the planning jobs one after another (tests.shards.reference)
+        f"{load}from tests.shards.reference import plan_in_process\n"
+        f"plan_in_process(a['parts'], a['part_ids'], 'ds', {per_shard}, {str(plan)!r})"
     )
     names = sorted(p.name.split(".")[0] for p in plan.glob("*.samples.parquet"))
     infos = []

@@ -9,11 +9,11 @@
    single core, the least CPU of 5 rounds each; the hash's share of the process stage's CPU per image. Also:
    the reduced (reducing_gap) hash against imagehash's plain one, and a pass-through JPEG's hash (from its
    reduced decode) against the hash of its full decode.
-3. Scale: plan_shards' near-duplicate step (shardsmith.shards.neardup.find_near_duplicates) on synthetic samples
-   tables at each --scale size (random 64-bit hashes and mirror hashes), and the search alone
-   (shardsmith.shards.nearsearch) on synthetic 512-d unit embeddings (float16, as embed_part stores them) at each
-   --semantic size; each in a fresh interpreter, with its peak RSS and wall time, and recall: the share of
-   planted near pairs (1% of samples, 2-8 bits, or cosine >= 0.95) found.
+3. Scale: the near-duplicate jobs one after another (tests.shards.reference.find_near_duplicates) on synthetic
+   samples tables at each --scale size (random 64-bit hashes and mirror hashes), and the binned search of a
+   whole dataset (tests.shards.reference_search.near_pairs) on synthetic 512-d unit embeddings (float16, as
+   embed_part stores them) at each --semantic size; each in a fresh interpreter, with its peak RSS and wall
+   time, and recall: the share of planted near pairs (1% of samples, 2-8 bits, or cosine >= 0.95) found.
 Raw figures go to bench/results/near.json.
 """
 
@@ -213,8 +213,9 @@ def _peak_rss() -> int:
 
 
 def step_child(folder: str, bin_size: int) -> dict:
-    """plan_shards' near-duplicate step (shardsmith.shards.neardup) on the tables in `folder`, in this interpreter."""
-    from shardsmith.shards.neardup import NearSettings, find_near_duplicates
+    """The near-duplicate jobs one after another on the tables in `folder`, in this interpreter."""
+    from shardsmith.shards.neardup import NearSettings
+    from tests.shards.reference import find_near_duplicates
 
     paths = sorted(str(p) for p in Path(folder).glob("*.samples.parquet"))
     t = time.perf_counter()
@@ -232,7 +233,7 @@ def step_child(folder: str, bin_size: int) -> dict:
 
 def embedding_child(n: int, bin_size: int) -> dict:
     """The search on n synthetic 512-d unit embeddings (fp16, as embed_part stores them), in this interpreter."""
-    from shardsmith.shards.nearsearch import near_pairs
+    from tests.shards.reference_search import near_pairs
 
     chunk = 100_000
 

@@ -6,7 +6,7 @@
    P nearest, for each cell count (k-means as train_near_cells trains them, 64 training hashes a centroid, on
    uniformly random hashes: the worst case, no structure for the cells to follow) and P = 2, 3, ...; the least
    P reaching 98% is what shardsmith.shards.nearparts.PROBE_TABLE holds.
-2. Search: find_near_duplicates (the planning jobs in one process) on --samples random hashes with 1% planted
+2. Search: tests.shards.reference.find_near_duplicates on --samples random hashes with 1% planted
    pairs 1-8 bits apart, with one cell and with each --layouts cell count at the probes cell_probes gives and
    at 2: recall per distance and CPU a sample. At 1M samples one cell holds 1M samples, and 4 cells at two
    probes hold 500,000 each, the default cell_samples: the search within a cell at its production size.
@@ -104,8 +104,9 @@ def cell_figures(cells: list[int], pairs: int = 4000) -> list[dict]:
 
 
 def search_figures(samples: int, layouts: list[int]) -> list[dict]:
-    from shardsmith.shards.neardup import NearSettings, find_near_duplicates
+    from shardsmith.shards.neardup import NearSettings
     from shardsmith.shards.nearparts import Layout, cell_probes
+    from tests.shards.reference import find_near_duplicates
 
     rng = np.random.default_rng(7)
     codes, mirrors = random_codes(rng, samples), random_codes(rng, samples)

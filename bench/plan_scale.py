@@ -422,9 +422,9 @@ def measure_plan(parts: int, work: Path) -> dict:
     (work / "plan").mkdir()
     log = work / "plan_shards.log"
     code = (
-        "from shardsmith.core.logs import run_job; from shardsmith.shards.plan import plan_from_counts\n"
+        "from shardsmith.core.logs import run_job; from shardsmith.shards.plan import plan_shards\n"
         "from shardsmith.shards.neardup import NearSettings\n"
-        f"run_job({str(log)!r}, lambda: plan_from_counts({pieces!r}, '{work / 'plan'}', dataset='ds', "
+        f"run_job({str(log)!r}, lambda: plan_shards({pieces!r}, '{work / 'plan'}', dataset='ds', "
         f"samples_per_shard={SAMPLES_PER_SHARD}, near=NearSettings(), found=None, log=lambda m: None))"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
@@ -445,12 +445,12 @@ def measure_split(probes: int, work: Path) -> dict:
     code = (
         "import numpy as np\n"
         "from shardsmith.core.logs import run_job\n"
-        "from shardsmith.shards.neardup import NearSettings, split_near_group, train_near_cells\n"
+        "from shardsmith.shards.neardup import NearSettings, split_near_entries, train_near_cells\n"
         "from shardsmith.shards.nearparts import Layout\n"
         f"w, paths = {str(work)!r}, {paths!r}\n"
         f"layout = Layout(cells=max(64, 4 * {probes}), buckets=16, probes={probes})\n"
         f"train_near_cells(paths, NearSettings(), {samples}, [], w + '/cells.npz', layout)\n"
-        f"run_job({str(log)!r}, lambda: split_near_group(paths, 0, [np.empty(0, np.int64)] * len(paths), None,\n"
+        f"run_job({str(log)!r}, lambda: split_near_entries(paths, 0, [np.empty(0, np.int64)] * len(paths), None,\n"
         "        w + '/cells.npz', w + '/e.arrow', w + '/h.arrow', []))\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -12,6 +12,8 @@ from shardsmith.download.filters import parse_filters
 from shardsmith.core.errors import ConfigError
 from shardsmith.formats.energon import sqlite_wanted as energon_sqlite_wanted
 from shardsmith.formats.index import INDEX_FILES
+from shardsmith.formats.names import numbered
+from shardsmith.shards.layout import PlanLayout
 from shardsmith.formats.batches import (
     batch_count,
     batch_shards,
@@ -67,12 +69,12 @@ POLICY = f"{config['paths']['work']}/policy"
 wildcard_constraints:
     part=r"[a-z0-9_]+-\d{6}",
     shard=r"\d{6}",
-    batch=r"\d{5}",
-    bucket=r"\d{5}",
-    group=r"\d{5}",
-    partition=r"\d{5}",
+    batch=r"\d{5}\d*",
+    bucket=r"\d{5}\d*",
+    group=r"\d{5}\d*",
+    partition=r"\d{5}\d*",
     round=r"\d+",
-    slice=r"\d{5}",
+    slice=r"\d{5}\d*",
 
 
 # Input functions run once per job or more, and a LAION-size DAG has ~30k jobs: the checkpoint folders,
@@ -110,13 +112,8 @@ def get_part_ids():
     return _CACHE[key][1]
 
 
-def numbered(count):
-    """The ids of `count` groups, buckets or partitions: 00000, 00001, ..."""
-    return [f"{i:05d}" for i in range(count)]
-
-
 def every(pattern, wildcard, count, **fixed):
-    """expand(pattern) over the `count` ids of `wildcard` (groups, buckets, partitions: 00000, 00001, ...), once
+    """expand(pattern) over the `count` ids of `wildcard` (groups, buckets, slices: layout.numbered), once
     per process: the jobs of a step that read every group's or bucket's file would otherwise each build the
     same list of thousands (at LAION-5B, 187,200 decision jobs over 62,400 partitions)."""
     key = ("every", pattern, wildcard, count, tuple(sorted(fixed.items())))
@@ -245,11 +242,11 @@ def get_all_published_lookups(wildcards):
 
 
 def get_all_published_matches(wildcards):
-    return every(rules.match_published.output.matches, "slice", get_slice_count())
+    return every(rules.match_published.output.matches, "slice", plan_layout().keys.count)
 
 
 def get_all_published_gone(wildcards):
-    return every(rules.match_published.output.gone, "slice", get_slice_count())
+    return every(rules.match_published.output.gone, "slice", plan_layout().keys.count)
 
 
 def get_exact_exclusions(wildcards):
@@ -270,37 +267,35 @@ def get_near_found(wildcards):
 
 
 def get_near_samples(wildcards):
-    """The dataset's size as planning counts it: parts x part_size, known before any part is downloaded, so
-    the cells, buckets and groups never change with what a download happened to fetch."""
-    return len(get_part_ids()) * config["part_size"]
+    """The dataset's size as planning counts it (shardsmith.shards.layout)."""
+    return plan_layout().samples
 
 
-def get_near_layout(wildcards):
-    from shardsmith.shards.neardup import NearSettings
-
-    key = ("layout", get_near_samples(wildcards))
+def plan_layout():
+    """Every count planning lays its jobs out by (shardsmith.shards.layout), once per part listing."""
+    ids = get_part_ids()
+    key = ("plan_layout", id(ids))
     if key not in _CACHE:
-        _CACHE[key] = NearSettings(**config["dedupe"]).layout(key[1])
+        _CACHE[key] = PlanLayout.of(config["dedupe"], config["part_size"], len(ids))
     return _CACHE[key]
 
 
-def get_plan_buckets(wildcards):
-    """The bucket jobs of planning (find_duplicate_keys, find_near_pairs): from parts x part_size and
-    dedupe.bucket_samples, or dedupe.buckets."""
-    return get_near_layout(wildcards).buckets
+def get_key_buckets(wildcards):
+    """Buckets of the exact keys and of the records already published."""
+    return plan_layout().keys.units
 
 
-def get_bucket_ids():
-    return numbered(get_plan_buckets(None))
+def get_near_buckets(wildcards):
+    """Buckets of the near-duplicate search, and partitions of its decision."""
+    return plan_layout().near.buckets
 
 
-def get_parts_per_group():
-    """Consecutive parts a planning job takes: about dedupe.bucket_samples samples."""
-    return max(1, config["dedupe"]["bucket_samples"] // config["part_size"])
+def get_parts_per_group(wildcards):
+    return plan_layout().parts_per_group
 
 
 def get_group_count(wildcards):
-    return max(1, -(-len(get_part_ids()) // get_parts_per_group()))
+    return plan_layout().groups.units
 
 
 def get_slice_near_embeddings(wildcards):
@@ -314,7 +309,7 @@ def get_all_group_keys(wildcards):
 
 
 def get_key_drop_tables(wildcards):
-    return every(rules.find_duplicate_keys.output[0], "slice", get_slice_count())
+    return every(rules.find_duplicate_keys.output[0], "slice", plan_layout().keys.count)
 
 
 def get_planned_keys(wildcards):
@@ -337,15 +332,13 @@ def get_near_homes(wildcards):
 def get_near_pairs(kind):
     """Every bucket's near pairs, `incoming` or `outgoing` (shardsmith.shards.neardecide): a folder a slice."""
     return lambda wildcards: every(
-        getattr(rules.find_near_pairs.output, kind), "slice", get_slice_count()
+        getattr(rules.find_near_pairs.output, kind), "slice", plan_layout().near_buckets.count
     )
 
 
 def get_near_rounds():
     """Rounds of the near-duplicate decision: dedupe.decision_rounds, one with a single partition."""
-    from shardsmith.shards.neardup import NearSettings
-
-    return NearSettings(**config["dedupe"]).rounds_for(get_near_layout(None))
+    return plan_layout().rounds
 
 
 # A job that would name more of a step's files than this names their list (a list_* rule's output) instead:
@@ -367,51 +360,24 @@ def listed(files, list_file):
     return get
 
 
-def near_settings():
-    from shardsmith.shards.neardup import NearSettings
-
-    return NearSettings(**config["dedupe"])
-
-
-def get_buckets_per_job():
-    return near_settings().buckets_in_a_job(get_plan_buckets(None))
+def get_key_slice_buckets(wildcards):
+    """The key buckets the slice's job takes, one after another (their ids)."""
+    return plan_layout().keys.names(int(wildcards.slice))
 
 
-def get_slice_count(wildcards=None):
-    """Jobs of a bucket step (and of a decision round): dedupe.buckets_per_job consecutive buckets each."""
-    return -(-get_plan_buckets(None) // get_buckets_per_job())
-
-
-def get_slice_buckets(wildcards):
-    """The buckets (or partitions) the slice's job takes, one after another."""
-    k = get_buckets_per_job()
-    first = int(wildcards.slice) * k
-    return list(range(first, min(first + k, get_plan_buckets(None))))
-
-
-def get_groups_per_job():
-    return near_settings().groups_in_a_job(get_group_count(None))
-
-
-def get_group_slice_count(wildcards=None):
-    """Jobs of a group step: dedupe.groups_per_job consecutive groups each."""
-    return -(-get_group_count(None) // get_groups_per_job())
+def get_near_slice_buckets(wildcards):
+    """The near-duplicate buckets (or decision partitions) the slice's job takes, one after another."""
+    return plan_layout().near_buckets.names(int(wildcards.slice))
 
 
 def every_group_slice(pattern):
     """Every group job's folder of a step (a file per group in it)."""
-    return every(pattern, "slice", get_group_slice_count())
+    return every(pattern, "slice", plan_layout().groups.count)
 
 
 def get_slice_groups(wildcards):
     """The groups the slice's job takes, one after another: id, first part's index and parts."""
-    k, per = get_groups_per_job(), get_parts_per_group()
-    first = int(wildcards.slice) * k
-    ids = get_part_ids()
-    return [
-        {"group": f"{g:05d}", "first_part": g * per, "parts": ids[g * per : (g + 1) * per]}
-        for g in range(first, min(first + k, get_group_count(None)))
-    ]
+    return plan_layout().slice_groups(int(wildcards.slice), get_part_ids())
 
 
 # The time limit of the two long planning steps follows their slice (dedupe.groups_per_job, buckets_per_job):
@@ -429,7 +395,9 @@ def get_near_entries_runtime(wildcards, attempt):
 
 
 def get_near_pairs_runtime(wildcards, attempt):
-    return attempt * (30 + round(2 * len(get_slice_buckets(wildcards)) * NEAR_PAIRS_MIN_A_BUCKET))
+    return attempt * (
+        30 + round(2 * len(get_near_slice_buckets(wildcards)) * NEAR_PAIRS_MIN_A_BUCKET)
+    )
 
 
 def get_slice_parts(wildcards):
@@ -446,7 +414,7 @@ def get_round_outputs(kind, round=None):
     return lambda wildcards: every(
         getattr(rules.decide_near_round.output, kind),
         "slice",
-        get_slice_count(),
+        plan_layout().near_buckets.count,
         round=round(wildcards) if round else wildcards.round,
     )
 

@@ -39,7 +39,7 @@ rule split_published:
     params:
         pieces=get_group_count,
         groups=get_slice_groups,
-        buckets=get_plan_buckets,
+        buckets=get_key_buckets,
     script:
         "../scripts/split_published.py"
 
@@ -57,7 +57,7 @@ rule split_lookups:
         "../envs/shards.yaml"
     params:
         groups=get_slice_groups,
-        buckets=get_plan_buckets,
+        buckets=get_key_buckets,
     script:
         "../scripts/split_lookups.py"
 
@@ -92,9 +92,9 @@ rule match_published:
         "../envs/shards.yaml"
     params:
         groups=get_group_count,
-        parts_per_group=get_parts_per_group(),
+        parts_per_group=get_parts_per_group,
         near=config["dedupe"]["near"] != "off",
-        own=get_slice_buckets,
+        own=get_key_slice_buckets,
     script:
         "../scripts/match_published.py"
 
@@ -150,7 +150,7 @@ rule split_keys:
         "../envs/shards.yaml"
     params:
         groups=get_slice_groups,
-        buckets=get_plan_buckets,
+        buckets=get_key_buckets,
     script:
         "../scripts/split_keys.py"
 
@@ -180,7 +180,7 @@ rule split_exclusions:
     conda:
         "../envs/shards.yaml"
     params:
-        buckets=get_plan_buckets,
+        buckets=get_key_buckets,
         scratch=SCRATCH,
     script:
         "../scripts/split_exclusions.py"
@@ -213,8 +213,8 @@ rule find_duplicate_keys:
     conda:
         "../envs/shards.yaml"
     params:
-        parts_per_group=get_parts_per_group(),
-        own=get_slice_buckets,
+        parts_per_group=get_parts_per_group,
+        own=get_key_slice_buckets,
     script:
         "../scripts/find_duplicate_keys.py"
 
@@ -325,8 +325,8 @@ rule find_near_pairs:
         runtime=get_near_pairs_runtime,
     params:
         near=config["dedupe"],
-        partitions=get_plan_buckets,
-        own=get_slice_buckets,
+        partitions=get_near_buckets,
+        own=get_near_slice_buckets,
     script:
         "../scripts/find_near_pairs.py"
 
@@ -354,7 +354,7 @@ rule list_near_pairs:
 
 # The keep rule decided per partition (shardsmith.shards.neardecide): each round settles what its samples'
 # pairs and the other partitions' states of the round before allow; the last step settles what still waits.
-# A job decides a slice of dedupe.partitions_per_job partitions, one after another: a file per partition.
+# A job decides a slice of dedupe.buckets_per_job partitions, one after another: a file per partition.
 rule decide_near_round:
     input:
         incoming=listed(get_near_pairs("incoming"), rules.list_near_pairs.output.incoming),
@@ -371,8 +371,8 @@ rule decide_near_round:
     conda:
         "../envs/shards.yaml"
     params:
-        partitions=get_plan_buckets,
-        own=get_slice_buckets,
+        partitions=get_near_buckets,
+        own=get_near_slice_buckets,
     script:
         "../scripts/decide_near_round.py"
 

@@ -1,23 +1,26 @@
-"""Rule glue for collect_dropped: logic in shardsmith.shards.buckets; a slice of groups, a file each."""
+"""Rule glue for collect_dropped: logic in shardsmith.shards.buckets; a slice of groups, a file each, committed
+each (shardsmith.formats.slices)."""
 
 from shardsmith.core.logs import run_job
-from shardsmith.formats.filelist import by_part, listed_files, slice_file
-from shardsmith.shards.buckets import group_drops
+from shardsmith.formats.filelist import by_part, listed_files
+from shardsmith.formats.slices import run_slice
+from shardsmith.shards.buckets import collect_dropped
 
 
 def main() -> None:
     drops, samples = listed_files(snakemake.input.drops), by_part(snakemake.input.samples)
-    for g in snakemake.params.groups:
-        counts = group_drops(
-            drops,
-            int(g["group"]),
-            [samples[p] for p in g["parts"]],
-            list(g["parts"]),
-            g["first_part"],
-            slice_file(snakemake.output[0], g["group"], ".parquet"),
+    groups = {g["group"]: g for g in snakemake.params.groups}
+
+    def make(group, folders):
+        g = groups[group]
+        parts = list(g["parts"])
+        counts = collect_dropped(
+            drops, int(group), [samples[p] for p in parts], parts, g["first_part"], f"{folders[0]}/{group}.parquet"
         )
         for part, (n, dropped) in counts.items():
             print(f"{part}: {n - dropped} of {n} samples kept, {dropped} left out")
+
+    run_slice(snakemake, list(groups), make, __file__)
 
 
 run_job(snakemake.log[0], main)

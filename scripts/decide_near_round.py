@@ -1,33 +1,35 @@
-"""Rule glue for decide_near_round: logic in shardsmith.shards.neardecide."""
-
-from pathlib import Path
+"""Rule glue for decide_near_round: logic in shardsmith.shards.neardecide; a slice of partitions, a file each in
+each output, committed each (shardsmith.formats.slices)."""
 
 from shardsmith.core.logs import run_job
 from shardsmith.formats.filelist import listed_files
-from shardsmith.shards.neardecide import decide_round
+from shardsmith.formats.slices import run_slice
+from shardsmith.shards.neardecide import decide_near_round
 
 
 def main() -> None:
-    w, i, out = snakemake.wildcards, snakemake.input, snakemake.output
-    for folder in (out.messages, out.found, out.pending):
-        Path(folder).mkdir(parents=True, exist_ok=True)
+    w, i = snakemake.wildcards, snakemake.input
     incoming, outgoing, homes, messages = (listed_files(x) for x in (i.incoming, i.outgoing, i.homes, i.messages))
-    for p in snakemake.params.own:
-        counts = decide_round(
+
+    def make(p, folders):
+        out_messages, out_found, out_pending = folders
+        counts = decide_near_round(
             incoming,
             outgoing,
             homes,
             messages,
-            p,
+            int(p),
             snakemake.params.partitions,
-            f"{out.messages}/{p:05d}.arrow",
-            f"{out.found}/{p:05d}.parquet",
-            f"{out.pending}/{p:05d}.parquet",
+            f"{out_messages}/{p}.arrow",
+            f"{out_found}/{p}.parquet",
+            f"{out_pending}/{p}.parquet",
         )
         print(
-            f"round {int(w.round)}, partition {p:05d}: {counts['samples']} samples in pairs, "
+            f"round {int(w.round)}, partition {p}: {counts['samples']} samples in pairs, "
             f"{counts['left_out']} left out, {counts['waiting']} waiting, {counts['sent']} states sent"
         )
+
+    run_slice(snakemake, snakemake.params.own, make, __file__)
 
 
 run_job(snakemake.log[0], main)

@@ -7,6 +7,7 @@ from shardsmith.core.atomic import atomic_write_text
 from shardsmith.core.leftovers import use_scratch
 from shardsmith.core.logs import run_job
 from shardsmith.formats.filelist import listed_files
+from shardsmith.formats.names import number
 from shardsmith.publish.contents import PublishConflict
 from shardsmith.publish.settings import PublishSettings
 from shardsmith.publish.staged import plan_version, recorded_hashes
@@ -33,7 +34,8 @@ def main() -> None:
     Path(out.batches).mkdir(parents=True, exist_ok=True)
     after = None
     for i, batch in enumerate(batches):
-        atomic_write_text(Path(out.batches, f"{i:05d}.json"), json.dumps({"after": after, "files": batch}) + "\n")
+        name = f"{number(i, len(batches))}.json"
+        atomic_write_text(Path(out.batches, name), json.dumps({"after": after, "files": batch}) + "\n")
         after = max(batch, default=after)
     atomic_write_text(out.files, json.dumps(plan.pop("table"), sort_keys=True) + "\n")
     atomic_write_text(out.plan, json.dumps(plan, indent=1, sort_keys=True) + "\n")

@@ -6,13 +6,13 @@ from pathlib import Path
 from shardsmith.core.logs import run_job
 from shardsmith.formats.filelist import listed_files
 from shardsmith.shards.neardup import NearSettings
-from shardsmith.shards.plan import plan_from_counts
+from shardsmith.shards.plan import plan_shards
 
 
 def main() -> None:
     layout = snakemake.params.layout
     near = list(snakemake.input.near)
-    names = plan_from_counts(
+    names = plan_shards(
         listed_files(snakemake.input.pieces),
         snakemake.output[0],
         dataset=layout["dataset"],

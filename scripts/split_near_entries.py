@@ -1,14 +1,15 @@
 """Rule glue for split_near_entries: logic in shardsmith.shards.neardup and shardsmith.shards.nearparts; a slice
-of groups, a file each."""
+of groups, a file each, committed each (shardsmith.formats.slices)."""
 
 import os
 
 import pandas as pd
 
 from shardsmith.core.logs import run_job
-from shardsmith.formats.filelist import by_part, slice_file
+from shardsmith.formats.filelist import by_part
+from shardsmith.formats.slices import run_slice
 from shardsmith.shards.buckets import dropped_ids
-from shardsmith.shards.neardup import split_near_group
+from shardsmith.shards.neardup import split_near_entries
 from shardsmith.shards.sampleid import row_of
 
 
@@ -16,26 +17,30 @@ def main() -> None:
     inp = snakemake.input
     samples, embeddings = by_part(inp.samples), by_part(inp.embeddings)
     published, gone = list(inp.published), list(inp.gone)
-    for g in snakemake.params.groups:
-        group, first, parts = g["group"], g["first_part"], g["parts"]
+    groups = {g["group"]: g for g in snakemake.params.groups}
+
+    def make(group, folders):
+        first, parts = groups[group]["first_part"], groups[group]["parts"]
         piece = os.path.join(inp.dropped, f"{group}.parquet")
         # each part's rows the exact steps left out, as the group's ledger piece names them
         dropped = [row_of(dropped_ids([piece], first + i)) for i in range(len(parts))]
         gone_here = pd.read_parquet(os.path.join(gone[0], f"{group}.parquet")) if gone else None
-        n = split_near_group(
+        n = split_near_entries(
             [samples[p] for p in parts],
             first,
             dropped,
             os.path.join(published[0], f"{group}.parquet") if published else None,
             inp.cells,
-            slice_file(snakemake.output.entries, group, ".arrow"),
-            slice_file(snakemake.output.homes, group, ".arrow"),
+            f"{folders[0]}/{group}.arrow",
+            f"{folders[1]}/{group}.arrow",
             [embeddings[p] for p in parts] if embeddings else [],
             gone_here,
             snakemake.params.parts,
         )
         extra = f", and {len(gone_here)} published ones no longer in the build" if gone_here is not None else ""
         print(f"group {group}: {n} samples split into the near-duplicate buckets{extra}")
+
+    run_slice(snakemake, list(groups), make, __file__)
 
 
 run_job(snakemake.log[0], main)

@@ -18,7 +18,7 @@ What makes a refresh incremental:
   for inputs up to `--max-checksum-file-size` (1 MB by default). The rewritten plan files are identical
   for old parts, but at real sizes they can exceed 1 MB, so the refresh raises the limit to 64 MB
   (the checksum must have been recorded when the job last ran: run the first build this way too).
-- plan_shards (with shardsmith.shards.dedupe) keeps records of earlier versions and leaves out new
+- planning (shardsmith.shards.published) keeps records of earlier versions and leaves out new
   records whose URL or image sha256 is already published; `version: auto` names the new version.
 """
 

@@ -19,8 +19,8 @@ TEMP_FILE = re.compile(rf"^\..+\.(?:{_RANDOM}|\d+)\.tmp$")
 # publish's `.{version}.{random}.partial` / `.deleting`, and the `.spill-{random}` folders of bins
 TEMP_DIR = re.compile(rf"^(?:\..+\.{_RANDOM}\.(?:partial|deleting)|\.spill-{_RANDOM})$")
 # jobs' scratch folders in {work}/tmp: publish_dataset's (staging, read-back, S3 state, a private AWS CLI
-# config), plan_parts' copies of remote manifests and plan_shards' near-duplicate bins
-SCRATCH_DIR = re.compile(rf"^shardsmith-(?:publish|readback|state|aws|manifest|near)-{_RANDOM}$")
+# config) and plan_parts' copies of remote manifests
+SCRATCH_DIR = re.compile(rf"^shardsmith-(?:publish|readback|state|aws|manifest)-{_RANDOM}$")
 
 
 def find_leftovers(folders: list[str | os.PathLike], depth: int | None = None) -> list[Path]:

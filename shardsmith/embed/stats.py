@@ -98,7 +98,7 @@ def _low_similarity(part_scores: list[str], model: str, min_similarity: float | 
         )
 
 
-def write_exclusions(part_scores: list[str], model: str, min_similarity: float | None, out: str) -> int:
+def exclude_low_similarity(part_scores: list[str], model: str, min_similarity: float | None, out: str) -> int:
     """The exclusion table, written a part at a time: memory follows a part, not the samples left out."""
     with ParquetAppender(out, EXCLUSION_COLUMNS) as table:
         for frame in _low_similarity(part_scores, model, min_similarity):

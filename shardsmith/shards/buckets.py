@@ -4,9 +4,9 @@ Parts are taken in groups of consecutive parts (one job each, not one a part: th
 LAION-size DAG is long). Every sample's key (with its id, shardsmith.shards.sampleid: dataset order) is written
 by its group's job to the bucket its key hashes to (`split_keys`), and every row of the exclusion tables
 likewise (`split_exclusions`, numbered below zero in table order, so the first exclusion of a key counts).
-A bucket job (`bucket_drops`) sees every row of its keys and decides alone: an excluded key's samples drop
+A bucket job (`find_duplicate_keys`) sees every row of its keys and decides alone: an excluded key's samples drop
 with the exclusion's reason, and of a key's other samples all but the first drop as duplicate_key. Its
-decisions go to one batch per group, so each group's job (`group_drops`) gathers its own from every bucket:
+decisions go to one batch per group, so each group's job (`collect_dropped`) gathers its own from every bucket:
 its ledger rows and, per part, how many samples stay. The plan (`shard_ranges`) holds the parts' counts
 and, a piece at a time, the rows left out: shard i holds the kept samples i x samples_per_shard onwards,
 in part and record order, as a few (part, first row, end row, rows left out between) ranges, and the
@@ -147,7 +147,7 @@ def decide_bucket(keys: pa.Table, excluded: pa.Table) -> pd.DataFrame:
     return pd.concat(pieces, ignore_index=True)[cols].sort_values("id", kind="stable").reset_index(drop=True)
 
 
-def bucket_drops(key_paths: list[str], excluded_path: str, bucket: int, parts_per_group: int, out) -> int:
+def find_duplicate_keys(key_paths: list[str], excluded_path: str, bucket: int, parts_per_group: int, out) -> int:
     """A bucket's decisions, one batch per group (the groups of `key_paths`, in order), so each group reads
     only its own; returns the samples that drop."""
     keys = pa.concat_tables([read_batch(p, bucket) for p in key_paths]) if key_paths else KEYS.empty_table()
@@ -196,7 +196,9 @@ def write_ledger_piece(out: str | os.PathLike, rows: pd.DataFrame, counts: dict[
         pq.write_table(table.replace_schema_metadata({b"counts": json.dumps(counts).encode()}), f)
 
 
-def group_drops(drop_paths: list[str], group: int, samples: list[str], parts: list[str], first_part: int, out) -> dict:
+def collect_dropped(
+    drop_paths: list[str], group: int, samples: list[str], parts: list[str], first_part: int, out
+) -> dict:
     """The group's ledger rows from every bucket's decisions (in record order) and, per part, [samples, dropped]."""
     got = [read_batch(p, group) for p in drop_paths]
     drops = pa.concat_tables(got).to_pandas() if got else pd.DataFrame(columns=DROPS.names)

@@ -4,11 +4,11 @@ Every sample has a home partition (nearparts.home_partitions: its nearest cell, 
 samples at one home). A bucket job (find_near_pairs) writes each pair it finds to the home of the sample that
 comes later in keep order, as that sample's *incoming* pair, and notes for the earlier sample's home which
 other homes wait on it (*outgoing*). Then, in rounds, each partition settles what it can of its own samples
-(`decide_round`): a sample is kept when every earlier neighbour is left out, and left out (naming it) when
+(`decide_near_round`): a sample is kept when every earlier neighbour is left out, and left out (naming it) when
 its earliest neighbour not left out is kept; neighbours at home are settled in the same pass, those of other
 homes are known from what their partitions sent after the round before (messages). So a group of copies is
 settled in the first round when it shares a home and in the second when it does not; only chains of pairs
-across homes need more. After the last round, `decide_finish` settles what is still pending, all of it in
+across homes need more. After the last round, `finish` (rule decide_near_duplicates) settles what is still pending, all of it in
 one place (it holds those samples' pairs only), and merges every partition's samples left out in dataset
 order. The result is the rule applied to all pairs at once, whatever the partition and round counts.
 
@@ -326,7 +326,7 @@ def _own_samples(near, same, outgoing: pd.DataFrame, homes: pd.DataFrame, p: int
     return homes.iloc[at].reset_index(drop=True)
 
 
-def decide_round(
+def decide_near_round(
     in_paths: list[str], out_paths: list[str], home_paths: list[str], message_paths: list[str], p: int,
     partitions: int, out_messages: str, out_found: str, out_pending: str,
 ) -> dict:  # fmt: skip

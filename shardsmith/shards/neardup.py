@@ -29,16 +29,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from shardsmith.core.atomic import atomic_open, atomic_write_text
+from shardsmith.core.atomic import atomic_write_text
 from shardsmith.core.errors import ConfigError
-from shardsmith.shards.neardecide import (
-    HOME_SCHEMA,
-    NEAR_COLUMNS,
-    decide_round,
-    finish,
-    write_by_home,
-    write_pairs,
-)
+from shardsmith.shards.neardecide import HOME_SCHEMA, finish, write_by_home, write_pairs
 from shardsmith.shards.nearparts import (
     CELL_TRAIN_PER_CENTROID,
     EMBEDDING_PROBES,
@@ -128,44 +121,8 @@ def _codes(hexes: pd.Series) -> np.ndarray:
     return np.frombuffer(bytes.fromhex("".join(hexes.to_numpy(dtype=str))), dtype=">u8").astype(np.uint64)
 
 
-@dataclass
-class Published:
-    """What the search needs of the published versions: which samples of this build are already published
-    (`old`: part, row, version), and the published samples no longer in it (`gone`: key, version and hashes;
-    they take part as the part after the last, as keepers only)."""
-
-    versions: list[str]
-    old: pd.DataFrame
-    gone: pd.DataFrame
-
-
+_NO_OLD = pd.DataFrame({"part": [], "row": [], "version": []})  # no samples already published
 GONE_COLUMNS = ["key", "version", "width_before", "height_before", "phash", "phash_mirror", "order"]
-
-
-def published_candidates(sample_paths: list[str], excluded: set[str], published: pd.DataFrame | None) -> Published:
-    """Split the published records (dedupe.published_records) into this build's samples already published
-    and those no longer in it; a sample another stage left out counts as no longer in it."""
-    if published is None or published.empty:
-        return Published([], pd.DataFrame({"part": [], "row": [], "version": []}), pd.DataFrame(columns=GONE_COLUMNS))
-    if "order" not in published:  # records in their published order, as dedupe.published_records gives them
-        published = published.assign(order=np.arange(len(published), dtype=np.int64))
-    first = published.drop_duplicates("source_id")
-    versions = sorted(set(first["version"]))
-    index = pd.Index(first["source_id"])
-    present = np.zeros(len(index), bool)
-    left_out = pd.Index(sorted(excluded))
-    old = []
-    for p, path in enumerate(sample_paths):
-        t = pd.read_parquet(path, columns=["key", "source_id"])
-        keep = left_out.get_indexer(t["key"]) < 0 if len(left_out) else np.ones(len(t), bool)
-        pos = index.get_indexer(t["source_id"])
-        hit = keep & (pos >= 0)
-        present[pos[hit]] = True
-        version = first["version"].to_numpy()[pos[hit]]
-        old.append(pd.DataFrame({"part": p, "row": np.flatnonzero(hit), "version": version}))
-    hashed = first["phash"].notna().to_numpy() & (first["phash"] != "").to_numpy()  # older versions: no hash
-    gone = first[hashed & ~present][GONE_COLUMNS].reset_index(drop=True)
-    return Published(versions, pd.concat(old, ignore_index=True), gone)
 
 
 def part_candidates(
@@ -225,30 +182,9 @@ def train_part_cells(
     return phash, embedding
 
 
-def read_published(old_path: str, gone_path: str) -> Published:
-    old, gone = pd.read_parquet(old_path), pd.read_parquet(gone_path)
-    return Published(sorted(set(old["version"]) | set(gone["version"])), old, gone)
-
-
-def write_published(pub: Published, old_path: str | Path, gone_path: str | Path) -> None:
-    for frame, path in ((pub.old, old_path), (pub.gone, gone_path)):
-        with atomic_open(path) as f:
-            frame.to_parquet(f, index=False)
-
-
-def no_published() -> Published:
-    return published_candidates([], set(), None)
-
-
-def excluded_keys(exclusions: list[str]) -> pd.Index:
-    """Keys other stages left out (their exclusion tables): not compared, so they keep nothing out."""
-    keys = [pd.read_parquet(p, columns=["key"])["key"] for p in exclusions]
-    return pd.Index(sorted(set(pd.concat(keys)))) if keys else pd.Index([])
-
-
 # The workflow's jobs (rules/shards.smk), in their order: the published lookups (shardsmith.shards.published),
 # then train_near_cells, split_near_entries per group, find_near_pairs per bucket, decide_near_round per round and
-# partition, decide_near_duplicates. `find_near_duplicates` runs them in one process.
+# partition, decide_near_duplicates.
 
 
 def train_near_cells(
@@ -272,7 +208,7 @@ def _write_home_rows(path: str, ids: np.ndarray, homes: np.ndarray, fields: pd.D
 SPLIT_CHUNK = 50_000  # samples whose entries are made and sorted at once (4 + probes of them a hash, twice)
 
 
-def split_near_group(
+def split_near_entries(
     samples: list[str], first_part: int, dropped: list[np.ndarray], old_path: str | None, cells_path: str, out: str,
     out_homes: str, embeddings: list[str], gone: pd.DataFrame | None = None, parts: int = 0,
 ) -> int:  # fmt: skip
@@ -287,7 +223,7 @@ def split_near_group(
     with tempfile.TemporaryDirectory(prefix=".spill-", dir=Path(out).parent) as tmp:
         for i, path in enumerate(samples):
             part = first_part + i
-            old = pd.read_parquet(old_path, filters=[("part", "=", part)]) if old_path else no_published().old
+            old = pd.read_parquet(old_path, filters=[("part", "=", part)]) if old_path else _NO_OLD
             old_rows = old["row"].to_numpy() if len(old) else np.empty(0, np.int64)
             ids, prio, code, mirror, rows = part_candidates(path, part, dropped[i], old_rows)
             emb = _part_embeddings(embeddings[i], path, rows) if embeddings else None
@@ -322,6 +258,16 @@ def split_near_group(
     homes_all = np.concatenate(homes_seen) if homes_seen else np.empty(0, np.int32)
     _write_home_rows(out_homes, ids_all, homes_all, fields, layout)
     return n
+
+
+def find_near_pairs(
+    entries: list[str], bucket: int, s: NearSettings, incoming: str, outgoing: str, partitions: int
+) -> int:
+    """A bucket's near pairs from every group's entries, written for the partitions that decide them
+    (neardecide.write_pairs); returns how many."""
+    pairs = bucket_pairs(entries, bucket, s.phash_max_distance, s.embedding_min_similarity, s.bin_size)
+    write_pairs(incoming, outgoing, pairs, partitions)
+    return len(pairs)
 
 
 def _home_fields(samples_path: str, ids: np.ndarray, rows: np.ndarray, old: pd.DataFrame) -> pd.DataFrame:
@@ -359,78 +305,3 @@ def decide_near_duplicates(
     counts = {"samples_compared": compared, **counts}
     atomic_write_text(out_dir / "near_duplicates.json", json.dumps({**counts, "settings": vars(s)}, indent=1) + "\n")
     return counts
-
-
-def run_near_jobs(
-    sample_paths: list[str], part_ids: list[str], s: NearSettings, dropped: list[np.ndarray], pub: Published,
-    embedding_paths: list[str], layout: Layout | None, work: Path, out_dir: Path,
-) -> dict:  # fmt: skip
-    """The near-duplicate jobs in their order, in this process, a group a part, their files under `work`;
-    the tables into `out_dir` (decide_near_duplicates); returns the counts. `layout`: cells and buckets as
-    given (default: from the dataset's size)."""
-    old = work / "old.parquet"
-    with atomic_open(old) as f:
-        pub.old.to_parquet(f, index=False)
-    n = sum(pq.ParquetFile(p).metadata.num_rows for p in sample_paths)
-    cells = str(work / "cells.npz")
-    used = train_near_cells(sample_paths, s, n, embedding_paths, cells, layout)
-    entries, homes, compared = [], [], 0
-    for i, path in enumerate(sample_paths):
-        entries.append(str(work / f"{i}.entries.arrow"))
-        homes.append(str(work / f"{i}.homes.arrow"))
-        emb = embedding_paths[i : i + 1] if s.embedding_min_similarity is not None else []
-        gone = pub.gone if i == len(sample_paths) - 1 else None  # the published records gone, with the last
-        compared += split_near_group([path], i, [dropped[i]], str(old), cells, entries[-1], homes[-1], emb,
-                                     gone, len(sample_paths))  # fmt: skip
-    ins, outs = [], []
-    for b in range(used.buckets):
-        ins.append(str(work / f"{b}.in.arrow"))
-        outs.append(str(work / f"{b}.out.arrow"))
-        similarity = s.embedding_min_similarity if embedding_paths else None
-        pairs = bucket_pairs(entries, b, s.phash_max_distance, similarity, s.bin_size)
-        write_pairs(ins[-1], outs[-1], pairs, used.buckets)
-    messages: list[str] = []
-    for r in range(1, s.rounds_for(used) + 1):
-        sent = [str(work / f"r{r}.{p}.messages.arrow") for p in range(used.buckets)]
-        for p in range(used.buckets):
-            decide_round(ins, outs, homes, messages, p, used.buckets, sent[p], str(work / f"{p}.found.parquet"),
-                         str(work / f"{p}.pending.parquet"))  # fmt: skip
-        messages = sent
-    found = [str(work / f"{p}.found.parquet") for p in range(used.buckets)]
-    pending = [str(work / f"{p}.pending.parquet") for p in range(used.buckets)]
-    return decide_near_duplicates(found, pending, messages, part_ids, s, compared, out_dir)
-
-
-def find_near_duplicates(
-    sample_paths: list[str],
-    part_ids: list[str],
-    s: NearSettings,
-    excluded: set[str] = frozenset(),
-    published: pd.DataFrame | None = None,
-    embedding_paths: list[str] = (),
-    layout: Layout | None = None,
-    work: str | None = None,
-    out_dir: str | None = None,
-) -> tuple[pd.DataFrame, int]:
-    """The near-duplicate jobs run in one process (run_near_jobs): NEAR_COLUMNS rows for the samples of this
-    build that are near-duplicates of a kept sample (in dataset order), and how many were compared. `layout`
-    defaults to one cell and one bucket; the tables are left in `out_dir` when given."""
-    sample_paths, embedding_paths = list(sample_paths), list(embedding_paths)
-    pub = published_candidates(sample_paths, set(excluded), published)
-    left_out = pd.Index(sorted(excluded))
-    dropped = [
-        np.flatnonzero(left_out.get_indexer(pd.read_parquet(p, columns=["key"])["key"]) >= 0)
-        if len(left_out)
-        else np.empty(0, np.int64)
-        for p in sample_paths
-    ]
-    with tempfile.TemporaryDirectory(prefix="shardsmith-near-", dir=work) as tmp:
-        target = Path(out_dir) if out_dir else Path(tmp)
-        target.mkdir(parents=True, exist_ok=True)
-        counts = run_near_jobs(sample_paths, list(part_ids), s, dropped, pub, embedding_paths,
-                               layout or Layout(cells=1, buckets=1), Path(tmp), target)  # fmt: skip
-        near = pd.read_parquet(target / "near_duplicates.parquet")
-    for c in NEAR_COLUMNS:
-        if c not in near:
-            near[c] = pd.Series(dtype=object)
-    return near[NEAR_COLUMNS], counts["samples_compared"]

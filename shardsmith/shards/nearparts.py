@@ -1,6 +1,6 @@
 """The near-duplicate search as partitioned jobs: a map per part, a job per bucket, one small decision.
 
-Map (`split_part`): every candidate sample of a part (one no other stage left out) becomes entries, each
+Map (`neardup.split_near_entries`, per group): every candidate sample of a part (one no other stage left out) becomes entries, each
 with the sample's id (shardsmith.shards.sampleid: dataset order) and its keep priority (`priority`):
 - block entries: its hash and its mirror's, once for each of the four 16-bit blocks, grouped by (block,
   value). Two hashes at most 3 bits apart agree on one block whole (3 differing bits leave one of four

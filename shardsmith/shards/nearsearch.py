@@ -1,35 +1,27 @@
-"""Pairs of vectors within a threshold, over more vectors than fit in memory or than can be compared pair by pair.
+"""Pairs of vectors within a threshold among those a bucket job holds (a cell of it: nearparts.bucket_pairs).
 
 Two kinds of vector: 64-bit perceptual hashes (uint64 codes, Hamming distance at most `threshold`) and unit
 embeddings (float, cosine similarity at least `threshold`). Up to `bin_size` vectors the search is one exact
-range search (faiss's flat indexes: every pair is compared). Above that:
-- a cell's hashes, held in memory (`held_pairs`, what find_near_pairs runs): sampled-bit tables
-  (`sampled_bit_pairs`): each table keys the hashes by a random draw of their bits and compares the hashes of
-  one key; the tables needed for a pair at the threshold to be found RECALL_AT_THRESHOLD of the time follow
-  from arithmetic, whatever the data (bench/cell_search.py: under a fifth of the bins' CPU, as many pairs);
-- embeddings, and `near_pairs` over chunks (the single search of bench/near_bench.py): faiss k-means (fixed
-  seed) on a sample gives ceil(probes x n / bin_size) centroids; each vector goes to the bins of its
-  `PROBES` nearest centroids (files under `scratch` for near_pairs, row numbers for held_pairs), and each
-  bin is searched exactly. Memory is bounded by the largest bin, not by n; a near pair is missed only when
-  the two vectors share none of their bins. near_pairs' hashes also go through block_pairs, which finds
-  every pair at most 3 bits apart whatever the bins did. `chunks()` is read once to train, once to spill,
-  and for hashes 64 more times by block_pairs: callers pass views of arrays they hold. Hamming distance on
-  ±1 vectors is a squared L2 distance, so hashes are binned the same way.
+range search (faiss's flat indexes: every pair is compared). Above that (`held_pairs`):
+- hashes: sampled-bit tables (`sampled_bit_pairs`): each table keys the hashes by a random draw of their bits
+  and compares the hashes of one key; the tables needed for a pair at the threshold to be found
+  RECALL_AT_THRESHOLD of the time follow from arithmetic, whatever the data (bench/cell_search.py: under a
+  fifth of the CPU of k-means bins, as many pairs);
+- embeddings: faiss k-means (fixed seed) on a sample gives ceil(BIN_PROBES x n / bin_size) centroids; each
+  vector goes to the bins of its BIN_PROBES nearest centroids (row numbers, nothing copied), and each bin is
+  searched exactly. Memory is bounded by the largest bin, not by n; a near pair is missed only when the two
+  vectors share none of their bins.
 
 An id with `MIRROR` set marks a mirrored image's hash: it is compared with the plain hashes only (a pair of
-two mirrored hashes says what the pair of their plain hashes says), so a bin's search asks only its plain
-hashes, half the distances of asking every row.
+two mirrored hashes says what the pair of their plain hashes says), so a search asks only its plain hashes,
+half the distances of asking every row.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import faiss
 import numpy as np
@@ -37,16 +29,10 @@ import numpy as np
 Chunks = Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]  # (ids int64, vectors) chunk by chunk
 SEED = 20261124
 _TRAIN_PER_CENTROID = 64  # k-means training points per centroid (faiss warns under 39)
-# Each vector goes to the bins of this many nearest centroids (recall against time: bench/near_bench.py). Hashes
-# take five: on a million random hashes, 5 finds 97% of pairs 2-8 bits apart in 62 s, 3 finds 92% in 38 s (and
-# 3 with bins three times larger 95% in 97 s). Embeddings of near copies sit far closer than random ones: 3.
-PROBES = {True: 5, False: 3}
+BIN_PROBES = 3  # bins each embedding goes to: embeddings of near copies sit far closer than random ones
 MIRROR = np.int64(1) << np.int64(62)  # set in the id of a mirrored hash (sample ids stay below it)
 _PASSES, _MIN_STEP = 8, 1024  # slices an exact search asks in (each a faiss call: not too small)
-
-
-def plain_ids(ids: np.ndarray) -> np.ndarray:
-    return np.asarray(ids, np.int64) & ~MIRROR
+_HELD_CHUNK = 100_000  # vectors expanded to floats at a time
 
 
 def _signs(codes: np.ndarray) -> np.ndarray:
@@ -113,45 +99,12 @@ def best_pairs(
     return lo[first], hi[first], score[first]
 
 
-def near_pairs(
-    chunks: Chunks,
-    n: int,
-    threshold: float,
-    binary: bool,
-    bin_size: int,
-    scratch: str | os.PathLike | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """best_pairs over all `n` vectors that `chunks()` yields (read once when exact; see the module for binned)."""
-    probes = PROBES[binary]
-    if n <= bin_size:
-        got = list(chunks())
-        ids = np.concatenate([c[0] for c in got]) if got else np.empty(0, np.int64)
-        x = np.concatenate([c[1] for c in got]) if got else np.empty((0, 1))
-        return best_pairs(*exact_pairs(ids, x, threshold, binary), binary)
-    k = math.ceil(probes * n / bin_size)
-    centroids = _train(chunks, n, k, binary)
-    quantizer = faiss.IndexFlatL2(centroids.shape[1])
-    quantizer.add(centroids)
-    if scratch is not None:
-        Path(scratch).mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="shardsmith-near-", dir=scratch))
-    try:
-        bins = _spill(chunks, quantizer, work, binary, probes)
-        found = [exact_pairs(*_read_bin(work, b, binary), threshold, binary) for b in bins]
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    if binary:
-        found += block_pairs(chunks, threshold)
-    a, b, s = (np.concatenate([f[i] for f in found]) for i in range(3))
-    return best_pairs(a, b, s, binary)
-
-
 def held_pairs(
     ids: np.ndarray, x: np.ndarray, threshold: float, binary: bool, bin_size: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The pairs of arrays the caller holds (a cell of a bucket job): hashes above `bin_size` by sampled-bit
-    tables (sampled_bit_pairs), embeddings in near_pairs' bins, each bin a set of row numbers into `x` rather
-    than a file of copied vectors, so binning writes nothing and costs probes x 4 bytes a row."""
+    """best_pairs within the threshold among the rows of arrays the caller holds: exact up to `bin_size`; above
+    it hashes by sampled-bit tables (sampled_bit_pairs), embeddings in k-means bins (see the module), each bin a
+    set of row numbers into `x`, so binning writes nothing and costs BIN_PROBES x 4 bytes a row."""
     ids = np.asarray(ids, np.int64)
     n = len(ids)
 
@@ -163,7 +116,7 @@ def held_pairs(
         return best_pairs(*exact_pairs(ids, x, threshold, binary), binary)
     if binary:
         return sampled_bit_pairs(ids, x, int(threshold))
-    probes = PROBES[binary]
+    probes = BIN_PROBES
     centroids = _train(chunks, n, math.ceil(probes * n / bin_size), binary)
     quantizer = faiss.IndexFlatL2(centroids.shape[1])
     quantizer.add(centroids)
@@ -214,12 +167,6 @@ def sampled_bit_tables(rows: int, threshold: int) -> tuple[int, int]:
 def _tables(bits: int, threshold: int) -> int:
     p = math.comb(64 - threshold, bits) / math.comb(64, bits)
     return 1 if p >= 1 else math.ceil(math.log(1 - RECALL_AT_THRESHOLD) / math.log1p(-p))
-
-
-def pair_recall(distance: int, bits: int, tables: int) -> float:
-    """The chance that sampled-bit tables find a pair `distance` bits apart."""
-    p = math.comb(64 - distance, bits) / math.comb(64, bits) if distance <= 64 - bits else 0.0
-    return 1 - (1 - p) ** tables
 
 
 def sampled_bit_pairs(ids: np.ndarray, codes: np.ndarray, threshold: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -336,32 +283,6 @@ def _key_pairs(
     return found
 
 
-_HELD_CHUNK = 100_000
-BLOCK_RANGES = 16  # passes per block: the hashes sorted at once are a 16th of them
-
-
-def block_pairs(chunks: Chunks, threshold: float) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Pairs within the threshold among hashes that agree on one of their four 16-bit blocks: every pair at
-    most 3 bits apart is one of them (3 differing bits leave one block whole), whatever the bins did.
-
-    For each block, and each 16th of its values in turn (so memory stays a 16th of the hashes), the hashes
-    are sorted by the block and each is compared with the next ones of the same value; the work is the sum
-    of the squared run lengths, about n^2 / 2^16 a block for hashes spread evenly."""
-    found = []
-    width = 65536 // BLOCK_RANGES
-    for j in range(4):
-        for r in range(BLOCK_RANGES):
-            parts = []
-            for ids, x in chunks():
-                block = ((x >> np.uint64(16 * j)) & np.uint64(0xFFFF)).astype(np.int64)
-                take = (block >= r * width) & (block < (r + 1) * width)
-                parts.append((block[take], x[take], np.asarray(ids, np.int64)[take]))
-            block, code, ident = (np.concatenate([p[i] for p in parts]) for i in range(3))
-            del parts
-            found += same_key_pairs(block, code, plain_ids(ident), threshold, (ident & MIRROR) != 0)
-    return found
-
-
 def same_key_pairs(
     key: np.ndarray, code: np.ndarray, ident: np.ndarray, threshold: float, mirrored: np.ndarray | None = None
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -395,28 +316,3 @@ def _train(chunks: Chunks, n: int, k: int, binary: bool) -> np.ndarray:
     km = faiss.Kmeans(train.shape[1], k, niter=12, seed=SEED, max_points_per_centroid=_TRAIN_PER_CENTROID * 4)
     km.train(train)
     return km.centroids
-
-
-def _spill(chunks: Chunks, quantizer: faiss.Index, work: Path, binary: bool, probes: int) -> list[int]:
-    """Append each vector (and its id) to the files of its nearest centroids' bins; returns the bins used."""
-    used: set[int] = set()
-    for ids, x in chunks():
-        _, nearest = quantizer.search(_as_float(x, binary), probes)
-        for column in range(probes):
-            order = np.argsort(nearest[:, column], kind="stable")
-            where = nearest[order, column]
-            starts = np.flatnonzero(np.r_[True, where[1:] != where[:-1]])
-            for s, e in zip(starts, np.r_[starts[1:], len(order)], strict=True):
-                b, rows = int(where[s]), order[s:e]
-                with open(work / f"{b}.ids", "ab") as f:
-                    f.write(np.ascontiguousarray(ids[rows], np.int64).tobytes())
-                with open(work / f"{b}.vec", "ab") as f:
-                    f.write(np.ascontiguousarray(x[rows], np.uint64 if binary else np.float16).tobytes())
-                used.add(b)
-    return sorted(used)
-
-
-def _read_bin(work: Path, b: int, binary: bool) -> tuple[np.ndarray, np.ndarray]:
-    ids = np.fromfile(work / f"{b}.ids", dtype=np.int64)
-    raw = np.fromfile(work / f"{b}.vec", dtype=np.uint64 if binary else np.float16)
-    return ids, raw if binary else raw.reshape(len(ids), -1)

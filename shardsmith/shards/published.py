@@ -14,7 +14,8 @@ source_id that no sample kept by the other steps has, with a pHash, is `gone` (t
 keeps it as a keeper only). Each group's job (`collect_published`) gathers its samples' rows from every
 bucket: its `old` rows (part, row, version), and, for samples whose source_id was never published, an
 exclusion when their url (else their sha256) was, naming the record. Which bucket a value lands in decides
-nothing, so any bucket count gives the tables of dedupe.find_published, row for row.
+nothing, so any bucket count gives the same tables, row for row (tests/shards/test_published.py checks them
+against one job holding every version).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open, atomic_write_text, sha256_file
+from shardsmith.core.ledger import EXCLUSION_COLUMNS
 from shardsmith.shards.buckets import cut, group_of, read_batch, write_batches
 from shardsmith.shards.dedupe import (
-    EXCLUSION_COLUMNS,
     MANIFEST,
     NEAR_COLUMNS,
     REASON,

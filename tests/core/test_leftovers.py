@@ -129,7 +129,6 @@ def test_a_rerun_after_kills_at_every_stage_leaves_no_temporary_name(tmp_path, m
         Path(tempfile.mkdtemp(prefix=".v2.", suffix=".partial", dir=dest)),
         Path(tempfile.mkdtemp(prefix=".v0.", suffix=".deleting", dir=dest)),
         Path(tempfile.mkdtemp(prefix="shardsmith-publish-", dir=work / "tmp")),
-        Path(tempfile.mkdtemp(prefix="shardsmith-near-", dir=work / "tmp")),  # plan_shards' near-duplicate bins
         raw / ".keep" / ".cc3m_style-000000.tar.4242.tmp",
     ]
     left[-1].write_bytes(b"x")

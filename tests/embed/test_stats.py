@@ -11,8 +11,8 @@ from workflow_helpers import REPO
 
 from shardsmith.embed import stats as embed_stats
 from shardsmith.embed.stats import HIST_EDGES, QUANTILES, score_columns
-from shardsmith.shards.plan import plan_shards
 from tests.embed.test_part import COLS, NAME, SIM
+from tests.shards.reference import plan_in_process
 
 
 def test_score_columns_are_named_as_datacomp_does():
@@ -28,10 +28,10 @@ def test_score_columns_are_named_as_datacomp_does():
 
 
 def _plan_and_score(parts, tmp_path, exclusions=(), samples_per_shard=5):
-    """plan_shards over the parts (as the workflow does), then the per-shard score tables and sums."""
+    """The planning jobs over the parts (as the workflow runs them), then the per-shard score tables and sums."""
     names = [p for p in parts]
     plan_dir = tmp_path / "plan"
-    shards = plan_shards(
+    shards = plan_in_process(
         [parts[p]["samples"] for p in names], names, "ds", samples_per_shard, plan_dir, exclusions=list(exclusions)
     )
     scores = [parts[p]["out_scores"] for p in names]
@@ -88,7 +88,7 @@ def test_min_similarity_sends_samples_to_the_ledger_and_shards_stay_uniform(part
     # one table a group of parts, as exclude_low_similarity writes them: the first part, then the others
     excluded = [str(tmp_path / "excluded-0.parquet"), str(tmp_path / "excluded-1.parquet")]
     n = sum(
-        embed_stats.write_exclusions(s, NAME, threshold, t)
+        embed_stats.exclude_low_similarity(s, NAME, threshold, t)
         for s, t in zip([part_scores[:1], part_scores[1:]], excluded, strict=True)
     )
     low = set(everything.loc[everything[SIM] < threshold, "key"])
@@ -122,10 +122,10 @@ def test_exclusions_are_written_a_part_at_a_time_and_parts_with_none_below_add_n
     part_scores = [p["out_scores"] for p in parts.values()]
     lowest = min(float(pd.read_parquet(p)[SIM].min()) for p in part_scores)
     out = tmp_path / "none.parquet"
-    assert embed_stats.write_exclusions(part_scores, NAME, lowest, str(out)) == 0  # nothing strictly below
+    assert embed_stats.exclude_low_similarity(part_scores, NAME, lowest, str(out)) == 0  # nothing strictly below
     assert list(pd.read_parquet(out).columns) == ["key", "stage", "reason", "detail"]
     first = pd.read_parquet(part_scores[0])
     threshold = float(first[SIM].max()) + 1e-6  # every sample of the first part, maybe some of the others
-    n = embed_stats.write_exclusions(part_scores, NAME, threshold, str(out))
+    n = embed_stats.exclude_low_similarity(part_scores, NAME, threshold, str(out))
     got = pd.read_parquet(out)
     assert n == len(got) >= len(first) and list(got["key"][: len(first)]) == list(first["key"])  # in part order

@@ -19,3 +19,12 @@ def test_the_brace_pattern_expands_to_exactly_the_shards():
 
 def test_one_shard_is_named_without_braces():
     assert brace_pattern(["ds-000000.tar"]) == "ds-000000.tar"
+
+
+def test_numbered_ids_have_one_width_a_set_and_sort_as_numbers():
+    from shardsmith.formats.names import number, numbered
+
+    assert numbered(3) == ["00000", "00001", "00002"]
+    big = numbered(117_000)
+    assert big[0] == "000000" and big[-1] == "116999" and sorted(big) == big
+    assert number(42, 117_000) == "000042" and number(42, 100) == "00042"

@@ -11,8 +11,8 @@ import pytest
 from shardsmith.formats.tables import key_bins, key_digest_sum
 from shardsmith.shards import buckets as bucket_module
 from shardsmith.shards.buckets import read_batch, shard_ranges, split_exclusions
-from shardsmith.shards.plan import plan_shards
 from shardsmith.shards.validate import planned_keys
+from tests.shards.reference import plan_in_process
 
 
 def parts(tmp_path, rng, n_parts: int = 6) -> tuple[list[str], list[str], str]:
@@ -44,7 +44,7 @@ def test_the_same_shards_and_ledger_with_one_bucket_or_many_and_every_sample_acc
     got = {}
     for buckets in (1, 4, 13):
         out = tmp_path / f"plan-{buckets}"
-        plan_shards(paths, ids, "ds", 25, out, exclusions=[ex], buckets=buckets)
+        plan_in_process(paths, ids, "ds", 25, out, exclusions=[ex], buckets=buckets)
         got[buckets] = plan_files(out)
     assert got[1] == got[4] == got[13]  # byte for byte
     out = tmp_path / "plan-1"
@@ -103,7 +103,7 @@ def test_a_bucket_file_with_fewer_batches_is_refused_with_what_to_do(tmp_path):
 
 def test_the_shard_list_names_its_parts_and_ranges(tmp_path):
     paths, ids, _ = parts(tmp_path, np.random.default_rng(4), n_parts=3)
-    names = plan_shards(paths, ids, "ds", 40, tmp_path / "plan", buckets=2)
+    names = plan_in_process(paths, ids, "ds", 40, tmp_path / "plan", buckets=2)
     for name in names:
         ranges = json.loads((tmp_path / "plan" / f"{name}.ranges.json").read_text())
         listed = (tmp_path / "plan" / f"{name}.parts").read_text().split()
@@ -126,8 +126,8 @@ def test_the_buckets_record_exactly_the_keys_the_shards_get(tmp_path, buckets):
     split_exclusions([ex], buckets, work / "excluded.arrow", tmp=str(work))
     drops = [str(work / f"{b}.drops.arrow") for b in range(buckets)]
     for b, out in enumerate(drops):
-        bucket_module.bucket_drops(keys, str(work / "excluded.arrow"), b, 1, out)
-    plan_shards(paths, ids, "ds", 25, tmp_path / "plan", exclusions=[ex], buckets=buckets)
+        bucket_module.find_duplicate_keys(keys, str(work / "excluded.arrow"), b, 1, out)
+    plan_in_process(paths, ids, "ds", 25, tmp_path / "plan", exclusions=[ex], buckets=buckets)
     shards = sorted((tmp_path / "plan").glob("*.samples.parquet"))
     published = pd.concat([pd.read_parquet(p) for p in shards])["key"].tolist()
     assert planned_keys(drops, None) == (len(published), key_digest_sum(published))

@@ -1,5 +1,7 @@
 """Dedupe against published versions (shardsmith.shards.dedupe): new records repeating a published URL or image are
-excluded, old ones stay, and published manifests are read from every complete version and checked."""
+excluded, old ones stay, and published manifests are read from every complete version and checked. The rule is
+applied here by the single-process reading (tests.shards.reference), which test_published holds the partitioned
+jobs to."""
 
 import json
 
@@ -7,15 +9,9 @@ import pandas as pd
 import pytest
 
 from shardsmith.publish.dataset import publish
-from shardsmith.shards.dedupe import (
-    PublishedManifestError,
-    already_published,
-    find_published,
-    published_manifests,
-    published_records,
-    write_exclusions,
-)
+from shardsmith.shards.dedupe import PublishedManifestError, published_manifests
 from shardsmith.shards.sampleid import ORDER_BITS
+from tests.shards.reference import already_published, find_published, published_records, write_exclusions
 
 
 def frame(rows, columns=("key", "source_id", "url", "sha256")):

@@ -13,7 +13,7 @@ from shardsmith.shards.neardecide import (
     IN_SCHEMA,
     OUT_SCHEMA,
     DistinctCount,
-    decide_round,
+    decide_near_round,
     finish,
     merged,
     route_pairs,
@@ -113,7 +113,7 @@ def partitioned(tmp_path, pairs: pd.DataFrame, homes: pd.DataFrame, partitions: 
         waiting = 0
         for p in range(partitions):
             found, pending = str(tmp_path / f"{p}.found.parquet"), str(tmp_path / f"{p}.pending.parquet")
-            got = decide_round(
+            got = decide_near_round(
                 ins, outs, [str(tmp_path / "homes.arrow")], messages, p, partitions, sent[p], found, pending
             )
             waiting += got["waiting"]

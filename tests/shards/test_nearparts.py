@@ -9,12 +9,7 @@ import pytest
 
 from shardsmith.core.errors import ConfigError
 from shardsmith.shards import neardup, nearparts
-from shardsmith.shards.neardup import (
-    NearSettings,
-    find_near_duplicates,
-    split_near_group,
-    train_near_cells,
-)
+from shardsmith.shards.neardup import NearSettings, split_near_entries, train_near_cells
 from shardsmith.shards.nearparts import (
     ENTRY_SCHEMA,
     Cells,
@@ -30,6 +25,7 @@ from shardsmith.shards.nearparts import (
     train_cells,
 )
 from shardsmith.shards.nearsearch import MIRROR, exact_pairs
+from tests.shards.reference import find_near_duplicates
 
 
 def test_priority_orders_published_then_pixels_then_file_size():
@@ -155,7 +151,7 @@ def test_many_cells_are_found_in_two_levels_as_among_all_of_them(monkeypatch, tm
 
 
 def test_a_group_split_a_chunk_at_a_time_writes_the_same_files(monkeypatch, tmp_path):
-    """split_near_group makes its entries a few samples at a time and merges them a bucket at a time: the same
+    """split_near_entries makes its entries a few samples at a time and merges them a bucket at a time: the same
     bytes as making them all at once, and no piece left beside the outputs."""
     rng = np.random.default_rng(19)
     codes, _ = planted(rng, 3000, 100, (1, 8))
@@ -168,7 +164,9 @@ def test_a_group_split_a_chunk_at_a_time_writes_the_same_files(monkeypatch, tmp_
         out = tmp_path / str(chunk)
         out.mkdir()
         dropped = [np.array([0, 5]), np.empty(0, np.int64), np.array([999])]
-        assert split_near_group(paths, 0, dropped, None, cells, str(out / "e.arrow"), str(out / "h.arrow"), []) == 2997
+        assert (
+            split_near_entries(paths, 0, dropped, None, cells, str(out / "e.arrow"), str(out / "h.arrow"), []) == 2997
+        )
         assert sorted(p.name for p in out.iterdir()) == ["e.arrow", "h.arrow"]
         written[chunk] = [(out / name).read_bytes() for name in ("e.arrow", "h.arrow")]
     assert written[7] == written[100_000]

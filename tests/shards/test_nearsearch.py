@@ -1,6 +1,9 @@
-"""The pair search: exact up to bin_size (the same pairs as comparing every pair), above it binned (embeddings,
-and the whole-dataset search through files) or by sampled-bit tables (a cell's hashes): pairs found are all
-true, planted pairs are found as often as the arithmetic says, the scratch files are removed."""
+"""The pair search of a bucket job's cells (shardsmith.shards.nearsearch): exact up to bin_size (the same pairs as
+comparing every pair), above it binned (embeddings) or by sampled-bit tables (hashes): pairs found are all true,
+planted pairs are found as often as the arithmetic says. Also the binned search of a whole dataset through files
+(tests.shards.reference_search, the near-duplicate bench's): its pairs, and its scratch files removed."""
+
+import math
 
 import numpy as np
 import pytest
@@ -10,12 +13,18 @@ from shardsmith.shards.nearsearch import (
     RECALL_AT_THRESHOLD,
     exact_pairs,
     held_pairs,
-    near_pairs,
-    pair_recall,
     same_key_pairs,
     sampled_bit_pairs,
     sampled_bit_tables,
 )
+from tests.shards.reference_search import near_pairs
+
+
+def pair_recall(distance: int, bits: int, tables: int) -> float:
+    """The chance that sampled-bit tables find a pair `distance` bits apart: a table's key leaves out all of its
+    differing bits with probability C(64 - distance, bits) / C(64, bits)."""
+    p = math.comb(64 - distance, bits) / math.comb(64, bits) if distance <= 64 - bits else 0.0
+    return 1 - (1 - p) ** tables
 
 
 def random_codes(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -49,7 +58,7 @@ def test_exact_up_to_bin_size_finds_the_pairs_brute_force_finds():
     codes = random_codes(rng, 1500)
     planted = plant(rng, codes, 10, 10)
     ids = np.arange(len(codes))
-    a, b, d = near_pairs(chunked(ids, codes), len(codes), 6, True, bin_size=10_000)
+    a, b, d = held_pairs(ids, codes, 6, True, bin_size=10_000)
     found = set(zip(a.tolist(), b.tolist(), strict=True))
     assert found == brute_force(codes, 6)
     assert {p for p in planted if np.bitwise_count(codes[p[0]] ^ codes[p[1]]) <= 6} <= found
@@ -61,12 +70,12 @@ def test_rows_of_one_id_are_one_sample_and_the_nearer_row_names_the_pair():
     pair's distance is the nearest of their rows'."""
     codes = np.array([0b1111, 0b0000, 0b0111, 0xFFFF << 40], dtype=np.uint64)
     ids = np.array([0, 0, 1, 2])
-    a, b, d = near_pairs(chunked(ids, codes, 2), 4, 4, True, bin_size=100)
+    a, b, d = held_pairs(ids, codes, 4, True, bin_size=100)
     assert list(zip(a.tolist(), b.tolist(), d.tolist(), strict=True)) == [(0, 1, 1.0)]
 
 
 @pytest.mark.parametrize("n", [6000])
-def test_binned_pairs_are_true_and_most_planted_pairs_are_found(tmp_path, n):
+def test_the_dataset_search_binned_through_files_finds_true_pairs_and_most_planted_ones(tmp_path, n):
     rng = np.random.default_rng(2)
     codes = random_codes(rng, n)
     planted = plant(rng, codes, 20, 8)
@@ -80,7 +89,7 @@ def test_binned_pairs_are_true_and_most_planted_pairs_are_found(tmp_path, n):
     assert all((x == y).all() for x, y in zip((a, b, d), again, strict=True))  # same input, same pairs
 
 
-def test_embeddings_pair_by_cosine_similarity_exact_and_binned(tmp_path):
+def test_embeddings_pair_by_cosine_similarity_exact_and_binned():
     rng = np.random.default_rng(3)
     x = rng.normal(size=(3000, 32)).astype(np.float32)
     x[1::15] = x[0::15][: len(x[1::15])] + rng.normal(scale=0.05, size=(len(x[1::15]), 32))
@@ -89,17 +98,18 @@ def test_embeddings_pair_by_cosine_similarity_exact_and_binned(tmp_path):
     sims = x.astype(np.float32) @ x.astype(np.float32).T
     truth = {(i, j) for i, j in zip(*np.nonzero(np.triu(sims >= 0.95, 1)), strict=True)}
     ids = np.arange(len(x))
-    a, b, s = near_pairs(chunked(ids, x), len(x), 0.95, False, bin_size=10_000)
+    a, b, s = held_pairs(ids, x, 0.95, False, bin_size=10_000)
     exact = set(zip(a.tolist(), b.tolist(), strict=True))
     assert exact == truth and len(truth) >= 150
     assert np.allclose(s, sims[a, b], atol=1e-3)
-    a, b, _ = near_pairs(chunked(ids, x), len(x), 0.95, False, bin_size=500, scratch=tmp_path)
+    a, b, _ = held_pairs(ids, x, 0.95, False, bin_size=500)
     binned = set(zip(a.tolist(), b.tolist(), strict=True))
     assert binned <= truth and len(binned) >= 0.9 * len(truth)
 
 
 def test_binned_hashes_within_3_bits_are_all_found(tmp_path):
-    """Whatever the bins do, two hashes at most 3 bits apart agree on one 16-bit block: all are found."""
+    """The dataset search: whatever the bins do, two hashes at most 3 bits apart agree on one 16-bit block, so all
+    are found."""
     rng = np.random.default_rng(4)
     codes = random_codes(rng, 8000)
     planted = plant(rng, codes, 8, 3)

@@ -1,5 +1,7 @@
-"""Shard planning (shardsmith.shards.plan): uniform shards in input order, duplicates and exclusions to the ledger,
-streamed planning in bounded memory, the order of the dataset-wide steps."""
+"""Shard planning (shardsmith.shards.plan.plan_shards, the last of the planning jobs; the jobs before it run in
+order by tests.shards.reference): uniform shards in input order from each part's count and the rows left out,
+duplicates and exclusions to the ledger, streamed planning in bounded memory, the order of the dataset-wide
+steps."""
 
 import json
 import tarfile
@@ -14,9 +16,12 @@ from shardsmith.core.atomic import atomic_open
 from shardsmith.core.ledger import REJECT_COLUMNS
 from shardsmith.formats.parts import SAMPLE_COLUMNS
 from shardsmith.formats.tario import ShardWriter
+from shardsmith.shards.buckets import write_ledger_piece
 from shardsmith.shards.neardup import NearSettings
-from shardsmith.shards.plan import plan_dataset, plan_shards
+from shardsmith.shards.plan import plan_shards
+from shardsmith.shards.sampleid import sample_ids
 from shardsmith.shards.write import write_shard
+from tests.shards.reference import plan_dataset, plan_in_process
 
 
 def members_of(key: str) -> dict[str, bytes]:
@@ -76,7 +81,7 @@ def make_built(tmp_path) -> dict:
         "src-000001": make_part(work, "src-000001", ["b0", "a1", "b1", "b2", "b3"]),
         "src-000002": make_part(work, "src-000002", ["c0", "c1", "c2"], rejected=1),
     }
-    names = plan_shards([p["samples"] for p in parts.values()], list(parts), "ds", 4, work / "plan")
+    names = plan_in_process([p["samples"] for p in parts.values()], list(parts), "ds", 4, work / "plan")
     infos = [
         write_shard(
             str(work / "plan" / f"{n}.samples.parquet"),
@@ -121,9 +126,36 @@ def test_plan_shards_makes_uniform_shards_in_input_order(built):
     assert sum(keys, []) == EXPECTED_KEYS
 
 
+def test_plan_shards_cuts_ranges_from_the_ledger_pieces_and_copies_the_near_duplicate_tables(tmp_path):
+    """The rule's step alone: each part's count and rows left out come from the pieces (a group's, then the
+    near-duplicates'), a shard's ranges skip those rows, and decide_near_duplicates' tables land beside the plan."""
+
+    def piece(name: str, ids: np.ndarray, counts: dict) -> str:
+        rows = pd.DataFrame({c: ["x"] * len(ids) for c in REJECT_COLUMNS}).assign(id=ids)
+        write_ledger_piece(tmp_path / name, rows, counts)
+        return str(tmp_path / name)
+
+    pieces = [piece("group.parquet", sample_ids(0, [1]), {"p0": [5, 1], "p1": [4, 0]}),
+              piece("near.parquet", sample_ids(1, [2]), {"p0": [0, 0], "p1": [0, 1]})]  # fmt: skip
+    found = tmp_path / "found"
+    found.mkdir()
+    (found / "near_duplicates.parquet").write_bytes(b"the table")
+    (found / "near_duplicates.json").write_text(json.dumps({"near_duplicates": 1, "groups": 1}))
+    said = []
+    names = plan_shards(pieces, tmp_path / "plan", dataset="ds", samples_per_shard=3,
+                        near=NearSettings(near="exclude"), found=found, log=said.append)  # fmt: skip
+    plan = tmp_path / "plan"
+    assert names == ["ds-000000", "ds-000001", "ds-000002"]
+    ranges = [json.loads((plan / f"{n}.ranges.json").read_text()) for n in names]
+    assert ranges == [[["p0", 0, 4, [1]]], [["p0", 4, 5, []], ["p1", 0, 2, []]], [["p1", 3, 4, []]]]
+    assert [(plan / f"{n}.parts").read_text().split() for n in names] == [["p0"], ["p0", "p1"], ["p1"]]
+    assert (plan / "near_duplicates.parquet").read_bytes() == b"the table"
+    assert said == ["near-duplicates: 1 samples in 1 groups left out", "3 shards of at most 3 samples"]
+
+
 def test_plan_shards_last_shard_holds_the_remainder(tmp_path):
     part = make_part(tmp_path, "src-000000", [f"k{i}" for i in range(7)])
-    names = plan_shards([part["samples"]], ["src-000000"], "ds", 3, tmp_path / "plan")
+    names = plan_in_process([part["samples"]], ["src-000000"], "ds", 3, tmp_path / "plan")
     assert [len(pd.read_parquet(tmp_path / "plan" / f"{n}.samples.parquet")) for n in names] == [3, 3, 1]
 
 
@@ -162,7 +194,7 @@ def test_exclusions_go_to_the_ledger_with_their_reason_and_shards_stay_uniform(t
     pd.DataFrame(
         {"key": ["k1", "k4"], "stage": "embed", "reason": "low_similarity", "detail": "0.01 < 0.2"}
     ).to_parquet(excl)
-    names = plan_shards([str(part)], ["s-000000"], "ds", 2, tmp_path / "plan", exclusions=[str(excl)])
+    names = plan_in_process([str(part)], ["s-000000"], "ds", 2, tmp_path / "plan", exclusions=[str(excl)])
     kept = [list(pd.read_parquet(tmp_path / "plan" / f"{n}.samples.parquet")["key"]) for n in names]
     assert kept == [["k0", "k2"], ["k3", "k5"], ["k6"]]
     dropped = pd.read_parquet(tmp_path / "plan" / "dropped.parquet")
@@ -176,7 +208,7 @@ def test_exclusions_go_to_the_ledger_with_their_reason_and_shards_stay_uniform(t
 def reference_plan(
     parts: dict[str, list[str]], excl: dict[str, str], per_shard: int
 ) -> tuple[list[list[str]], list[tuple[str, str, str]]]:
-    """What plan_shards must produce, computed the plain way: every row in memory.
+    """What planning must produce, computed the plain way: every row in memory.
     Returns the keys per shard and the dropped (source_id, reason, detail) rows in part order."""
     kept, dropped, first = [], [], {}
     for part, keys in parts.items():
@@ -219,7 +251,7 @@ def test_streamed_plan_matches_the_in_memory_plan(tmp_path, seed, buckets, monke
     want_shards, want_dropped = reference_plan(parts, excl, 7)
 
     def plan(out):
-        names = plan_shards(
+        names = plan_in_process(
             [str(tmp_path / f"{p}.samples.parquet") for p in parts],
             list(parts),
             "ds",
@@ -255,7 +287,7 @@ def test_plan_shards_memory_does_not_grow_with_the_rows_held(tmp_path, monkeypat
             make_part(folder, f"src-{p:06d}", [f"p{p}-k{i}" for i in range(2000)])["samples"] for p in range(n_parts)
         ]
         tracemalloc.start()
-        plan_shards(paths, [f"src-{p:06d}" for p in range(n_parts)], "ds", 1000, folder / "plan")
+        plan_in_process(paths, [f"src-{p:06d}" for p in range(n_parts)], "ds", 1000, folder / "plan")
         got = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         return got
@@ -283,7 +315,7 @@ def test_plan_shards_reads_tables_written_with_other_string_types(tmp_path):
         ),
         excl,
     )
-    names = plan_shards([part["samples"]], ["src-000000"], "ds", 10, tmp_path / "plan", exclusions=[str(excl)])
+    names = plan_in_process([part["samples"]], ["src-000000"], "ds", 10, tmp_path / "plan", exclusions=[str(excl)])
     assert list(pd.read_parquet(tmp_path / "plan" / f"{names[0]}.samples.parquet")["key"]) == ["k0", "k2"]
     [row] = pd.read_parquet(tmp_path / "plan" / "dropped.parquet").to_dict("records")
     assert (row["key"], row["reason"]) == ("k1", "low_similarity") and pd.isna(row["detail"])
@@ -294,7 +326,7 @@ def test_bins_a_killed_plan_left_behind_are_removed_by_the_next(tmp_path):
     stale = tmp_path / ".spill-killed" / "keys"
     stale.mkdir(parents=True)
     (stale / "00000.arrow").write_bytes(b"half a file")
-    plan_shards([part["samples"]], ["src-000000"], "ds", 10, tmp_path / "plan")
+    plan_in_process([part["samples"]], ["src-000000"], "ds", 10, tmp_path / "plan")
     assert not list(tmp_path.glob(".spill-*"))
 
 
@@ -318,7 +350,7 @@ def near_parts(work) -> dict[str, dict]:
 @pytest.mark.parametrize("mode", ["off", "report", "exclude"])
 def test_plan_dataset_finds_near_duplicates_before_it_plans_the_shards(tmp_path, mode):
     """plan_dataset's order: near-duplicates are found first, so with `exclude` the copy is left out of the shards
-    (and in the ledger); `report` keeps every sample; `off` plans exactly as plan_shards alone does."""
+    (and in the ledger); `report` keeps every sample; `off` plans exactly as the exact steps alone do."""
     work = tmp_path / "work"
     work.mkdir()
     parts = near_parts(work)
@@ -331,14 +363,14 @@ def test_plan_dataset_finds_near_duplicates_before_it_plans_the_shards(tmp_path,
     planned = [k for n in names for k in pd.read_parquet(work / "plan" / f"{n}.samples.parquet")["key"]]
     dropped = pd.read_parquet(work / "plan" / "dropped.parquet")
     if mode == "off":
-        alone = plan_shards(samples, list(parts), "ds", 3, tmp_path / "alone")
-        assert names == alone and not said
+        alone = plan_in_process(samples, list(parts), "ds", 3, tmp_path / "alone")
+        assert names == alone and not [m for m in said if m.startswith("near-duplicates")]
         for n in names:
             plan = f"{n}.samples.parquet"
             assert (work / "plan" / plan).read_bytes() == (tmp_path / "alone" / plan).read_bytes()
         return
     assert json.loads((work / "plan" / "near_duplicates.json").read_text())["near_duplicates"] == 1
-    assert said and "near-duplicates: 1 samples in 1 groups" in said[-1]
+    assert "near-duplicates: 1 samples in 1 groups" in said[0]
     if mode == "report":
         assert sorted(planned) == sorted(f"{p}{i}" for p in "ab" for i in range(4)) and dropped.empty
     else:

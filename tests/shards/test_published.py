@@ -1,6 +1,6 @@
 """Records already published, found by partitioned jobs (shardsmith.shards.published): at any bucket and
-piece count, the same tables as dedupe.find_published, which holds every version at once, whether a version's
-manifest is one file or a folder of pieces."""
+piece count, the same tables as find_published (tests.shards.reference), which holds every version at once,
+whether a version's manifest is one file or a folder of pieces."""
 
 import numpy as np
 import pandas as pd
@@ -10,7 +10,7 @@ import pytest
 
 from shardsmith.publish.dataset import publish
 from shardsmith.shards.buckets import read_batch
-from shardsmith.shards.dedupe import PublishedManifestError, find_published, published_records
+from shardsmith.shards.dedupe import PublishedManifestError
 from shardsmith.shards.published import (
     SOURCE_ID,
     collect_published,
@@ -20,6 +20,7 @@ from shardsmith.shards.published import (
     split_lookups,
     split_published,
 )
+from tests.shards.reference import find_published, published_records
 
 COLUMNS = ["key", "source_id", "url", "sha256", "width_before", "height_before", "phash", "phash_mirror"]
 V2_PIECES = [150, 0, 200, 1, 199]  # v2's 550 records as a manifest.parquet/ folder: pieces across row groups, one empty

@@ -20,8 +20,8 @@ from shardsmith.download.rawcache import STATUS_COLUMNS
 from shardsmith.download.sources import plan_parts
 from shardsmith.formats.index import build_index
 from shardsmith.formats.tario import ShardWriter, TarMember, read_member
-from shardsmith.shards.plan import plan_shards
 from shardsmith.shards.write import read_members, write_shard
+from tests.shards.reference import plan_in_process
 from tests.shards.test_plan import EXPECTED_KEYS, index_args, make_built, members_of, tar_members
 
 
@@ -211,7 +211,7 @@ def test_shard_written_from_real_stages_holds_the_processed_members(tmp_path):
     assert list(status.columns) == STATUS_COLUMNS
     kept, rejected = processor.finish(status, str(w / "samples.parquet"), str(w / "rejected.parquet"))
     assert (kept, rejected) == (3, 1)
-    [name] = plan_shards([str(w / "samples.parquet")], [part], "ds", 10, w / "plan")
+    [name] = plan_in_process([str(w / "samples.parquet")], [part], "ds", 10, w / "plan")
     write_shard(
         str(w / "plan" / f"{name}.samples.parquet"),
         {part: str(w / f"{part}.tar")},

@@ -1,0 +1,107 @@
+"""Every count planning lays its jobs out by, from the config and the part plan (docs/architecture.md, section 3).
+
+Planning is one pattern used three times (records already published, exact keys, near-duplicates): a map over
+groups of consecutive parts, a shuffle of rows into buckets by hash, a reduce per bucket, a gather back per
+group. Jobs take slices: consecutive groups (dedupe.groups_per_job) or buckets (dedupe.buckets_per_job).
+
+- key buckets (exact keys and records already published): sized by samples, dedupe.bucket_samples each;
+- near-duplicate buckets (and as many partitions of the decision): sized by the entries a sample makes, which
+  grow with the cell probes (shardsmith.shards.nearparts.bucket_count);
+- `dedupe.buckets` sets both.
+
+The dataset's size is parts x part_size, known before any part is downloaded, so no count changes with what a
+download happened to fetch. Units and slices are named by shardsmith.formats.names.number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from shardsmith.formats.names import number
+from shardsmith.shards.nearparts import Layout, bucket_count, cell_count
+
+SLICE_JOBS = 500  # buckets_per_job and groups_per_job: auto keeps a planning step near this many jobs
+
+
+def key_bucket_count(samples: int, bucket_samples: int, override: int | None = None) -> int:
+    """Key buckets: a sample writes one key row (and one lookup row a value published records are matched by)."""
+    return override if override else max(1, math.ceil(samples / bucket_samples))
+
+
+def in_a_job(setting: int | str, units: int, least: int) -> int:
+    """Units a job of a step takes: the setting, or for auto `least`, or enough to keep a step near SLICE_JOBS."""
+    if setting == "auto":
+        return max(least, -(-units // SLICE_JOBS))
+    return int(setting)
+
+
+@dataclass(frozen=True)
+class Slices:
+    """`units` (groups, buckets or partitions) taken `per_job` at a time, consecutive, by `count` jobs."""
+
+    units: int
+    per_job: int
+
+    @property
+    def count(self) -> int:
+        return -(-self.units // self.per_job)
+
+    def of(self, s: int) -> range:
+        """The units slice `s` takes, one after another."""
+        return range(s * self.per_job, min((s + 1) * self.per_job, self.units))
+
+    def names(self, s: int) -> list[str]:
+        """The ids of the units slice `s` takes."""
+        return [number(u, self.units) for u in self.of(s)]
+
+
+@dataclass(frozen=True)
+class PlanLayout:
+    """The counts of planning's jobs for `parts` parts of `part_size` samples under the config's `dedupe`."""
+
+    parts: int
+    part_size: int
+    parts_per_group: int
+    groups: Slices  # groups of consecutive parts, and their group jobs
+    keys: Slices  # key buckets, and their bucket jobs
+    near: Layout  # near-duplicate cells, probes and buckets
+    near_buckets: Slices  # near-duplicate buckets (= decision partitions), and their bucket jobs
+    rounds: int  # decision rounds of the near-duplicate partitions
+
+    @classmethod
+    def of(cls, dedupe: dict, part_size: int, parts: int) -> PlanLayout:
+        samples = parts * part_size
+        per_group = max(1, dedupe["bucket_samples"] // part_size)
+        groups = max(1, -(-parts // per_group))
+        cells, probes = cell_count(samples, dedupe["cell_samples"], dedupe.get("cell_probes"))
+        near_buckets = bucket_count(samples, dedupe["bucket_samples"], dedupe.get("buckets"), probes)
+        near = Layout(cells=cells, buckets=near_buckets, probes=probes)
+        keys = key_bucket_count(samples, dedupe["bucket_samples"], dedupe.get("buckets"))
+        per_job = dedupe.get("buckets_per_job", "auto")
+        return cls(
+            parts=parts,
+            part_size=part_size,
+            parts_per_group=per_group,
+            groups=Slices(groups, in_a_job(dedupe.get("groups_per_job", "auto"), groups, 4)),
+            keys=Slices(keys, in_a_job(per_job, keys, 16)),
+            near=near,
+            near_buckets=Slices(near.buckets, in_a_job(per_job, near.buckets, 16)),
+            rounds=1 if near.buckets == 1 else dedupe.get("decision_rounds", 3),
+        )
+
+    @property
+    def samples(self) -> int:
+        return self.parts * self.part_size
+
+    def group_parts(self, g: int) -> range:
+        """The part indexes of group `g`."""
+        return range(g * self.parts_per_group, min((g + 1) * self.parts_per_group, self.parts))
+
+    def slice_groups(self, s: int, part_ids: list[str]) -> list[dict]:
+        """The groups slice `s` takes, one after another: id, first part's index and part ids."""
+        return [
+            {"group": number(g, self.groups.units), "first_part": g * self.parts_per_group,
+             "parts": [part_ids[p] for p in self.group_parts(g)]}
+            for g in self.groups.of(s)
+        ]  # fmt: skip
