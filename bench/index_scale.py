@@ -41,7 +41,8 @@ sys.path.insert(0, str(REPO))
 from bench.e2e_bench import save_result  # noqa: E402
 from shardsmith.core.ledger import REJECT_COLUMNS  # noqa: E402
 from shardsmith.formats.index import REJECT_SCHEMA, write_manifest_piece  # noqa: E402
-from shardsmith.shards.buckets import DROPS, LEDGER_PIECE, write_batches  # noqa: E402
+from shardsmith.formats.shuffle import write_buckets  # noqa: E402
+from shardsmith.shards.buckets import DROPS, LEDGER_PIECE  # noqa: E402
 
 LAION_5B = {"samples": 5_850_000_000, "shards": 117_000, "parts": 23_400, "groups": 11_700, "buckets": 62_400}
 DATASETS = {"CC12M": 12_400_000, "LAION-400M": 413_900_000, "LAION-5B": 5_850_000_000}
@@ -126,7 +127,7 @@ def generate(folder: Path, fraction: float, piece_rows: int, ledger_rows: int, d
     empty = [DROPS.empty_table()] * n["groups"]
     for b in range(n["buckets"]):
         path = folder / f"bucket-{b:06d}.drops.arrow"
-        write_batches(path, DROPS, empty, {"kept": int(counts_kept[b]), "key_sum": int(kept[b])})
+        write_buckets(path, DROPS, empty, {"kept": int(counts_kept[b]), "key_sum": int(kept[b])})
         args["drops"].append(str(path))
     (folder / "args.json").write_text(json.dumps(args))
     return {**n, "published": published, "ledger_rows": n["parts"] * ledger_rows + n["groups"] * drop_rows}

@@ -327,10 +327,12 @@ def extrapolate(results: list[dict], n: int, plans: list[dict] = (), splits: lis
     nearest cells among more of them (nearest_us); a
     find_near_pairs bucket reads as many entries, more of them cell entries (its CPU scaled by their share,
     as if the block entries cost nothing)."""
+    from shardsmith.shards.layout import PlanLayout
     from shardsmith.shards.neardup import NearSettings
 
     small, large = results[0], results[-1]
     layout = NearSettings().layout(n)
+    plan = PlanLayout.of(vars(NearSettings()), PART_SIZE, math.ceil(n / PART_SIZE))
     p_n, p_l = layout.probes, large.get("probes", 2)
     parts = math.ceil(n / PART_SIZE)
     groups = math.ceil(parts / max(1, NearSettings().bucket_samples // PART_SIZE))
@@ -350,10 +352,10 @@ def extrapolate(results: list[dict], n: int, plans: list[dict] = (), splits: lis
             out[kind] = {"jobs": 1, "peak_mib": round(got["max_peak_mib"]), "cpu_min": round(got["max_cpu_s"] / 60, 1)}
             continue
         if kind in PER_PIECE:
-            rounds, per_job = NearSettings().decision_rounds, NearSettings().buckets_in_a_job(layout.buckets)
-            count = {"find_duplicate_keys": layout.buckets, "find_near_pairs": layout.buckets,
-                     "match_published": layout.buckets,
-                     "decide_near_round": -(-layout.buckets // per_job) * rounds}.get(kind, groups)  # fmt: skip
+            rounds, per_job = plan.rounds, plan.near_buckets.per_job
+            count = {"find_duplicate_keys": plan.keys.units, "find_near_pairs": layout.buckets,
+                     "match_published": plan.keys.units,
+                     "decide_near_round": plan.near_buckets.count * rounds}.get(kind, groups)  # fmt: skip
             peak, cpu = got["max_peak_mib"], got["max_cpu_s"]
             if kind == "decide_near_round":  # a job decides per_job partitions one after another
                 cpu *= per_job / min(per_job, large.get("buckets", per_job))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from shardsmith.core.atomic import atomic_open, atomic_write_text
 from shardsmith.core.ledger import REJECT_COLUMNS, SHARD
 from shardsmith.formats.names import shard_name
+from shardsmith.formats.shuffle import cut, read_bucket, write_buckets
 from shardsmith.formats.tables import Spill, key_bins, key_digest_sum, num_rows, spill_folder
 from shardsmith.shards.sampleid import part_of, part_range, row_of, sample_ids, split
 
@@ -49,33 +50,6 @@ def group_of(ids: np.ndarray, parts_per_group: int) -> np.ndarray:
     return part_of(ids) // parts_per_group
 
 
-def write_batches(
-    path: str | os.PathLike, schema: pa.Schema, pieces: Iterable[pa.Table], meta: dict | None = None
-) -> None:
-    """An Arrow IPC file with one record batch per piece, in order (empty ones too): reader i reads batch i."""
-    schema = schema.with_metadata({k: json.dumps(v) for k, v in (meta or {}).items()})
-    with atomic_open(path) as f, pa.ipc.new_file(f, schema) as w:
-        for piece in pieces:
-            piece = piece.cast(schema).combine_chunks()
-            w.write_batch(piece.to_batches()[0] if piece.num_rows else pa.RecordBatch.from_pylist([], schema=schema))
-
-
-def read_batch(path: str | os.PathLike, i: int) -> pa.Table:
-    with pa.memory_map(str(path)) as src:
-        reader = pa.ipc.open_file(src)
-        if i >= reader.num_record_batches:
-            raise ValueError(f"{path} has {reader.num_record_batches} batches, not {i + 1}: make it again")
-        return pa.Table.from_batches([reader.get_batch(i)]).replace_schema_metadata(None)
-
-
-def cut(table: pa.Table, index: np.ndarray, n: int) -> list[pa.Table]:
-    """The rows of `table` for each of n pieces, by each row's piece index (rows keep their order)."""
-    order = np.argsort(index, kind="stable")
-    starts = np.searchsorted(index[order], np.arange(n + 1))
-    table = table.take(pa.array(order))
-    return [table.slice(int(starts[i]), int(starts[i + 1] - starts[i])) for i in range(n)]
-
-
 def split_keys(samples: list[str], first_part: int, buckets: int, out: str | os.PathLike) -> int:
     """The keys, ids and source ids of a group's parts (the first being part `first_part`), one batch per
     bucket; returns the samples."""
@@ -85,7 +59,7 @@ def split_keys(samples: list[str], first_part: int, buckets: int, out: str | os.
         ids = pa.array(sample_ids(first_part + i, np.arange(t.num_rows)))
         tables.append(pa.table({"key": t["key"], "id": ids, "source_id": t["source_id"]}).cast(KEYS))
     table = pa.concat_tables(tables) if tables else KEYS.empty_table()
-    write_batches(out, KEYS, cut(table, key_bins(table["key"], buckets), buckets))
+    write_buckets(out, KEYS, cut(table, key_bins(table["key"], buckets), buckets))
     return table.num_rows
 
 
@@ -119,7 +93,7 @@ def split_exclusions(tables: list[str], buckets: int, out: str | os.PathLike, tm
                 rows = spill.read(f)
                 yield from cut(rows, key_bins(rows["key"], buckets) - lo, hi - lo)
 
-        write_batches(out, EXCLUDED, pieces(), {"rows": total})
+        write_buckets(out, EXCLUDED, pieces(), {"rows": total})
     return total
 
 
@@ -150,11 +124,11 @@ def decide_bucket(keys: pa.Table, excluded: pa.Table) -> pd.DataFrame:
 def find_duplicate_keys(key_paths: list[str], excluded_path: str, bucket: int, parts_per_group: int, out) -> int:
     """A bucket's decisions, one batch per group (the groups of `key_paths`, in order), so each group reads
     only its own; returns the samples that drop."""
-    keys = pa.concat_tables([read_batch(p, bucket) for p in key_paths]) if key_paths else KEYS.empty_table()
-    drops = decide_bucket(keys, read_batch(excluded_path, bucket))
+    keys = read_bucket(key_paths, bucket, KEYS)
+    drops = decide_bucket(keys, read_bucket(excluded_path, bucket, EXCLUDED))
     table = pa.Table.from_pandas(drops, preserve_index=False).cast(DROPS) if len(drops) else DROPS.empty_table()
     meta = kept_keys(keys, drops["id"].to_numpy(np.int64), bucket)
-    write_batches(out, DROPS, cut(table, group_of(drops["id"].to_numpy(), parts_per_group), len(key_paths)), meta)
+    write_buckets(out, DROPS, cut(table, group_of(drops["id"].to_numpy(), parts_per_group), len(key_paths)), meta)
     return len(drops)
 
 
@@ -200,8 +174,7 @@ def collect_dropped(
     drop_paths: list[str], group: int, samples: list[str], parts: list[str], first_part: int, out
 ) -> dict:
     """The group's ledger rows from every bucket's decisions (in record order) and, per part, [samples, dropped]."""
-    got = [read_batch(p, group) for p in drop_paths]
-    drops = pa.concat_tables(got).to_pandas() if got else pd.DataFrame(columns=DROPS.names)
+    drops = read_bucket(drop_paths, group, DROPS).to_pandas()
     rows = ledger_piece(drops, {first_part + i: p for i, p in enumerate(samples)})
     dropped = pd.Series(part_of(rows["id"].to_numpy(np.int64))).value_counts()
     counts = {

@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass
 
 from shardsmith.formats.names import number
-from shardsmith.shards.nearparts import Layout, bucket_count, cell_count
+from shardsmith.shards.neardup import NearSettings
+from shardsmith.shards.nearparts import Layout
 
 SLICE_JOBS = 500  # buckets_per_job and groups_per_job: auto keeps a planning step near this many jobs
 
@@ -74,9 +75,8 @@ class PlanLayout:
         samples = parts * part_size
         per_group = max(1, dedupe["bucket_samples"] // part_size)
         groups = max(1, -(-parts // per_group))
-        cells, probes = cell_count(samples, dedupe["cell_samples"], dedupe.get("cell_probes"))
-        near_buckets = bucket_count(samples, dedupe["bucket_samples"], dedupe.get("buckets"), probes)
-        near = Layout(cells=cells, buckets=near_buckets, probes=probes)
+        settings = NearSettings(**dedupe)
+        near = settings.layout(samples)
         keys = key_bucket_count(samples, dedupe["bucket_samples"], dedupe.get("buckets"))
         per_job = dedupe.get("buckets_per_job", "auto")
         return cls(
@@ -87,7 +87,7 @@ class PlanLayout:
             keys=Slices(keys, in_a_job(per_job, keys, 16)),
             near=near,
             near_buckets=Slices(near.buckets, in_a_job(per_job, near.buckets, 16)),
-            rounds=1 if near.buckets == 1 else dedupe.get("decision_rounds", 3),
+            rounds=settings.rounds_for(near),
         )
 
     @property

@@ -8,9 +8,9 @@ other homes wait on it (*outgoing*). Then, in rounds, each partition settles wha
 its earliest neighbour not left out is kept; neighbours at home are settled in the same pass, those of other
 homes are known from what their partitions sent after the round before (messages). So a group of copies is
 settled in the first round when it shares a home and in the second when it does not; only chains of pairs
-across homes need more. After the last round, `finish` (rule decide_near_duplicates) settles what is still pending, all of it in
-one place (it holds those samples' pairs only), and merges every partition's samples left out in dataset
-order. The result is the rule applied to all pairs at once, whatever the partition and round counts.
+across homes need more. After the last round, `finish` (rule decide_near_duplicates) settles what is still
+pending, all of it in one place (it holds those samples' pairs only), and merges every partition's samples
+left out in dataset order. The result is the rule applied to all pairs at once, whatever the partition and round counts.
 
 A sample with the very hash of an earlier one (a same_hash pair from its first) is not searched: it goes out
 for that first sample when it is kept, else for the sample that sample went out for.
@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open
 from shardsmith.core.ledger import DEDUPE
+from shardsmith.formats.shuffle import read_all, read_bucket, write_cut
 from shardsmith.formats.tables import ParquetAppender
 from shardsmith.shards.buckets import LEDGER_PIECE
 from shardsmith.shards.sampleid import part_of
@@ -110,43 +111,12 @@ def write_pairs(in_path: str | os.PathLike, out_path: str | os.PathLike, pairs: 
 
 
 def write_by_home(path: str | os.PathLike, frame: pd.DataFrame, home: str, schema: pa.Schema, partitions: int) -> None:
-    """An Arrow IPC file with one record batch per partition (empty ones too), rows in their order within one."""
-    homes = np.asarray(frame[home].to_numpy(), np.int64) if len(frame) else np.empty(0, np.int64)
-    order = np.argsort(homes, kind="stable")
-    table = pa.Table.from_pandas(frame[schema.names], preserve_index=False).cast(schema) if len(frame) else (
-        schema.empty_table())  # fmt: skip
-    table = table.take(pa.array(order, pa.int64()))
-    starts = np.searchsorted(homes[order], np.arange(partitions + 1))
-    with atomic_open(path) as f, pa.ipc.new_file(f, schema) as w:
-        for p in range(partitions):
-            piece = table.slice(int(starts[p]), int(starts[p + 1] - starts[p])).combine_chunks()
-            w.write_batch(piece.to_batches()[0] if piece.num_rows else _empty(schema))
-
-
-def _empty(schema: pa.Schema) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
-
-
-def read_partition(paths: list[str], p: int, schema: pa.Schema, again: str = "make it again") -> pa.Table:
-    """Batch `p` of every file (write_by_home, nearparts.write_entries); `again`: what a file too short needs."""
-    pieces = []
-    for path in paths:
-        with pa.memory_map(str(path)) as src:
-            reader = pa.ipc.open_file(src)
-            if p >= reader.num_record_batches:
-                raise ValueError(f"{path} has {reader.num_record_batches} batches, not {p + 1}: {again}")
-            batch = reader.get_batch(p)
-            if batch.num_rows:
-                pieces.append(pa.Table.from_batches([batch]))
-    return pa.concat_tables(pieces).cast(schema) if pieces else schema.empty_table()
-
-
-def read_all(path: str, schema: pa.Schema) -> pa.Table:
-    with pa.memory_map(str(path)) as src:
-        return pa.ipc.open_file(src).read_all().cast(schema)
-
-
-# -- the rule over what one place knows
+    """A frame's rows cut by their `home` partition (shardsmith.formats.shuffle), in their order within one."""
+    if not len(frame):
+        write_cut(path, schema, schema.empty_table(), np.empty(0, np.int64), partitions)
+        return
+    table = pa.Table.from_pandas(frame[schema.names], preserve_index=False)
+    write_cut(path, schema, table, np.asarray(frame[home].to_numpy(), np.int64), partitions)
 
 
 def _published(prio: np.ndarray) -> np.ndarray:
@@ -333,10 +303,10 @@ def decide_near_round(
     """One round of partition `p` (see the module): its messages to other homes (the state of every sample
     it settled that they wait on), its samples left out (FOUND rows, by id) and those still waiting with
     their pairs (PENDING rows). Messages of the round before, none in the first."""
-    inc = read_partition(in_paths, p, IN_SCHEMA).to_pandas()
-    outgoing = read_partition(out_paths, p, OUT_SCHEMA).to_pandas().drop_duplicates()
-    homes = read_partition(home_paths, p, HOME_SCHEMA).to_pandas()
-    known = Known(read_partition(message_paths, p, NODE_SCHEMA).to_pandas() if message_paths else _no_nodes())
+    inc = read_bucket(in_paths, p, IN_SCHEMA).to_pandas()
+    outgoing = read_bucket(out_paths, p, OUT_SCHEMA).to_pandas().drop_duplicates()
+    homes = read_bucket(home_paths, p, HOME_SCHEMA).to_pandas()
+    known = Known(read_bucket(message_paths, p, NODE_SCHEMA).to_pandas() if message_paths else _no_nodes())
     near, same = _dedupe(inc)
     own = _own_samples(near, same, outgoing, homes, p)
     nodes, out, waiting = _decide(near, same, own, known, complete=False)

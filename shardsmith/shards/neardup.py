@@ -51,7 +51,6 @@ from shardsmith.shards.nearparts import (
 from shardsmith.shards.sampleid import gone_ids, sample_ids
 
 MODES = ("report", "exclude", "off")
-SLICE_JOBS = 500  # buckets_per_job and groups_per_job: auto keeps a planning step near this many jobs
 
 
 @dataclass(frozen=True)
@@ -90,20 +89,6 @@ class NearSettings:
             value = getattr(self, key)
             if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"dedupe.{key} must be a positive number or auto, got {value!r}")
-
-    def buckets_in_a_job(self, buckets: int) -> int:
-        """Buckets a job of a bucket step takes: buckets_per_job, or for auto 16, or enough to keep a step
-        near SLICE_JOBS jobs."""
-        if self.buckets_per_job == "auto":
-            return max(16, -(-buckets // SLICE_JOBS))
-        return self.buckets_per_job
-
-    def groups_in_a_job(self, groups: int) -> int:
-        """Groups a job of a group step takes: groups_per_job, or for auto 4 (a job of a few minutes, not
-        seconds), or enough to keep a step near SLICE_JOBS jobs."""
-        if self.groups_per_job == "auto":
-            return max(4, -(-groups // SLICE_JOBS))
-        return self.groups_per_job
 
     def layout(self, samples: int) -> Layout:
         """Cells and bucket jobs for a dataset of this many samples."""

@@ -1,7 +1,7 @@
-"""The near-duplicate search as partitioned jobs: a map per part, a job per bucket, one small decision.
+"""The near-duplicate search as partitioned jobs: a map per group, a job per bucket, one small decision.
 
-Map (`neardup.split_near_entries`, per group): every candidate sample of a part (one no other stage left out) becomes entries, each
-with the sample's id (shardsmith.shards.sampleid: dataset order) and its keep priority (`priority`):
+Map (`neardup.split_near_entries`, per group): every candidate sample (one no other stage left out) becomes
+entries, each with the sample's id (shardsmith.shards.sampleid: dataset order) and its keep priority (`priority`):
 - block entries: its hash and its mirror's, once for each of the four 16-bit blocks, grouped by (block,
   value). Two hashes at most 3 bits apart agree on one block whole (3 differing bits leave one of four
   blocks untouched), so they meet in one group whatever else happens;
@@ -33,8 +33,9 @@ import pandas as pd
 import pyarrow as pa
 
 from shardsmith.core.atomic import atomic_open
+from shardsmith.formats import shuffle
+from shardsmith.formats.shuffle import read_meta, write_buckets, write_cut
 from shardsmith.formats.tables import key_hashes
-from shardsmith.shards.neardecide import read_partition
 from shardsmith.shards.nearsearch import MIRROR, SEED, best_pairs, held_pairs, same_key_pairs
 
 EMBEDDING_PROBES = 2  # cells an embedding goes to: near copies' embeddings sit far closer than 8-bit hash pairs
@@ -302,48 +303,35 @@ def part_entries(
 
 
 def write_entries(path: str | os.PathLike, table: pa.Table, layout: Layout, samples: int = 0) -> None:
-    """An Arrow IPC file with one record batch per bucket (in bucket order, empty ones too), so a bucket job
-    reads its rows of every part without the rest; `samples` (the samples compared) in its metadata."""
+    """A group's entries cut by bucket (shardsmith.formats.shuffle), in (kind, id) order within a bucket, so a
+    bucket job reads its rows of every group without the rest; `samples` (the samples compared) with them."""
     table = table.cast(ENTRY_SCHEMA)
-    order = np.lexsort((table["id"].to_numpy(), table["kind"].to_numpy(), table["bucket"].to_numpy()))
+    order = np.lexsort((table["id"].to_numpy(), table["kind"].to_numpy()))
     table = table.take(pa.array(order))
-    bucket = table["bucket"].to_numpy()
-    starts = np.searchsorted(bucket, np.arange(layout.buckets + 1))
-    schema = ENTRY_SCHEMA.with_metadata({"samples": str(samples)})
-    with atomic_open(path) as f, pa.ipc.new_file(f, schema) as w:
-        for b in range(layout.buckets):
-            piece = table.slice(int(starts[b]), int(starts[b + 1] - starts[b])).combine_chunks()
-            batch = piece.to_batches()[0] if piece.num_rows else _empty_batch()
-            w.write_batch(batch.replace_schema_metadata(schema.metadata))
+    write_cut(path, ENTRY_SCHEMA, table, table["bucket"].to_numpy(), layout.buckets, {"samples": samples})
 
 
 def merge_entries(path: str | os.PathLike, pieces: list[str], layout: Layout, samples: int = 0) -> None:
     """One entries file (write_entries' layout) from pieces written by write_entries for consecutive runs of
     samples: each bucket's rows of every piece, in (kind, id) order as one write_entries would put them (an id's
     rows are all in one piece, in their order there). Holds one bucket at a time."""
-    schema = ENTRY_SCHEMA.with_metadata({"samples": str(samples)})
-    with atomic_open(path) as f, pa.ipc.new_file(f, schema) as w:
+
+    def buckets():
         for b in range(layout.buckets):
             rows = read_bucket(pieces, b)
-            order = np.lexsort((rows["id"].to_numpy(), rows["kind"].to_numpy()))
-            rows = rows.take(pa.array(order)).combine_chunks()
-            batch = rows.to_batches()[0] if rows.num_rows else _empty_batch()
-            w.write_batch(batch.replace_schema_metadata(schema.metadata))
+            yield rows.take(pa.array(np.lexsort((rows["id"].to_numpy(), rows["kind"].to_numpy()))))
 
-
-def _empty_batch() -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in ENTRY_SCHEMA], schema=ENTRY_SCHEMA)
+    write_buckets(path, ENTRY_SCHEMA, buckets(), {"samples": samples})
 
 
 def entries_samples(path: str | os.PathLike) -> int:
     """The samples an entries file was written for (write_entries)."""
-    with pa.memory_map(str(path)) as src:
-        return int((pa.ipc.open_file(src).schema.metadata or {}).get(b"samples", b"0"))
+    return int(read_meta(path).get("samples", 0))
 
 
 def read_bucket(paths: list[str], bucket: int) -> pa.Table:
-    """A bucket's entries from every part's entries file."""
-    return read_partition(paths, bucket, ENTRY_SCHEMA, "split it again")
+    """A bucket's entries from every group's entries file."""
+    return shuffle.read_bucket(paths, bucket, ENTRY_SCHEMA, "split it again")
 
 
 def _same_hash(t: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:

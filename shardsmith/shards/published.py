@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open, atomic_write_text, sha256_file
 from shardsmith.core.ledger import EXCLUSION_COLUMNS
-from shardsmith.shards.buckets import cut, group_of, read_batch, write_batches
+from shardsmith.formats.shuffle import cut, read_bucket, write_buckets
+from shardsmith.shards.buckets import group_of
 from shardsmith.shards.dedupe import (
     MANIFEST,
     NEAR_COLUMNS,
@@ -212,7 +213,7 @@ def split_published(
             first, row = first + n, row + rows
     table = pa.concat_tables(tables) if tables else PUBLISHED.empty_table()
     bins = (table["h1"].to_numpy() % np.uint64(buckets)).astype(np.int64)
-    write_batches(out, PUBLISHED, cut(table, bins, buckets))
+    write_buckets(out, PUBLISHED, cut(table, bins, buckets))
     return int(np.sum(table["kind"].to_numpy() == SOURCE_ID))
 
 
@@ -245,7 +246,7 @@ def split_lookups(
             )
     table = pa.concat_tables(tables) if tables else LOOKUPS.empty_table()
     bins = (table["h1"].to_numpy() % np.uint64(buckets)).astype(np.int64)
-    write_batches(out, LOOKUPS, cut(table, bins, buckets))
+    write_buckets(out, LOOKUPS, cut(table, bins, buckets))
     return sum(pq.ParquetFile(p).metadata.num_rows for p in samples)
 
 
@@ -256,20 +257,20 @@ def match_published(
     """A bucket's decisions: each sample's match with the first published record of its values (one batch
     per group) and the published source_ids gone from the build (none without the near-duplicate search;
     one batch per group: the piece of the manifests split_published read them from); returns counts."""
-    pub = pa.concat_tables([read_batch(p, bucket) for p in published] or [PUBLISHED.empty_table()]).to_pandas()
-    smp = pa.concat_tables([read_batch(p, bucket) for p in lookups] or [LOOKUPS.empty_table()]).to_pandas()
+    pub = read_bucket(published, bucket, PUBLISHED).to_pandas()
+    smp = read_bucket(lookups, bucket, LOOKUPS).to_pandas()
     first = pub.sort_values("order", kind="stable").drop_duplicates(["kind", "h1", "h2"])
     m = smp.merge(first[["kind", "h1", "h2", "key", "version"]], on=["kind", "h1", "h2"], how="inner")
     m = m.sort_values(["id", "kind"], kind="stable")
     matches = pa.Table.from_pandas(m[MATCHES.names], preserve_index=False).cast(MATCHES)
-    write_batches(out_matches, MATCHES, cut(matches, group_of(m["id"].to_numpy(), parts_per_group), groups))
+    write_buckets(out_matches, MATCHES, cut(matches, group_of(m["id"].to_numpy(), parts_per_group), groups))
     sources = first[first["kind"] == SOURCE_ID]
     kept = smp[(smp["kind"] == SOURCE_ID) & smp["kept"]][["h1", "h2"]].drop_duplicates()
     present = sources.merge(kept, on=["h1", "h2"], how="left", indicator=True)["_merge"].eq("both").to_numpy()
     hashed = (sources["phash"].fillna("") != "").to_numpy()
     gone = sources[hashed & ~present & near].sort_values("order")
     table = pa.Table.from_pandas(gone[GONE.names], preserve_index=False).cast(GONE)
-    write_batches(out_gone, GONE, cut(table, gone["piece"].to_numpy(np.int64), groups))  # by the piece read
+    write_buckets(out_gone, GONE, cut(table, gone["piece"].to_numpy(np.int64), groups))  # by the piece read
     return {"published": len(pub), "samples": len(smp), "matched": len(m), "gone": len(gone)}
 
 
@@ -282,8 +283,7 @@ def collect_published(
     and that no other step left out; for the near-duplicate search) and, with `exact` (publish.dedupe), the
     exclusions of its new samples whose url, else sha256, was published; and the published records gone
     from the build that its piece of the manifests holds, in published order (for split_near_entries)."""
-    got = [read_batch(p, group) for p in matches]
-    m = (pa.concat_tables(got) if got else MATCHES.empty_table()).to_pandas()
+    m = read_bucket(matches, group, MATCHES).to_pandas()
     m = m.sort_values(["id", "kind"], kind="stable")
     published_ids = m.loc[m["kind"] == SOURCE_ID, "id"].unique()
     old = m[(m["kind"] == SOURCE_ID) & m["kept"] & near]
@@ -299,8 +299,7 @@ def collect_published(
             hits["id"].tolist(), hits["kind"].tolist(), hits["key"].tolist(), hits["version"].tolist(), strict=True
         )
     ]
-    got = [read_batch(p, group) for p in gone]
-    gone_rows = read_gone_table(pa.concat_tables(got) if got else GONE.empty_table())
+    gone_rows = read_gone_table(read_bucket(gone, group, GONE))
     excluded = pd.DataFrame(rows, columns=EXCLUSION_COLUMNS)
     for frame, path in ((old[OLD], out_old), (excluded, out_exclusions), (gone_rows, out_gone)):
         with atomic_open(path) as f:

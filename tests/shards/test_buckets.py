@@ -8,9 +8,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from shardsmith.formats.shuffle import read_bucket
 from shardsmith.formats.tables import key_bins, key_digest_sum
 from shardsmith.shards import buckets as bucket_module
-from shardsmith.shards.buckets import read_batch, shard_ranges, split_exclusions
+from shardsmith.shards.buckets import EXCLUDED, KEYS, shard_ranges, split_exclusions
 from shardsmith.shards.validate import planned_keys
 from tests.shards.reference import plan_in_process
 
@@ -72,7 +73,7 @@ def test_exclusions_spilled_in_fewer_files_than_buckets_land_each_in_its_bucket_
     rows = pd.concat([pd.read_parquet(ex)] * 2, ignore_index=True).assign(id=np.arange(-42, 0))
     rows["bucket"] = key_bins(pa.array(rows["key"]), 13)
     for b in range(13):
-        got = read_batch(out, b).to_pandas()
+        got = read_bucket(out, b, EXCLUDED).to_pandas()
         want = rows[rows["bucket"] == b]
         assert got["key"].tolist() == want["key"].tolist() and got["id"].tolist() == want["id"].tolist(), b
     assert not list((tmp_path / "scratch").iterdir())  # the spill folder is gone
@@ -96,9 +97,9 @@ def test_a_bucket_file_with_fewer_batches_is_refused_with_what_to_do(tmp_path):
     from shardsmith.shards.buckets import split_keys
 
     split_keys([paths[0]], 0, 2, tmp_path / "k.arrow")
-    assert read_batch(tmp_path / "k.arrow", 1).num_rows >= 0
+    assert read_bucket(tmp_path / "k.arrow", 1, KEYS).num_rows >= 0
     with pytest.raises(ValueError, match="make it again"):
-        read_batch(tmp_path / "k.arrow", 2)
+        read_bucket(tmp_path / "k.arrow", 2, KEYS)
 
 
 def test_the_shard_list_names_its_parts_and_ranges(tmp_path):

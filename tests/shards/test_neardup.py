@@ -190,17 +190,6 @@ def test_embeddings_pair_samples_of_any_part_beside_published_ones(tmp_path):
     assert near["distance"].iloc[0] == pytest.approx(float(vectors[1] @ vectors[3]), abs=2e-3)
 
 
-@pytest.mark.parametrize(
-    ("units", "buckets_per_job", "groups_per_job"),
-    [(1, 16, 4), (8_000, 16, 16), (62_400, 125, 125), (3_072, 16, 7)],
-)
-def test_auto_slices_keep_a_planning_step_near_500_jobs(units, buckets_per_job, groups_per_job):
-    s = NearSettings()
-    assert s.buckets_in_a_job(units) == buckets_per_job and s.groups_in_a_job(units) == groups_per_job
-    assert -(-units // s.buckets_in_a_job(units)) <= 500 and -(-units // s.groups_in_a_job(units)) <= 500
-    assert NearSettings(buckets_per_job=3, groups_per_job=2).buckets_in_a_job(62_400) == 3
-
-
 @pytest.mark.parametrize("bad", [0, "many", True, 1.5])
 def test_a_bad_slice_setting_is_named(bad):
     with pytest.raises(ConfigError, match="dedupe.groups_per_job must be a positive number or auto"):

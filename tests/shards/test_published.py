@@ -8,10 +8,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from shardsmith.formats.shuffle import read_bucket
 from shardsmith.publish.dataset import publish
-from shardsmith.shards.buckets import read_batch
 from shardsmith.shards.dedupe import PublishedManifestError
 from shardsmith.shards.published import (
+    PUBLISHED,
     SOURCE_ID,
     collect_published,
     fetch_published,
@@ -157,7 +158,7 @@ def test_without_publish_dedupe_or_the_near_search_their_tables_are_empty_and_wh
 
 
 def _batches(path, buckets: int) -> pd.DataFrame:
-    return pa.concat_tables([read_batch(path, b) for b in range(buckets)]).to_pandas()
+    return pd.concat([read_bucket(path, b, PUBLISHED).to_pandas() for b in range(buckets)], ignore_index=True)
 
 
 @pytest.mark.parametrize("pieces", [1, 2, 5])
