@@ -99,7 +99,7 @@ rule match_published:
         "../scripts/match_published.py"
 
 
-rule list_published_matches:
+use rule list_published_splits as list_published_matches with:
     input:
         matches=get_all_published_matches,
         gone=get_all_published_gone,
@@ -108,11 +108,6 @@ rule list_published_matches:
         gone=f"{WORK}/plan/published/matches/gone.list",
     log:
         f"{LOGS}/list_published_matches.log",
-    localrule: True
-    conda:
-        "../envs/shards.yaml"
-    script:
-        "../scripts/list_files.py"
 
 
 rule collect_published:
@@ -155,18 +150,13 @@ rule split_keys:
         "../scripts/split_keys.py"
 
 
-rule list_exclusion_tables:
+use rule list_published_splits as list_exclusion_tables with:
     input:
         tables=get_exact_exclusions,
     output:
         tables=f"{WORK}/plan/keys/exclusions.list",
     log:
         f"{LOGS}/list_exclusion_tables.log",
-    localrule: True
-    conda:
-        "../envs/shards.yaml"
-    script:
-        "../scripts/list_files.py"
 
 
 rule split_exclusions:
@@ -188,18 +178,13 @@ rule split_exclusions:
 
 # Every group's or bucket's file, listed once for the jobs that read all of them, where they are many (LIST_ABOVE
 # in rules/common.smk).
-rule list_key_tables:
+use rule list_published_splits as list_key_tables with:
     input:
         tables=get_all_group_keys,
     output:
         tables=f"{WORK}/plan/keys/keys.list",
     log:
         f"{LOGS}/list_key_tables.log",
-    localrule: True
-    conda:
-        "../envs/shards.yaml"
-    script:
-        "../scripts/list_files.py"
 
 
 rule find_duplicate_keys:
@@ -219,18 +204,13 @@ rule find_duplicate_keys:
         "../scripts/find_duplicate_keys.py"
 
 
-rule list_key_drops:
+use rule list_published_splits as list_key_drops with:
     input:
         drops=get_key_drop_tables,
     output:
         drops=f"{WORK}/plan/keys/drops/drops.list",
     log:
         f"{LOGS}/list_key_drops.log",
-    localrule: True
-    conda:
-        "../envs/shards.yaml"
-    script:
-        "../scripts/list_files.py"
 
 
 rule collect_dropped:
@@ -295,18 +275,13 @@ rule split_near_entries:
         "../scripts/split_near_entries.py"
 
 
-rule list_near_entries:
+use rule list_published_splits as list_near_entries with:
     input:
         entries=get_near_entries,
     output:
         entries=f"{WORK}/plan/near/entries/entries.list",
     log:
         f"{LOGS}/list_near_entries.log",
-    localrule: True
-    conda:
-        "../envs/shards.yaml"
-    script:
-        "../scripts/list_files.py"
 
 
 rule find_near_pairs:
@@ -334,7 +309,7 @@ rule find_near_pairs:
 # Every bucket's pairs and every group's home rows, and each round's outputs, listed once for the jobs that
 # read all of them: a job per partition naming every bucket's file would make the DAG grow with the square
 # of the buckets.
-rule list_near_pairs:
+use rule list_published_splits as list_near_pairs with:
     input:
         incoming=get_near_pairs("incoming"),
         outgoing=get_near_pairs("outgoing"),
@@ -345,11 +320,6 @@ rule list_near_pairs:
         homes=f"{WORK}/plan/near/homes/homes.list",
     log:
         f"{LOGS}/list_near_pairs.log",
-    localrule: True
-    conda:
-        "../envs/shards.yaml"
-    script:
-        "../scripts/list_files.py"
 
 
 # The keep rule decided per partition (shardsmith.shards.neardecide): each round settles what its samples'
@@ -377,7 +347,7 @@ rule decide_near_round:
         "../scripts/decide_near_round.py"
 
 
-rule list_near_round:
+use rule list_published_splits as list_near_round with:
     input:
         messages=get_round_outputs("messages"),
         found=get_round_outputs("found"),
@@ -388,11 +358,6 @@ rule list_near_round:
         pending=f"{WORK}/plan/near/rounds/{{round}}/pending.list",
     log:
         f"{LOGS}/list_near_round/{{round}}.log",
-    localrule: True
-    conda:
-        "../envs/shards.yaml"
-    script:
-        "../scripts/list_files.py"
 
 
 rule decide_near_duplicates:

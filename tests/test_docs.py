@@ -83,3 +83,42 @@ def test_every_module_of_the_package_has_a_test_file_or_is_named_as_without():
     assert not missing, f"no tests/<folder>/test_<module>.py and not named in docs/development.md: {missing}"
     stale = [m for m in without if (REPO / "tests" / Path(m).parent / f"test_{Path(m).name}").exists()]
     assert not stale, f"docs/development.md says these have no test file, but they do: {stale}"
+
+
+def _schema_keys() -> set[str]:
+    """Every config key as a dotted path: `dedupe.bucket_samples`, `part_size`, ..."""
+    import yaml
+
+    schema = yaml.safe_load((REPO / "config" / "config.schema.yaml").read_text())
+    keys: set[str] = set()
+
+    def walk(node: dict, prefix: str) -> None:
+        for name, sub in (node.get("properties") or {}).items():
+            keys.add(prefix + name)
+            if isinstance(sub, dict):
+                walk(sub, f"{prefix}{name}.")
+
+    walk(schema, "")
+    return keys
+
+
+def test_each_glossary_term_is_a_word_of_the_code_and_its_config_keys_exist():
+    """The glossary names one meaning a word; the word is one the code uses (as words or snake_case), and every
+    config key a row names is in the schema."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| ([^|]+?) \| (.+) \|$", text[text.index("## Glossary") :], re.M)[2:]  # past the header
+    assert len(rows) > 20
+    code = " ".join(p.read_text().lower() for d in ("shardsmith", "scripts", "rules") for p in (REPO / d).rglob("*.*")
+                    if p.suffix in (".py", ".smk", ".yaml"))  # fmt: skip
+    keys = _schema_keys()
+    unknown, missing = [], []
+    for term, meaning in rows:
+        words = term.lower().replace("-", " ").split()
+        singular = [*words[:-1], words[-1].removesuffix("s")]
+        if not any(sep.join(w) in code for w in (words, singular) for sep in (" ", "_", "-", "")):
+            unknown.append(term)
+        for key in re.findall(r"`([a-z_]+(?:\.[a-z_]+)+)`", meaning):
+            if key.split(".")[0] in {k.split(".")[0] for k in keys} and key not in keys:
+                missing.append(key)
+    assert not unknown, f"glossary terms the code never uses: {unknown}"
+    assert not missing, f"config keys the glossary names that the schema lacks: {missing}"

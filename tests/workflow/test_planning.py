@@ -1,8 +1,10 @@
 """Planning's group and bucket steps taken in slices (dedupe.groups_per_job, dedupe.buckets_per_job): the real
 rules over generated samples tables (bench/plan_scale.py's) in several groups of parts, against a published
-version; the plan is the same whatever the slices, and the jobs are fewer."""
+version; the plan is the same whatever the slices, and the jobs are fewer. The rule graph in the docs is the
+one Snakemake draws for it."""
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -17,16 +19,22 @@ GROUP_STEPS = ("split_keys", "collect_dropped", "split_near_entries", "split_pub
 BUCKET_STEPS = ("find_duplicate_keys", "find_near_pairs", "match_published")
 
 
+RULEGRAPH = REPO / "docs" / "rulegraph.dot"
+
+
+def command(root):
+    return [str(SNAKEMAKE), str(root / "work" / "bench" / "plan" / "shards"), "-s", str(REPO / "Snakefile"),
+            "--directory", str(root), "--configfile", str(root / "config.yaml"), "--cores", "2",
+            "--workflow-profile", "none", "--rerun-triggers", "mtime"]  # fmt: skip
+
+
 def plan(root, groups_per_job, buckets_per_job):
     paths, _ = plan_scale.generate(root / "work" / "bench" / "processed", N, PART)
     plan_scale.publish_overlap(root / "fast-storage", N)
     dedupe = {"near": "exclude", "bucket_samples": 2_000, "buckets": 5, "decision_rounds": 2,
               "groups_per_job": groups_per_job, "buckets_per_job": buckets_per_job}  # fmt: skip
     plan_scale.prepare_run(root, paths, {"part_size": PART, "samples_per_shard": 2_000, "dedupe": dedupe})
-    cmd = [str(SNAKEMAKE), str(root / "work" / "bench" / "plan" / "shards"), "-s", str(REPO / "Snakefile"),
-           "--directory", str(root), "--configfile", str(root / "config.yaml"), "--cores", "2",
-           "--workflow-profile", "none", "--rerun-triggers", "mtime"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(command(root), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return root
 
@@ -75,3 +83,15 @@ def test_group_and_bucket_steps_in_slices_plan_the_same_shards_with_fewer_jobs(p
         assert c["settings"].pop("groups_per_job") and c["settings"].pop("buckets_per_job")
     assert counts[0] == counts[1] and counts[0]["near_duplicates"] > 0
     assert {n.split("/")[-1]: v for n, v in a.items()} == {n.split("/")[-1]: v for n, v in b.items()}
+
+
+def test_the_rule_graph_in_the_docs_is_the_one_snakemake_draws(plans):
+    """docs/rulegraph.dot: planning with every phase on (records already published, keys, near-duplicates)."""
+    proc = subprocess.run([*command(plans["one"]), "--rulegraph"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    drawn = proc.stdout[proc.stdout.index("digraph") :]
+    if os.environ.get("SHARDSMITH_WRITE_DOCS"):
+        RULEGRAPH.write_text(drawn)
+    for rule in ("split_published", "match_published", "find_duplicate_keys", "find_near_pairs", "plan_shards"):
+        assert f'label = "{rule}"' in drawn, rule
+    assert drawn == RULEGRAPH.read_text(), "docs/rulegraph.dot is out of date: SHARDSMITH_WRITE_DOCS=1 rewrites it"
