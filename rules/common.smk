@@ -2,14 +2,10 @@ import os
 import sys
 from pathlib import Path
 
-from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
-
 sys.path.insert(0, workflow.basedir)  # the shardsmith package beside this Snakefile
 
-from shardsmith.core.config import check_config, plain_data, schema_error_message
+from shardsmith.core.config import prepare_config
 from shardsmith.download.filters import parse_filters
-from shardsmith.core.errors import ConfigError
 from shardsmith.formats.energon import sqlite_wanted as energon_sqlite_wanted
 from shardsmith.formats.index import INDEX_FILES
 from shardsmith.formats.names import numbered
@@ -23,36 +19,13 @@ from shardsmith.formats.batches import (
 )
 from shardsmith.report.summary import print_failure, print_success, stop_scheduler_timers
 
-if not config and "--lint" in sys.argv:
-    # `snakemake --lint` checks the rules, which are only built with a config: without one, the demo's
-    import yaml
-
-    config.update(yaml.safe_load(Path(workflow.basedir, "config", "demo.yaml").read_text()))
-if not config:
-    sys.exit(
-        "shardsmith: no config given: run with --configfile my.yaml (make demo uses config/demo.yaml; "
-        "`python -m shardsmith new-config PATH... > my.yaml` writes one for your inputs)."
-    )
-# A JSON --configfile is loaded as OrderedDicts, which YAML writers and fingerprints treat as other data
-# than the same YAML config: plain dicts and lists from here on, so either format builds the same bytes.
-_plain_config = plain_data(config)
-config.clear()
-config.update(_plain_config)
-# Snakemake prints a schema error with the whole sub-schema; the user needs the key and the rule.
-# validate() also fills in every default the config leaves out.
-try:
-    validate(config, schema="../config/config.schema.yaml")
-except WorkflowError as e:
-    if os.environ.get("SHARDSMITH_DEBUG"):
-        raise
-    files = ", ".join(map(str, workflow.configfiles)) or "the --config values"
-    hint = f"Fix it in {files}; config/config.schema.yaml describes every key and its default."
-    sys.exit(f"shardsmith: config error: {schema_error_message(e)}\n  {hint}")
-try:
-    check_config(config, inputs_needed="--lint" not in sys.argv)
-    parse_filters(config["filters"], config["sources"])
-except ConfigError as e:
-    sys.exit(f"shardsmith: config error: {e}")
+prepare_config(
+    config,
+    workflow.basedir,
+    workflow.configfiles,
+    lint="--lint" in sys.argv,
+    checks=[lambda c: parse_filters(c["filters"], c["sources"])],
+)
 
 DATASET = config["dataset"]
 RAW = f"{config['paths']['raw']}/{DATASET}"
@@ -380,24 +353,14 @@ def get_slice_groups(wildcards):
     return plan_layout().slice_groups(int(wildcards.slice), get_part_ids())
 
 
-# The time limit of the two long planning steps follows their slice (dedupe.groups_per_job, buckets_per_job):
-# twice what a group's samples or a bucket took at LAION-5B (docs/sizing.md), plus a start-up margin, and
-# more on a retry. The profile sets their memory only.
-NEAR_ENTRIES_MS_A_SAMPLE = (
-    0.85  # split_near_entries at 28 probes: 7.1 minutes a 500,000-sample group
-)
-NEAR_PAIRS_MIN_A_BUCKET = 1.7  # find_near_pairs: minutes a bucket
-
-
 def get_near_entries_runtime(wildcards, attempt):
-    samples = len(get_slice_parts(wildcards)) * config["part_size"]
-    return attempt * (30 + round(2 * samples * NEAR_ENTRIES_MS_A_SAMPLE / 60_000))
+    """split_near_entries' time limit, in minutes (shardsmith.shards.layout)."""
+    return plan_layout().near_entries_minutes(int(wildcards.slice), attempt)
 
 
 def get_near_pairs_runtime(wildcards, attempt):
-    return attempt * (
-        30 + round(2 * len(get_near_slice_buckets(wildcards)) * NEAR_PAIRS_MIN_A_BUCKET)
-    )
+    """find_near_pairs' time limit, in minutes (shardsmith.shards.layout)."""
+    return plan_layout().near_pairs_minutes(int(wildcards.slice), attempt)
 
 
 def get_slice_parts(wildcards):

@@ -199,3 +199,39 @@ def schema_error_message(exc: BaseException) -> str:
     message = err.message.removeprefix(value).strip()  # jsonschema starts with the value: say it once
     value = value if len(value) <= 60 else value[:57] + "..."
     return f"{key or '(top level)'} = {value} {message}" + (f" ({described.rstrip('.')})" if described else "")
+
+
+def prepare_config(config: dict, basedir: str, configfiles: list, lint: bool, checks: tuple = ()) -> None:
+    """The workflow's config, in place: the demo's for `snakemake --lint` without one, plain dicts and lists
+    (a JSON --configfile loads as OrderedDicts, which YAML writers and fingerprints treat as other data),
+    validated against config/config.schema.yaml with every default filled in, and checked; a bad config
+    exits with a one-line message naming the key and the file (SHARDSMITH_DEBUG=1 raises instead). `checks`:
+    more checks of the config, each raising ConfigError."""
+    import yaml
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    if not config and lint:  # --lint checks the rules, which are only built with a config
+        config.update(yaml.safe_load(Path(basedir, "config", "demo.yaml").read_text()))
+    if not config:
+        raise SystemExit(
+            "shardsmith: no config given: run with --configfile my.yaml (make demo uses config/demo.yaml; "
+            "`python -m shardsmith new-config PATH... > my.yaml` writes one for your inputs)."
+        )
+    plain = plain_data(config)
+    config.clear()
+    config.update(plain)
+    try:
+        validate(config, schema=str(Path(basedir, "config", "config.schema.yaml")))
+    except WorkflowError as e:
+        if os.environ.get("SHARDSMITH_DEBUG"):
+            raise
+        files = ", ".join(map(str, configfiles)) or "the --config values"
+        hint = f"Fix it in {files}; config/config.schema.yaml describes every key and its default."
+        raise SystemExit(f"shardsmith: config error: {schema_error_message(e)}\n  {hint}") from None
+    try:
+        check_config(config, inputs_needed=not lint)
+        for check in checks:
+            check(config)
+    except ConfigError as e:
+        raise SystemExit(f"shardsmith: config error: {e}") from None

@@ -23,6 +23,11 @@ from shardsmith.shards.neardup import NearSettings
 from shardsmith.shards.nearparts import Layout
 
 SLICE_JOBS = 500  # buckets_per_job and groups_per_job: auto keeps a planning step near this many jobs
+# The time limit of the two long planning steps follows their slice: twice what a group's samples or a bucket
+# took at LAION-5B (docs/sizing.md), plus a start-up margin, and more on a retry. The profile sets their memory.
+NEAR_ENTRIES_MS_A_SAMPLE = 0.85  # split_near_entries at 28 probes: 7.1 minutes a 500,000-sample group
+NEAR_PAIRS_MIN_A_BUCKET = 1.7  # find_near_pairs: minutes a bucket
+START_MIN = 30
 
 
 def key_bucket_count(samples: int, bucket_samples: int, override: int | None = None) -> int:
@@ -105,3 +110,12 @@ class PlanLayout:
              "parts": [part_ids[p] for p in self.group_parts(g)]}
             for g in self.groups.of(s)
         ]  # fmt: skip
+
+    def near_entries_minutes(self, s: int, attempt: int = 1) -> int:
+        """split_near_entries' time limit for group slice `s`: twice its samples' work, and more on a retry."""
+        samples = sum(len(self.group_parts(g)) for g in self.groups.of(s)) * self.part_size
+        return attempt * (START_MIN + round(2 * samples * NEAR_ENTRIES_MS_A_SAMPLE / 60_000))
+
+    def near_pairs_minutes(self, s: int, attempt: int = 1) -> int:
+        """find_near_pairs' time limit for bucket slice `s`: twice its buckets' work, and more on a retry."""
+        return attempt * (START_MIN + round(2 * len(self.near_buckets.of(s)) * NEAR_PAIRS_MIN_A_BUCKET))

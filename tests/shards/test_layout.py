@@ -71,3 +71,13 @@ def test_ids_at_laion_5b_fit_the_wildcards_at_any_per_job():
         ids = numbered(count)
         assert all(re.fullmatch(constraints[wildcard], i) for i in ids), wildcard
         assert sorted(ids) == ids and len(set(ids)) == count  # names sort as numbers
+
+
+def test_time_limits_follow_the_slice_and_grow_with_each_retry():
+    layout = PlanLayout.of({**DEFAULTS, "buckets_per_job": 132, "groups_per_job": 7}, **LAION_5B)
+    # 7 groups of 2,000,000 samples at 0.85 ms a sample, twice; 132 buckets at 1.7 minutes, twice
+    assert layout.near_entries_minutes(0) == 30 + round(2 * 7 * 2_000_000 * 0.85 / 60_000) == 427
+    assert layout.near_pairs_minutes(0) == 30 + round(2 * 132 * 1.7) == 479
+    assert layout.near_pairs_minutes(0, attempt=2) == 2 * 479
+    last = layout.near_buckets.count - 1  # the last slice holds the buckets left over
+    assert layout.near_pairs_minutes(last) == 30 + round(2 * len(layout.near_buckets.of(last)) * 1.7)
