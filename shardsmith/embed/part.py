@@ -19,6 +19,9 @@ cache) or a local checkpoint file, optionally with a custom model config JSON (t
 A part's rows are committed as it goes (PartCommits, in `.keep/` beside the outputs), and on SIGTERM
 (shardsmith.core.stopping) what is computed is committed before the job ends: a rerun with the same inputs
 and settings takes the committed rows over and embeds only the rest, into the same bytes.
+
+One job's pass (read, decode, embed, commit, halve on OOM) shares the batch loop's state, so this module
+is over 400 lines.
 """
 
 import contextlib

@@ -14,6 +14,9 @@ left out in dataset order. The result is the rule applied to all pairs at once, 
 
 A sample with the very hash of an earlier one (a same_hash pair from its first) is not searched: it goes out
 for that first sample when it is kept, else for the sample that sample went out for.
+
+The rounds and the last step share the node tables, their schemas and the keep rule, so this module is
+over 400 lines.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ A bucket job (`bucket_pairs`) takes some groups (by hash) and some cells (cell m
 part's entries and writes the near pairs among them. Which bucket holds a group or a cell changes nothing
 found: the bucket count sets the jobs' size, not the result. The cell count does (it follows the dataset's
 size, `cell_count`); with one cell the search is the single search of the whole dataset.
+
+The entries' layout and the bucket search read the same schema and cells, so this module is over 400
+lines.
 """
 
 from __future__ import annotations

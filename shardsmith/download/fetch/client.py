@@ -17,7 +17,11 @@ shardsmith.download.fetch.netguard first (schemes, credentials, control characte
 image URL shardsmith.download.fetch.optout (robots.txt, TDMRep). Every downloaded body is sniffed: an HTML error page
 served as image/jpeg is `not_an_image` here, not later (the checks: shardsmith.download.fetch.responses). Local files
 are opened by shardsmith.storage.localfiles, source shards streamed by shardsmith.download.streams; the scheduling
-loop is shardsmith.download.fetch.dispatch, the settings and retry policy shardsmith.download.fetch.settings."""
+loop is shardsmith.download.fetch.dispatch, the settings and retry policy shardsmith.download.fetch.settings.
+
+A request's path (hops, checks, retries, the two transports) is read as one, so this module is over 400
+lines.
+"""
 
 import queue
 import re
