@@ -225,13 +225,14 @@ def split_lookups(
     not keep its published record from being gone. Only the group's own tables: every group reading every
     table would read the dataset's exclusions once a group. Returns the samples."""
     tables = []
+    excluding = [p for p in exclusions if pq.ParquetFile(p).metadata.num_rows]  # an empty one has untyped columns
     for i, path in enumerate(samples):
         t = pd.read_parquet(path, columns=["key", "source_id", "url", "sha256"])
         ids = sample_ids(first_part + i, np.arange(len(t)))
         kept = np.ones(len(t), bool)
-        if exclusions and len(t):
+        if excluding and len(t):
             keys = t["key"].astype(str).tolist()
-            left_out = [pq.read_table(p, columns=["key"], filters=[("key", "in", keys)])["key"] for p in exclusions]
+            left_out = [pq.read_table(p, columns=["key"], filters=[("key", "in", keys)])["key"] for p in excluding]
             kept = ~t["key"].isin(set(pa.chunked_array(left_out).to_pylist())).to_numpy()
         url = image_urls(t).to_numpy(object)
         has_url = url != ""

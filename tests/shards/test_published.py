@@ -202,3 +202,26 @@ def test_manifests_copied_by_an_older_release_are_refused_with_the_remedy(tmp_pa
     (tmp_path / "manifests" / "versions.json").write_text('{"versions": ["v1"]}\n')
     with pytest.raises(ValueError, match="fetched by an older shardsmith: rerun with --forcerun fetch_published"):
         split_published(tmp_path / "manifests", 0, 1, 3, tmp_path / "pub.arrow")
+
+
+def test_a_group_whose_exclusion_table_is_empty_looks_its_samples_up_as_kept(tmp_path):
+    """exclude_low_similarity writes an empty table (untyped columns) for a group with no low score: the
+    lookups read past it, and the other table's keys are still left out."""
+    from shardsmith.core.ledger import EXCLUSION_COLUMNS
+    from shardsmith.formats.tables import ParquetAppender
+    from shardsmith.shards.published import LOOKUPS
+
+    samples = tmp_path / "s.parquet"
+    pd.DataFrame(
+        {"key": ["a", "b"], "source_id": ["m:a", "m:b"], "url": ["http://x/a", ""], "sha256": ["1", "2"]}
+    ).to_parquet(samples)
+    empty, some = tmp_path / "empty.parquet", tmp_path / "some.parquet"
+    with ParquetAppender(empty, EXCLUSION_COLUMNS):
+        pass
+    with ParquetAppender(some, EXCLUSION_COLUMNS) as t:
+        t.append(pd.DataFrame([["b", "embed", "low_similarity", "0.1"]], columns=EXCLUSION_COLUMNS))
+    assert split_lookups([str(samples)], 0, 1, [str(empty), str(some)], tmp_path / "l.arrow") == 2
+    rows = read_bucket(tmp_path / "l.arrow", 0, LOOKUPS).to_pandas()
+    assert rows.groupby("id")["kept"].all().tolist() == [True, False]
+    split_lookups([str(samples)], 0, 1, [str(empty)], tmp_path / "l2.arrow")
+    assert read_bucket(tmp_path / "l2.arrow", 0, LOOKUPS).to_pandas()["kept"].all()

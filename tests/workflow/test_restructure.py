@@ -1,14 +1,15 @@
 """The planning restructure changed no byte: the workflow of the last commit before it (BEFORE) and the working
 tree's, run on the same inputs, publish the same files and write the same plan, at one bucket and at many.
 
-The inputs are built once: the demo's three sources and a manifest of generated photos with near-duplicate
-copies. A first version (v1) is built and published to a mounted path by the working tree's workflow; the
-sources then grow (new photos, a published URL again, a published image under a new name, edited copies of
-published photos) and lose a few records. Each layout's second build (v2), once with BEFORE's Snakefile and
-once with the working tree's, runs in a folder of its own against a copy of the same v1: near-duplicates
-excluded (pHash and the tiny random CLIP model's embeddings), low CLIP similarity excluded, records already
-published left out. Then every published file of v2 and every plan file (shard ranges and parts, the ledger's
-dropped pieces, the near-duplicate table) must be byte-identical between the two.
+The inputs are built once: the demo's three sources and 176 generated photos, 16 of them edited copies of
+others (in manifests of their own and at the end of the demo's). A first version (v1) is built and published
+to a mounted path by the working tree's workflow; the sources then grow (new photos, published URLs again, a
+published image under a new name, edited copies of published photos) and lose three rows, which moves the
+rows after them. Each layout's second build (v2), once with BEFORE's Snakefile and once with the working
+tree's, runs in a folder of its own against a copy of the same v1: near-duplicates excluded (pHash and the
+tiny random CLIP model's embeddings), low CLIP similarity excluded, records already published left out. Then
+every published file of v2 and every plan file (shard ranges and parts, the ledger's dropped pieces, the
+near-duplicate table) must be byte-identical between the two.
 """
 
 import json
@@ -33,17 +34,29 @@ from shardsmith.storage.stores import MARKER
 pytestmark = pytest.mark.workflow
 
 BEFORE = "033fd1407824922f8ceea9f218f7dbc660033d05"  # 033fd14, the last commit before the planning restructure
-PHOTOS, COPY_EVERY, NEW_PHOTOS = 200, 10, 12
+PHOTOS, COPY_EVERY, NEW_PHOTOS = 160, 10, 12
+# The generated photos go, in three runs, to two manifests of their own (web_a, web_b) and to the end of the demo's
+# manifest (cc3m_style); the sources are listed so that at 2 parts a group (part_size 500, bucket_samples 1000)
+# each of the 3 groups holds some of them: web_a + legacy-0, legacy-1 + web_b, cc3m_style + photos. Each group
+# then leaves some samples out for low CLIP similarity (about a fifth of the generated photos score below
+# MIN_SIMILARITY with the tiny model, the demo's samples none). Not only for coverage: a group that leaves out
+# none writes its exclusion table with untyped (null) columns, and split_lookups, filtering it by key against a
+# published version, fails ("ArrowTypeError: Array type doesn't match type of values set: null vs string"),
+# before the restructure and after it alike.
+WEB = ("web_a", "web_b")
+SOURCE_ORDER = ("web_a", "legacy", "web_b", "cc3m_style", "photos")
+PART_SIZE, MIN_SIMILARITY = 500, -0.4
 LAYOUTS = {
     "one": {},  # the defaults: one group of parts, one key bucket, one near bucket, one decision round
-    # every part a group (bucket_samples / part_size = 1), two groups a job; 3 buckets two a job; 2 rounds
+    # 3 groups (2 parts each), 2 a job; 3 key and 3 near buckets, 2 a job; 2 decision rounds
     "many": {"bucket_samples": 1000, "groups_per_job": 2, "buckets": 3, "buckets_per_job": 2, "decision_rounds": 2},
 }
-PART_SIZE = 1000  # a part a source (the legacy shards: one a source shard), so the many layout has 4-5 groups
 
 
 def before_checkout(dest: Path) -> Path:
     """BEFORE's tracked files at `dest` (git archive: the repository's index and work tree are not touched)."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("no git repository to take the commit before the planning restructure from")
     probe = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{BEFORE}^{{commit}}"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"commit {BEFORE[:7]} (the last before the planning restructure) is not in this clone")
@@ -79,13 +92,22 @@ def make_photos(data: Path) -> list[tuple[str, Path]]:
     return rows
 
 
-def write_manifest(data: Path, rows: list[tuple[str, Path]]) -> None:
-    (data / "web.tsv").write_text("".join(f"{c}\t{p}\n" for c, p in rows), encoding="utf-8")
+def write_manifests(data: Path, rows: list[tuple[str, Path]]) -> None:
+    """The rows in three consecutive runs: web_a, web_b and the end of the demo's manifest (a near-duplicate may
+    be in another manifest than its original)."""
+    n = -(-len(rows) // 3)
+    runs = ["".join(f"{c}\t{p}\n" for c, p in rows[i * n : (i + 1) * n]) for i in range(3)]
+    (data / "web_a.tsv").write_text(runs[0], encoding="utf-8")
+    (data / "web_b.tsv").write_text(runs[1], encoding="utf-8")
+    demo = data / "manifest.tsv"
+    if not (data / "demo.tsv").exists():
+        shutil.copy(demo, data / "demo.tsv")  # the demo's own rows, kept for the rewrite after v1
+    demo.write_text((data / "demo.tsv").read_text(encoding="utf-8") + runs[2], encoding="utf-8")
 
 
 def grow(data: Path, rows: list[tuple[str, Path]]) -> None:
     """The sources after v1: new photos, published URLs again, a published image under a new name, edited copies
-    of published photos; the first three photos gone from the manifest."""
+    of published photos; the first three photos gone from the manifests."""
     folder = data / "web"
     rng = np.random.default_rng(8)
     new = []
@@ -99,26 +121,34 @@ def grow(data: Path, rows: list[tuple[str, Path]]) -> None:
     shutil.copy(folder / "photo_044.jpg", folder / "renamed_044.jpg")
     new.append(("Published photo 44 under a new name", folder / "renamed_044.jpg"))
     new += [("Published photo 55 again", folder / "photo_055.jpg"), rows[70]]
-    write_manifest(data, rows[3:] + new)
+    rows = rows[3:]
+    write_manifests(data, rows[:60] + new + rows[60:])
 
 
 def config_for(data: Path, root: Path, model: tuple[Path, Path], layout: dict, version: str) -> dict:
     model_config, checkpoint = model
     embed = {
         "enabled": True, "model": NAME, "pretrained": str(checkpoint), "model_config": str(model_config),
-        "device": "cpu", "workers": 0, "batch_size": 32, "save_embeddings": True, "min_similarity": -0.4,
+        "device": "cpu", "workers": 0, "batch_size": 32, "save_embeddings": True, "min_similarity": MIN_SIMILARITY,
     }  # fmt: skip
-    dedupe = {"near": "exclude", "embedding_min_similarity": 0.998, **layout}
     config = demo_config(data, root, version=version, part_size=PART_SIZE, samples_per_shard=40, embed=embed)
-    config["dedupe"] = dedupe
-    config["sources"].append(
-        {"name": "web", "type": "manifest", "path": str(data / "web.tsv"), "columns": ["caption", "url"]}
-    )
+    # both signals: pHash (the default distance) and the tiny random model's embeddings
+    config["dedupe"] = {"near": "exclude", "embedding_min_similarity": 0.997, **layout}
+    sources = {s["name"]: s for s in config["sources"]}
+    for name in WEB:
+        sources[name] = {
+            "name": name,
+            "type": "manifest",
+            "path": str(data / f"{name}.tsv"),
+            "columns": ["caption", "url"],
+        }
+    config["sources"] = [sources[name] for name in SOURCE_ORDER]
     return config
 
 
 def build(root: Path, config: dict, checkout: Path) -> None:
-    """snakemake with `checkout`'s Snakefile; its process and its jobs import `checkout`'s shardsmith."""
+    """snakemake with `checkout`'s Snakefile; its process and its jobs import `checkout`'s shardsmith (first on
+    PYTHONPATH, before the editable install of the working tree)."""
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.getenv("PYTHONPATH")]))}
     cmd = snakemake_cmd(root, "--cores", "2", snakefile=checkout / "Snakefile")
@@ -128,25 +158,28 @@ def build(root: Path, config: dict, checkout: Path) -> None:
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
+    """v1 built once by the working tree; then each layout's v2 by BEFORE and by the working tree."""
     base = tmp_path_factory.mktemp("restructure")
     before = before_checkout(base / "before")
     data = base / "data"
     make_demo(data)
     rows = make_photos(data)
-    write_manifest(data, rows)
+    write_manifests(data, rows)
     model = write_tiny_clip(base / "models")
     first = base / "v1"
     run_workflow(first, config_for(data, first, model, {}, "v1"))
     grow(data, rows)
     out = {}
-    for layout, dedupe in LAYOUTS.items():
-        for code, checkout in (("before", before), ("after", REPO)):
-            root = base / layout / code
-            shutil.copytree(first / "fast-storage", root / "fast-storage")  # the same v1 to dedupe against
-            build(root, config_for(data, root, model, dedupe, "v2"), checkout)
-            out[layout, code] = root
-    yield out
-    shutil.rmtree(before)
+    try:
+        for layout, dedupe in LAYOUTS.items():
+            for code, checkout in (("before", before), ("after", REPO)):
+                root = base / layout / code
+                shutil.copytree(first / "fast-storage", root / "fast-storage")  # the same v1 to dedupe against
+                build(root, config_for(data, root, model, dedupe, "v2"), checkout)
+                out[layout, code] = root
+        yield out
+    finally:
+        shutil.rmtree(before)
 
 
 def files(folder: Path) -> dict[str, str]:
@@ -154,19 +187,115 @@ def files(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): sha256(p) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def published(root: Path) -> Path:
+    return root / "fast-storage" / "demo" / "v2"
+
+
 def plan_files(root: Path) -> dict[str, str]:
+    """The plan: each shard's ranges and parts (and the near-duplicate table and counts plan_shards copies
+    there), the ledger's pieces of dropped records a group, the near-duplicate decision and the cells it
+    searched. Not Snakemake's .snakemake_timestamp of the plan/shards folder."""
     plan = root / "work" / "demo" / "plan"
     kept = [*(plan / "shards").iterdir(), *(plan / "dropped").glob("*/*.parquet"), *(plan / "near").glob("*.*")]
-    return {str(p.relative_to(plan)): sha256(p) for p in sorted(kept) if p.is_file()}
+    return {str(p.relative_to(plan)): sha256(p) for p in sorted(kept) if p.is_file() and p.name[0] != "."}
+
+
+def comparable_build(version: Path) -> dict:
+    """build.json less what names the code: `code` (a sha256 a source file) and `code_fingerprint` differ
+    because the code does; the config, its fingerprint, the package versions and the language model stay."""
+    build = json.loads((version / "build.json").read_text())
+    assert {"code", "code_fingerprint"} <= set(build)
+    return {k: v for k, v in build.items() if k not in ("code", "code_fingerprint")}
+
+
+def comparable_marker(version: Path) -> dict:
+    """_COMPLETE.json less `published_at` (the publish time, the one time a version keeps) and build.json's
+    sha256 and size (the code's hashes in it differ, above); every other file's sha256 and size stay."""
+    marker = json.loads((version / MARKER).read_text())
+    assert marker.pop("published_at") and marker["files"].pop("build.json")
+    return marker
+
+
+def equal(x, y) -> bool:
+    """Two cells the same: NaN equals NaN, lists and arrays by their items."""
+    if isinstance(x, (list, np.ndarray)) or isinstance(y, (list, np.ndarray)):
+        return bool(np.array_equal(np.asarray(x, dtype=object), np.asarray(y, dtype=object)))
+    return x == y or (x != x and y != y)
+
+
+def difference(a: Path, b: Path) -> str:
+    """How two files differ, for the failure message: parquet decoded (schema, rows, the first differing row of
+    each column), text as its first differing lines, else the sizes."""
+    if a.suffix == ".parquet":
+        ta, tb = pd.read_parquet(a), pd.read_parquet(b)
+        types = [dict(t.dtypes.astype(str)) for t in (ta, tb)]
+        if list(types[0].items()) != list(types[1].items()) or len(ta) != len(tb):
+            return f"{a.name}: columns {types[0]} / {types[1]}, rows {len(ta)} / {len(tb)}"
+        lines = []
+        for col in ta.columns:
+            same = [equal(x, y) for x, y in zip(ta[col].tolist(), tb[col].tolist(), strict=True)]
+            if not all(same):
+                row = same.index(False)
+                lines.append(f"  {col}: {sum(not s for s in same)} rows differ, first row {row}: "
+                             f"{ta[col].iloc[row]!r} / {tb[col].iloc[row]!r}")  # fmt: skip
+        return f"{a.name}: same values, other bytes (metadata)" if not lines else f"{a.name}:\n" + "\n".join(lines)
+    try:
+        la, lb = a.read_text().splitlines(), b.read_text().splitlines()
+    except UnicodeDecodeError:
+        return f"{a.name}: {a.stat().st_size} / {b.stat().st_size} bytes"
+    diff = [f"  {i}: {x!r} / {y!r}" for i, (x, y) in enumerate(zip(la, lb, strict=False)) if x != y][:5]
+    return f"{a.name}: {len(la)} / {len(lb)} lines\n" + "\n".join(diff)
+
+
+def explain(a: Path, b: Path, names: list[str]) -> str:
+    return "before / after differ:\n" + "\n".join(difference(a / n, b / n) for n in names)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_published_files_are_byte_identical(builds, layout):
-    a, b = (builds[layout, code] / "fast-storage" / "demo" / "v2" for code in ("before", "after"))
-    assert files(a) == files(b)
+    a, b = (published(builds[layout, code]) for code in ("before", "after"))
+    fa, fb = files(a), files(b)
+    assert set(fa) == set(fb)
+    assert {"README.md", "sizes.json", "stats.json", "embedding_stats.json", "manifest.parquet/demo-000000.parquet",
+            "rejected.parquet/000000.parquet", ".nv-meta/index.sqlite", "demo-000000.scores.parquet",
+            "demo-000000.embeddings.npz", "demo-000000.idx", "demo-000000.tar.idx"} <= set(fa)  # fmt: skip
+    differ = sorted(name for name in fa if fa[name] != fb[name])
+    # the code's hashes, and the publish time: compared below
+    assert differ == ["_COMPLETE.json", "build.json"], explain(
+        a, b, [n for n in differ if n not in ("_COMPLETE.json", "build.json")]
+    )
+    assert comparable_build(a) == comparable_build(b)
+    assert comparable_marker(a) == comparable_marker(b)
+    assert (a.parent / "latest").read_text() == (b.parent / "latest").read_text() == "v2\n"
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_plan_files_are_byte_identical(builds, layout):
+    roots = [builds[layout, code] / "work" / "demo" / "plan" for code in ("before", "after")]
     a, b = (plan_files(builds[layout, code]) for code in ("before", "after"))
-    assert a == b
+    assert {"near/near_duplicates.parquet", "shards/near_duplicates.parquet", "shards/demo-000000.parts",
+            "shards/demo-000000.ranges.json"} <= set(a)  # fmt: skip
+    assert sorted(a) == sorted(b)
+    differ = [name for name in a if a[name] != b[name]]
+    assert differ == [], explain(*roots, differ)
+
+
+def test_the_builds_run_the_code_and_the_layouts_they_claim_and_find_what_is_compared(builds):
+    for layout in LAYOUTS:
+        code = {c: json.loads((published(builds[layout, c]) / "build.json").read_text())["code"] for c in
+                ("before", "after")}  # fmt: skip
+        assert "shardsmith/shards/layout.py" in code["after"] and "shardsmith/shards/layout.py" not in code["before"]
+    for code in ("before", "after"):
+        logs = {layout: builds[layout, code] / "logs" / "demo" for layout in LAYOUTS}
+        for rule, one, many in (("split_keys", 1, 2), ("find_duplicate_keys", 1, 2), ("find_near_pairs", 1, 2)):
+            assert len(list((logs["one"] / rule).glob("*.log"))) == one, (code, rule)
+            assert len(list((logs["many"] / rule).glob("*.log"))) == many, (code, rule)
+        assert len(list((builds["many", code] / "work" / "demo" / "plan" / "dropped").glob("*/*.parquet"))) == 3
+    for layout in LAYOUTS:
+        root = builds[layout, "after"]
+        rejected = pd.read_parquet(published(root) / "rejected.parquet")
+        reasons = rejected.groupby(["stage", "reason"]).size().to_dict()
+        assert reasons[("dedupe", "already_published")] >= 3 and reasons[("embed", "low_similarity")] >= 4
+        near = rejected[rejected["reason"] == "near_duplicate"]
+        assert near["detail"].str.contains(r"\(published in v1\)").sum() >= 3
+        assert near["detail"].str.contains("pHash").any() and near["detail"].str.contains("CLIP").any()
