@@ -381,6 +381,18 @@ rule decide_near_duplicates:
         "../scripts/decide_near_duplicates.py"
 
 
+# The list rules made from list_published_splits run where snakemake does, as it does (`use rule` does not
+# carry `localrule`).
+localrules:
+    list_published_matches,
+    list_exclusion_tables,
+    list_key_tables,
+    list_key_drops,
+    list_near_entries,
+    list_near_pairs,
+    list_near_round,
+
+
 # The shards from each part's count of samples kept: a few ranges of parts per shard.
 checkpoint plan_shards:
     input:
