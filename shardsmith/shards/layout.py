@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shardsmith.formats.names import number
-from shardsmith.shards.neardup import NearSettings
-from shardsmith.shards.nearparts import Layout
+
+if TYPE_CHECKING:  # the Snakefile reads this module at every parse: the search's imports (pandas, faiss) wait
+    from shardsmith.shards.nearparts import Layout
 
 SLICE_JOBS = 500  # buckets_per_job and groups_per_job: auto keeps a planning step near this many jobs
 # The time limit of the two long planning steps follows their slice: twice what a group's samples or a bucket
@@ -80,6 +82,8 @@ class PlanLayout:
         samples = parts * part_size
         per_group = max(1, dedupe["bucket_samples"] // part_size)
         groups = max(1, -(-parts // per_group))
+        from shardsmith.shards.neardup import NearSettings
+
         settings = NearSettings(**dedupe)
         near = settings.layout(samples)
         keys = key_bucket_count(samples, dedupe["bucket_samples"], dedupe.get("buckets"))
