@@ -6,11 +6,12 @@ comes later in keep order, as that sample's *incoming* pair, and notes for the e
 other homes wait on it (*outgoing*). Then, in rounds, each partition settles what it can of its own samples
 (`decide_near_round`): a sample is kept when every earlier neighbour is left out, and left out (naming it) when
 its earliest neighbour not left out is kept; neighbours at home are settled in the same pass, those of other
-homes are known from what their partitions sent after the round before (messages). So a group of copies is
-settled in the first round when it shares a home and in the second when it does not; only chains of pairs
-across homes need more. After the last round, `finish` (rule decide_near_duplicates) settles what is still
-pending, all of it in one place (it holds those samples' pairs only), and merges every partition's samples
-left out in dataset order. The result is the rule applied to all pairs at once, whatever the partition and round counts.
+homes are known from what their partitions sent after the round before (messages). So a copy set (the copies
+of one image) is settled in the first round when it shares a home and in the second when it does not; only
+chains of pairs across homes need more. After the last round, `finish` (rule decide_near_duplicates) settles
+what is still pending, all of it in one place (it holds those samples' pairs only), and merges every
+partition's samples left out in dataset order. The result is the rule applied to all pairs at once, whatever
+the partition and round counts.
 
 A sample with the very hash of an earlier one (a same_hash pair from its first) is not searched: it goes out
 for that first sample when it is kept, else for the sample that sample went out for.
@@ -185,10 +186,10 @@ def settle(
     status[rv] = UNKNOWN
     starts = np.flatnonzero(np.r_[True, rv[1:] != rv[:-1]])
     ends = np.r_[starts[1:], len(rv)]
-    group_v = rv[starts]
+    each_v = rv[starts]  # own row of each v
     idx = np.arange(len(rv))
     while True:
-        todo = status[group_v] == UNKNOWN
+        todo = status[each_v] == UNKNOWN
         if not todo.any():
             break
         s = np.where(u_own, status[np.maximum(ru, 0)], outside)
@@ -201,9 +202,9 @@ def settle(
             if complete:
                 raise RuntimeError("near-duplicate decision made no progress")  # the earliest waiting one settles
             break
-        status[group_v[none]] = KEPT
-        status[group_v[taken]] = OUT
-        keeper[group_v[taken]] = by_v[at[taken]]
+        status[each_v[none]] = KEPT
+        status[each_v[taken]] = OUT
+        keeper[each_v[taken]] = by_v[at[taken]]
     return status, keeper
 
 
@@ -387,8 +388,8 @@ def settle_pending(pending_paths: list[str], last_messages: list[str]) -> pd.Dat
 
 
 def merge_steps(paths: list[str], folder: str | os.PathLike) -> list[str]:
-    """At most _MERGE_FAN_IN tables sorted by id with the rows of `paths` (each sorted by id): groups of them
-    merged into files under `folder` until few enough are left, so a merge holds a bounded number of batches
+    """At most _MERGE_FAN_IN tables sorted by id with the rows of `paths` (each sorted by id): _MERGE_FAN_IN at a
+    time merged into files under `folder` until few enough are left, so a merge holds a bounded number of batches
     whatever the partition count."""
     step = 0
     while len(paths) > _MERGE_FAN_IN:
@@ -406,7 +407,7 @@ def merge_steps(paths: list[str], folder: str | os.PathLike) -> list[str]:
 
 def merged(paths: list[str], columns: list[str] | None = None) -> Iterator[pd.DataFrame]:
     """The rows of tables each sorted by id, in id order, a chunk at a time: a batch of each held. What goes out
-    of a batch is a slice of its front (no copy of what stays)."""
+    of a batch is a zero-copy view of its front rows (no copy of what stays)."""
     readers = [pq.ParquetFile(p).iter_batches(batch_size=_MERGE_BATCH, columns=columns) for p in paths]
     held: list[pa.RecordBatch | None] = [None] * len(readers)
     done = [False] * len(readers)
@@ -436,20 +437,21 @@ def merged(paths: list[str], columns: list[str] | None = None) -> Iterator[pd.Da
 
 
 class DistinctCount:
-    """How many distinct int64 values a stream has, counted in bins on disk, a bin in memory at a time."""
+    """How many distinct int64 values a stream has, counted in `n` files on disk (a value's file by a hash of
+    it, so equal values share one), a file in memory at a time."""
 
-    BIN = 8_000_000
+    PER_FILE = 8_000_000
 
     def __init__(self, folder: str | os.PathLike, total: int) -> None:
-        self.n = max(1, -(-total // self.BIN))
+        self.n = max(1, -(-total // self.PER_FILE))
         self.folder = Path(folder)
 
     def add(self, values: np.ndarray) -> None:
         values = np.asarray(values, np.int64)
-        bins = ((values.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) % np.uint64(self.n)
-        for b in np.unique(bins):
-            with open(self.folder / f"{int(b)}.distinct", "ab") as f:
-                f.write(values[bins == b].tobytes())
+        file_of = ((values.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) % np.uint64(self.n)
+        for i in np.unique(file_of):
+            with open(self.folder / f"{int(i)}.distinct", "ab") as f:
+                f.write(values[file_of == i].tobytes())
 
     def count(self) -> int:
         return sum(len(np.unique(np.fromfile(p, np.int64))) for p in self.folder.glob("*.distinct"))
@@ -461,7 +463,9 @@ def finish(
 ) -> dict:  # fmt: skip
     """near_duplicates.parquet (NEAR_COLUMNS, in dataset order of the samples left out) and the near-duplicates'
     ledger piece (its rows with `exclude`; each part's count always), merged from every partition's FOUND rows
-    and the pending ones, settled here; returns the counts (near_duplicates, groups, distances)."""
+    and the pending ones, settled here; returns the counts (near_duplicates; groups, the copy sets: the samples
+    kept that others were left out for; distances). "groups" and "samples_in_groups" are near_duplicates.json's
+    public keys."""
     names = np.asarray([*part_ids, ""], dtype=object)  # the part after the last: published samples gone since
     hist: dict[str, Counter] = {"phash": Counter(), "embedding": Counter()}
     with tempfile.TemporaryDirectory(prefix=".near-", dir=work) as tmp:
@@ -469,7 +473,7 @@ def finish(
         _write_parquet(rest, settle_pending(pending_paths, last_messages), FOUND_SCHEMA)
         tables = merge_steps([*found_paths, rest], tmp)
         dropped = np.zeros(len(part_ids) + 1, np.int64)
-        for chunk in merged(tables, ["id"]):  # each part's count first: the piece carries them in its metadata
+        for chunk in merged(tables, ["id"]):  # each part's count first: the ledger piece carries them in its metadata
             part = part_of(chunk["id"].to_numpy(np.int64))
             dropped += np.bincount(part, minlength=len(dropped))[: len(dropped)]
         counts = {p: [0, int(dropped[i]) if exclude else 0] for i, p in enumerate(part_ids)}
@@ -485,12 +489,17 @@ def finish(
                 }
                 table.append(chunk.assign(**parts)[NEAR_COLUMNS])
                 distinct.add(kept)
-                for sig, g in chunk.groupby("signal"):
-                    d = g["distance"]
+                for sig, rows in chunk.groupby("signal"):
+                    d = rows["distance"]
                     hist[str(sig)].update((d.astype(int) if sig == "phash" else (d * 100).round() / 100).tolist())
                 if exclude:
                     piece.append(chunk.assign(stage=DEDUPE, reason=REASON, detail=details(chunk))[LEDGER_PIECE])
             total = table.rows
-        groups = distinct.count()
+        copy_sets = distinct.count()
     distances = {s: {str(k): int(v) for k, v in sorted(h.items())} for s, h in hist.items() if h}
-    return {"near_duplicates": total, "groups": groups, "samples_in_groups": groups + total, "distances": distances}
+    return {
+        "near_duplicates": total,
+        "groups": copy_sets,
+        "samples_in_groups": copy_sets + total,
+        "distances": distances,
+    }

@@ -5,7 +5,7 @@ image is decoded: resized, recompressed, slightly cropped and mirrored copies) a
 threshold set, the cosine similarity of the CLIP image embeddings (the same content reshot or re-edited). Pairs are
 found by jobs that each see a part of the dataset (shardsmith.shards.nearparts: a map per group of parts, a job
 per bucket), then decided by jobs that each settle the samples of one partition (shardsmith.shards.neardecide).
-Each group keeps one sample by a fixed rule, so a rebuild keeps the same one:
+Each copy set (the copies of one image) keeps one sample by a fixed rule, so a rebuild keeps the same one:
 
 1. a sample already published (its source_id is in a published version) is always kept;
 2. then the largest image (pixels before resizing);
@@ -200,11 +200,11 @@ def split_near_entries(
     """The near-duplicate entries of a group's parts, of their samples that the steps before kept (`dropped`: each
     part's rows left out), in one file, one batch per bucket, and their home rows (key, version, ledger fields),
     one batch per partition; returns the samples compared. `gone`: published records no longer in the build
-    (its piece of them, GONE_COLUMNS), entered too, as keepers only, after every one of the `parts` parts. Entries
-    are made SPLIT_CHUNK samples at a time into pieces beside `out` (a `.spill-*` folder, removed after) and
+    (its share of them, GONE_COLUMNS), entered too, as keepers only, after every one of the `parts` parts. Entries
+    are made SPLIT_CHUNK samples at a time into chunk files beside `out` (a `.spill-*` folder, removed after) and
     merged a bucket at a time: the job's memory follows the chunk, not the group, at any probes."""
     layout, phash, embedding = read_cells(cells_path)
-    pieces, ids_seen, homes_seen, homes, n = [], [], [], [], 0
+    chunk_files, ids_seen, homes_seen, homes, n = [], [], [], [], 0
     with tempfile.TemporaryDirectory(prefix=".spill-", dir=Path(out).parent) as tmp:
         for i, path in enumerate(samples):
             part = first_part + i
@@ -216,8 +216,8 @@ def split_near_entries(
                 take = slice(at, at + SPLIT_CHUNK)
                 table = part_entries(ids[take], prio[take], code[take], mirror[take], layout, phash,
                                      emb[take] if emb is not None else None, embedding)  # fmt: skip
-                pieces.append(str(Path(tmp) / f"{len(pieces)}.arrow"))
-                write_entries(pieces[-1], table, layout)
+                chunk_files.append(str(Path(tmp) / f"{len(chunk_files)}.arrow"))
+                write_entries(chunk_files[-1], table, layout)
                 first_ids, first = np.unique(table["id"].to_numpy(), return_index=True)
                 ids_seen.append(first_ids)
                 homes_seen.append(table["home"].to_numpy()[first])
@@ -228,8 +228,8 @@ def split_near_entries(
             for at in range(0, len(ids), SPLIT_CHUNK):
                 take = slice(at, at + SPLIT_CHUNK)
                 table = part_entries(ids[take], prio[take], code[take], mirror[take], layout, phash)
-                pieces.append(str(Path(tmp) / f"{len(pieces)}.arrow"))
-                write_entries(pieces[-1], table, layout)
+                chunk_files.append(str(Path(tmp) / f"{len(chunk_files)}.arrow"))
+                write_entries(chunk_files[-1], table, layout)
                 first_ids, first = np.unique(table["id"].to_numpy(), return_index=True)
                 ids_seen.append(first_ids)
                 homes_seen.append(table["home"].to_numpy()[first])
@@ -237,7 +237,7 @@ def split_near_entries(
             homes.append(pd.DataFrame({"id": ids, "key": gone["key"].astype(str).to_numpy(),
                                        "version": gone["version"].astype(str).to_numpy(), "source": blank,
                                        "source_id": blank, "url": blank}))  # fmt: skip
-        merge_entries(out, pieces, layout, n)  # the build's samples compared: published ones are not counted
+        merge_entries(out, chunk_files, layout, n)  # the build's samples compared: published ones are not counted
     fields = pd.concat(homes, ignore_index=True) if homes else _no_homes()
     ids_all = np.concatenate(ids_seen) if ids_seen else np.empty(0, np.int64)
     homes_all = np.concatenate(homes_seen) if homes_seen else np.empty(0, np.int32)

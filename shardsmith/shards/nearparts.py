@@ -2,9 +2,9 @@
 
 Map (`neardup.split_near_entries`, per group): every candidate sample (one no other stage left out) becomes
 entries, each with the sample's id (shardsmith.shards.sampleid: dataset order) and its keep priority (`priority`):
-- block entries: its hash and its mirror's, once for each of the four 16-bit blocks, grouped by (block,
-  value). Two hashes at most 3 bits apart agree on one block whole (3 differing bits leave one of four
-  blocks untouched), so they meet in one group whatever else happens;
+- block entries: its hash and its mirror's, once for each of its four blocks (`hash_blocks`: a 16-bit
+  block's position and value). Two hashes at most 3 bits apart agree on one block whole (3 differing bits
+  leave one of four untouched), so they meet in one block whatever else happens;
 - cell entries: its hash and its mirror's in the `Layout.probes` cells nearest to it, cells being k-means
   centroids trained once on a sample of the dataset (`train_cells`); hashes a few bits apart mostly share
   a cell, and each cell is searched alone (nearsearch.held_pairs: exact up to `bin_size`, above it by
@@ -12,8 +12,8 @@ entries, each with the sample's id (shardsmith.shards.sampleid: dataset order) a
   The finer the cells, the more often a pair's two hashes fall nearest to different ones, so the probes
   grow with the cell count (`cell_probes`): recall stays level at any size, the cost per sample grows
   with the probes. With CLIP embeddings as a signal, their own cells the same way (`EMBEDDING_PROBES`).
-A bucket job (`bucket_pairs`) takes some groups (by hash) and some cells (cell mod buckets) from every
-part's entries and writes the near pairs among them. Which bucket holds a group or a cell changes nothing
+A bucket job (`bucket_pairs`) takes some blocks (by hash) and some cells (cell mod buckets) from every
+part's entries and writes the near pairs among them. Which bucket holds a block or a cell changes nothing
 found: the bucket count sets the jobs' size, not the result. The cell count does (it follows the dataset's
 size, `cell_count`); with one cell the search is the single search of the whole dataset.
 
@@ -57,8 +57,9 @@ SAME_HASH = "same_hash"  # a pair of a sample and the first sample (in keep orde
 PUBLISHED_BIT = np.uint64(1 << 63)  # set in the priority of a sample NOT published: published ones sort first
 _AREA_BITS, _BYTES_BITS = 35, 28
 
+# block_or_cell: what an entry is compared within, its block (BLOCK entries) or its cell (cell entries)
 ENTRY_SCHEMA = pa.schema(
-    [("bucket", pa.int32()), ("group", pa.int64()), ("kind", pa.int8()), ("id", pa.int64()),
+    [("bucket", pa.int32()), ("block_or_cell", pa.int64()), ("kind", pa.int8()), ("id", pa.int64()),
      ("prio", pa.uint64()), ("mirror", pa.bool_()), ("code", pa.uint64()), ("vec", pa.binary()),
      ("home", pa.int32())]
 )  # fmt: skip
@@ -93,7 +94,7 @@ def cell_probes(cells: int) -> int:
 @dataclass(frozen=True)
 class Layout:
     """How the search is cut: `cells` per signal and the `probes` (cells each hash goes to), which decide what
-    is compared and follow the dataset's size, and `buckets`, the jobs that share the groups and cells out
+    is compared and follow the dataset's size, and `buckets`, the jobs that share the blocks and cells out
     (free: the same pairs for any count). probes 0: cell_probes(cells)."""
 
     cells: int
@@ -213,7 +214,7 @@ def _nearest(x: np.ndarray, cells: Cells, k: int) -> np.ndarray:
         return index.search(x, min(k, len(cells)))[1].astype(np.int64)
     index.nprobe = min(len(cells.coarse), 2 * k)
     found = index.search(x, min(k, len(cells)))[1].astype(np.int64)
-    return np.where(found < 0, found[:, :1], found)  # fewer cells under the probed lists than asked: rare
+    return np.where(found < 0, found[:, :1], found)  # fewer cells under the coarse lists searched than asked: rare
 
 
 def nearest_cells(x: np.ndarray, cells: Cells | None, probes: int) -> np.ndarray:
@@ -224,17 +225,18 @@ def nearest_cells(x: np.ndarray, cells: Cells | None, probes: int) -> np.ndarray
     return _nearest(x, cells, probes)
 
 
-def block_groups(codes: np.ndarray) -> np.ndarray:
-    """(n, 4) group of each hash for each 16-bit block j: j << 16 | the block's value."""
+def hash_blocks(codes: np.ndarray) -> np.ndarray:
+    """(n, 4) blocks of each hash, its 16-bit block j as j << 16 | the block's value: two hashes share a block
+    when they agree on the same 16 bits."""
     j = np.arange(4, dtype=np.uint64)
-    blocks = (np.asarray(codes, np.uint64)[:, None] >> (np.uint64(16) * j)) & np.uint64(0xFFFF)
-    return (j.astype(np.int64) << np.int64(16)) | blocks.astype(np.int64)
+    values = (np.asarray(codes, np.uint64)[:, None] >> (np.uint64(16) * j)) & np.uint64(0xFFFF)
+    return (j.astype(np.int64) << np.int64(16)) | values.astype(np.int64)
 
 
-def group_bucket(groups: np.ndarray, buckets: int) -> np.ndarray:
+def block_bucket(blocks: np.ndarray, buckets: int) -> np.ndarray:
     if buckets == 1:
-        return np.zeros(len(groups), np.int32)
-    return (key_hashes(pd.Series(groups.astype(str))) % np.uint64(buckets)).astype(np.int32)
+        return np.zeros(len(blocks), np.int32)
+    return (key_hashes(pd.Series(blocks.astype(str))) % np.uint64(buckets)).astype(np.int32)
 
 
 def home_partitions(ids: np.ndarray, nearest: np.ndarray | None, partitions: int) -> np.ndarray:
@@ -251,11 +253,11 @@ def home_partitions(ids: np.ndarray, nearest: np.ndarray | None, partitions: int
     return (np.asarray(nearest, np.int64) % partitions).astype(np.int32)
 
 
-def _entries(kind: int, group: np.ndarray, bucket: np.ndarray, ids, prio, mirror, code, vec, home) -> pa.Table:
-    n = len(group)
+def _entries(kind: int, block_or_cell: np.ndarray, bucket: np.ndarray, ids, prio, mirror, code, vec, home) -> pa.Table:
+    n = len(block_or_cell)
     return pa.table(
         {
-            "bucket": pa.array(bucket, pa.int32()), "group": pa.array(group, pa.int64()),
+            "bucket": pa.array(bucket, pa.int32()), "block_or_cell": pa.array(block_or_cell, pa.int64()),
             "kind": pa.array(np.full(n, kind, np.int8)), "id": pa.array(ids, pa.int64()),
             "prio": pa.array(prio, pa.uint64()), "mirror": pa.array(mirror, pa.bool_()),
             "code": pa.array(code, pa.uint64()), "vec": vec if vec is not None else pa.array([b""] * n, pa.binary()),
@@ -284,11 +286,11 @@ def part_entries(
     one_cell = phash_cells is None or len(phash_cells) <= 1
     home = home_partitions(ids, None if one_cell else cells[: len(ids), 0], layout.buckets)
     both_home = np.concatenate([home, home])
-    groups = block_groups(both)
+    blocks = hash_blocks(both)
     for j in range(4):
-        g = groups[:, j]
-        tables.append(_entries(BLOCK, g, group_bucket(g, layout.buckets), both_ids, both_prio, is_mirror, both, None,
-                               both_home))  # fmt: skip
+        block = blocks[:, j]
+        tables.append(_entries(BLOCK, block, block_bucket(block, layout.buckets), both_ids, both_prio, is_mirror,
+                               both, None, both_home))  # fmt: skip
     for p in range(cells.shape[1]):
         c = cells[:, p]
         tables.append(_entries(PHASH_CELL, c, (c % layout.buckets).astype(np.int32), both_ids, both_prio, is_mirror,
@@ -314,14 +316,14 @@ def write_entries(path: str | os.PathLike, table: pa.Table, layout: Layout, samp
     write_cut(path, ENTRY_SCHEMA, table, table["bucket"].to_numpy(), layout.buckets, {"samples": samples})
 
 
-def merge_entries(path: str | os.PathLike, pieces: list[str], layout: Layout, samples: int = 0) -> None:
-    """One entries file (write_entries' layout) from pieces written by write_entries for consecutive runs of
-    samples: each bucket's rows of every piece, in (kind, id) order as one write_entries would put them (an id's
-    rows are all in one piece, in their order there). Holds one bucket at a time."""
+def merge_entries(path: str | os.PathLike, chunk_files: list[str], layout: Layout, samples: int = 0) -> None:
+    """One entries file (write_entries' layout) from files written by write_entries for consecutive chunks of
+    samples: each bucket's rows of every chunk file, in (kind, id) order as one write_entries would put them (an
+    id's rows are all in one chunk file, in their order there). Holds one bucket at a time."""
 
     def buckets():
         for b in range(layout.buckets):
-            rows = read_bucket(pieces, b)
+            rows = read_bucket(chunk_files, b)
             yield rows.take(pa.array(np.lexsort((rows["id"].to_numpy(), rows["kind"].to_numpy()))))
 
     write_buckets(path, ENTRY_SCHEMA, buckets(), {"samples": samples})
@@ -350,27 +352,27 @@ def _same_hash(t: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
 
 
 def _block_pairs(t: pd.DataFrame, threshold: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Pairs within the threshold among entries of one block group that also agree on one of four 12-bit
-    pieces of the other 48 bits (at most 3 differing bits leave one whole): runs stay short at any size."""
+    """Pairs within the threshold among block entries of one block that also agree on one of four 12-bit
+    quarters of the other 48 bits (at most 3 differing bits leave one whole): runs stay short at any size."""
     if t.empty:
         return
-    group, code, ids = t["group"].to_numpy(), t["code"].to_numpy(np.uint64), t["id"].to_numpy()
+    block, code, ids = t["block_or_cell"].to_numpy(), t["code"].to_numpy(np.uint64), t["id"].to_numpy()
     mirrored = t["mirror"].to_numpy(bool)
-    j = (group >> 16).astype(np.uint64)
+    j = (block >> 16).astype(np.uint64)
     for k in range(4):
-        # the 48 bits outside block j, as four 12-bit pieces: bits of the code with block j's removed
+        # the 48 bits outside block j, as four 12-bit quarters: bits of the code with block j's removed
         low = code & ((np.uint64(1) << (np.uint64(16) * j)) - np.uint64(1))
         high = code >> (np.uint64(16) * (j + np.uint64(1)))
         rest = low | (high << (np.uint64(16) * j))
-        piece = ((rest >> np.uint64(12 * k)) & np.uint64(0xFFF)).astype(np.int64)
-        yield from same_key_pairs((group << np.int64(12)) | piece, code, ids, threshold, mirrored)
+        quarter = ((rest >> np.uint64(12 * k)) & np.uint64(0xFFF)).astype(np.int64)
+        yield from same_key_pairs((block << np.int64(12)) | quarter, code, ids, threshold, mirrored)
 
 
-def _by_group(t: pd.DataFrame) -> Iterator[pd.DataFrame]:
-    """The rows of each group of a frame sorted by group (stably): what groupby(sort=True) gives, without its
+def _by_cell(t: pd.DataFrame) -> Iterator[pd.DataFrame]:
+    """The rows of each cell of cell entries sorted by cell (stably): what groupby(sort=True) gives, without its
     copy of the whole frame."""
-    group = t["group"].to_numpy()
-    cuts = np.flatnonzero(group[1:] != group[:-1]) + 1
+    cell = t["block_or_cell"].to_numpy()
+    cuts = np.flatnonzero(cell[1:] != cell[:-1]) + 1
     for start, end in zip(np.r_[0, cuts], np.r_[cuts, len(t)], strict=True):
         if end > start:
             yield t.iloc[start:end]
@@ -405,24 +407,26 @@ def bucket_pairs(
     prios, homes = table["prio"].to_numpy()[first], table["home"].to_numpy()[first]
     embedded = table.filter(pa.array(kind == EMBEDDING_CELL)) if embedding_min_similarity is not None else None
     # the hashes without their (empty) vector column: a Python object per entry would cost more than the rest
-    hashed = table.filter(pa.array(kind != EMBEDDING_CELL)).select(["group", "kind", "id", "prio", "mirror", "code"])
+    hashed = table.filter(pa.array(kind != EMBEDDING_CELL)).select(
+        ["block_or_cell", "kind", "id", "prio", "mirror", "code"]
+    )
     del table, kind
     hashed = hashed.to_pandas()
     same, members = _same_hash(hashed)
-    hashed = hashed.loc[~hashed["id"].isin(members), ["group", "kind", "id", "mirror", "code"]]
+    hashed = hashed.loc[~hashed["id"].isin(members), ["block_or_cell", "kind", "id", "mirror", "code"]]
     frames = [same]
     found = list(_block_pairs(hashed[hashed["kind"] == BLOCK], phash_max_distance))
-    cells = hashed[hashed["kind"] == PHASH_CELL].sort_values("group", kind="stable")
+    cells = hashed[hashed["kind"] == PHASH_CELL].sort_values("block_or_cell", kind="stable")
     del hashed
-    found.extend(_cell_pairs(cell, True, phash_max_distance, bin_size) for cell in _by_group(cells))
+    found.extend(_cell_pairs(cell, True, phash_max_distance, bin_size) for cell in _by_cell(cells))
     del cells
     if found:
         a, b, d = (np.concatenate([f[i] for f in found]) for i in range(3))
         a, b, d = best_pairs(a, b, d, True)
         frames.append(pd.DataFrame({"a": a, "b": b, "signal": "phash", "score": d.astype(np.float64)}))
     if embedded is not None:
-        embedded = embedded.to_pandas().sort_values("group", kind="stable")
-        found = [_cell_pairs(cell, False, embedding_min_similarity, bin_size) for cell in _by_group(embedded)]
+        embedded = embedded.to_pandas().sort_values("block_or_cell", kind="stable")
+        found = [_cell_pairs(cell, False, embedding_min_similarity, bin_size) for cell in _by_cell(embedded)]
         del embedded
         if found:
             a, b, s = (np.concatenate([f[i] for f in found]) for i in range(3))

@@ -1,8 +1,8 @@
 """Pairs of vectors within a threshold among those a bucket job holds (a cell of it: nearparts.bucket_pairs).
 
-Two kinds of vector: 64-bit perceptual hashes (uint64 codes, Hamming distance at most `threshold`) and unit
-embeddings (float, cosine similarity at least `threshold`). Up to `bin_size` vectors the search is one exact
-range search (faiss's flat indexes: every pair is compared). Above that (`held_pairs`):
+Two kinds of vector: 64-bit perceptual hashes (uint64 codes, Hamming distance at most `threshold`) and
+unit-length embeddings (float, cosine similarity at least `threshold`). Up to `bin_size` vectors the search is
+one exact range search (faiss's flat indexes: every pair is compared). Above that (`held_pairs`):
 - hashes: sampled-bit tables (`sampled_bit_pairs`): each table keys the hashes by a random draw of their bits
   and compares the hashes of one key; the tables needed for a pair at the threshold to be found
   RECALL_AT_THRESHOLD of the time follow from arithmetic, whatever the data (bench/cell_search.py: under a
@@ -31,7 +31,7 @@ SEED = 20261124
 _TRAIN_PER_CENTROID = 64  # k-means training points per centroid (faiss warns under 39)
 BIN_PROBES = 3  # bins each embedding goes to: embeddings of near copies sit far closer than random ones
 MIRROR = np.int64(1) << np.int64(62)  # set in the id of a mirrored hash (sample ids stay below it)
-_PASSES, _MIN_STEP = 8, 1024  # slices an exact search asks in (each a faiss call: not too small)
+_PASSES, _MIN_STEP = 8, 1024  # passes an exact search asks in (each a faiss call: not too small)
 _HELD_CHUNK = 100_000  # vectors expanded to floats at a time
 
 
@@ -52,7 +52,7 @@ def exact_pairs(
     score is the Hamming distance (binary) or the cosine similarity. Ids come back plain: rows with equal ids
     are not paired.
 
-    The plain rows ask in `_PASSES` slices, each against the plain rows from its own first on and the mirrored
+    The plain rows ask in `_PASSES` passes, each against the plain rows from its own first on and the mirrored
     rows: a pair of plain rows is compared about once, not both ways (a single search of all rows against all
     compares each twice)."""
     n = len(ids)
@@ -108,7 +108,7 @@ def held_pairs(
     ids = np.asarray(ids, np.int64)
     n = len(ids)
 
-    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:  # slices: floats are made a slice at a time
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:  # floats are made a chunk at a time
         for at in range(0, n, _HELD_CHUNK):
             yield ids[at : at + _HELD_CHUNK], x[at : at + _HELD_CHUNK]
 
@@ -116,14 +116,14 @@ def held_pairs(
         return best_pairs(*exact_pairs(ids, x, threshold, binary), binary)
     if binary:
         return sampled_bit_pairs(ids, x, int(threshold))
-    probes = BIN_PROBES
-    centroids = _train(chunks, n, math.ceil(probes * n / bin_size), binary)
+    per_row = BIN_PROBES  # bins each row goes to
+    centroids = _train(chunks, n, math.ceil(per_row * n / bin_size), binary)
     quantizer = faiss.IndexFlatL2(centroids.shape[1])
     quantizer.add(centroids)
-    nearest = np.empty((n, probes), np.int32)
+    nearest = np.empty((n, per_row), np.int32)
     for at in range(0, n, _HELD_CHUNK):
-        nearest[at : at + _HELD_CHUNK] = quantizer.search(_as_float(x[at : at + _HELD_CHUNK], binary), probes)[1]
-    flat = nearest.ravel()  # entry e is row e // probes: within a bin, rows come in order
+        nearest[at : at + _HELD_CHUNK] = quantizer.search(_as_float(x[at : at + _HELD_CHUNK], binary), per_row)[1]
+    flat = nearest.ravel()  # entry e is row e // per_row: within a bin, rows come in order
     order = np.argsort(flat, kind="stable")
     bins = flat[order]
     del nearest, flat
@@ -131,7 +131,7 @@ def held_pairs(
     del bins
     found = []
     for s, e in zip(starts, np.r_[starts[1:], len(order)], strict=True):
-        rows = order[s:e] // probes
+        rows = order[s:e] // per_row
         found.append(exact_pairs(ids[rows], x[rows], threshold, binary))
     a, b, score = (np.concatenate([f[i] for f in found]) for i in range(3))
     return best_pairs(a, b, score, binary)

@@ -63,20 +63,20 @@ def reference(pairs: pd.DataFrame) -> pd.DataFrame:
     pair_of = by_v
     starts = np.flatnonzero(np.r_[True, rv[1:] != rv[:-1]]) if len(rv) else np.empty(0, np.int64)
     ends = np.r_[starts[1:], len(rv)]
-    group_v = rv[starts]
-    while (status[group_v] == 0).any():
+    each_v = rv[starts]
+    while (status[each_v] == 0).any():
         s = status[ru]
         cand = np.where(s != 2, np.arange(len(ru)), len(ru))
         firsts = np.minimum.reduceat(cand, starts)
-        todo = status[group_v] == 0
+        todo = status[each_v] == 0
         none = todo & (firsts >= ends)  # every neighbour before it left out: kept
         at = np.minimum(firsts, len(ru) - 1)
         taken = todo & (firsts < ends) & (s[at] == 1)
         if not (none.any() or taken.any()):
             raise RuntimeError("near-duplicate decision made no progress")  # cannot happen: the least unknown settles
-        status[group_v[none]] = 1
-        status[group_v[taken]] = 2
-        keeper[group_v[taken]] = pair_of[at[taken]]
+        status[each_v[none]] = 1
+        status[each_v[taken]] = 2
+        keeper[each_v[taken]] = pair_of[at[taken]]
     out_nodes = np.flatnonzero(status == 2)
     k = keeper[out_nodes]
     decided = {
@@ -127,7 +127,7 @@ def partitioned(tmp_path, pairs: pd.DataFrame, homes: pd.DataFrame, partitions: 
 
 
 def random_graph(seed: int, n: int = 300, m: int = 600, homes: int = 4) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Pairs among n samples (5% published, few priorities: many ties), chains and same-hash groups among them."""
+    """Pairs among n samples (5% published, few priorities: many ties), chains and same-hash copy sets among them."""
     rng = np.random.default_rng(seed)
     ids = np.sort(rng.choice(10**6, n, replace=False)).astype(np.int64)
     prio = priority(rng.random(n) < 0.05, rng.integers(1, 50, n), np.ones(n))
@@ -139,13 +139,13 @@ def random_graph(seed: int, n: int = 300, m: int = 600, homes: int = 4) -> tuple
     rows = [pd.DataFrame({"a": ids[a], "b": ids[b], "prio_a": prio[a], "prio_b": prio[b], "signal": signal,
                           "score": score.astype(float), "home_a": home[a], "home_b": home[b]})]  # fmt: skip
     members = set()
-    for group in rng.choice(n, (10, 4), replace=False):  # same-hash groups: from the first in keep order
-        group = sorted(group, key=lambda i: (prio[i], ids[i]))
-        for x in group[1:]:
+    for copies in rng.choice(n, (10, 4), replace=False):  # same-hash copy sets: from the first in keep order
+        copies = sorted(copies, key=lambda i: (prio[i], ids[i]))
+        for x in copies[1:]:
             members.add(x)
-            rows.append(pd.DataFrame({"a": [ids[group[0]]], "b": [ids[x]], "prio_a": [prio[group[0]]],
+            rows.append(pd.DataFrame({"a": [ids[copies[0]]], "b": [ids[x]], "prio_a": [prio[copies[0]]],
                                       "prio_b": [prio[x]], "signal": [SAME_HASH], "score": [0.0],
-                                      "home_a": [home[group[0]]], "home_b": [home[x]]}))  # fmt: skip
+                                      "home_a": [home[copies[0]]], "home_b": [home[x]]}))  # fmt: skip
     pairs = pd.concat(rows, ignore_index=True)
     pairs = pairs[~(is_published(pairs["prio_a"].to_numpy()) & is_published(pairs["prio_b"].to_numpy()))]
     version = np.where(is_published(prio), "v1", "")
@@ -170,7 +170,7 @@ def test_partitions_in_rounds_decide_what_all_pairs_at_once_decide(tmp_path, mon
     want = expected(pairs)
     assert near[["key", "kept_key", "signal", "distance"]].values.tolist() == want
     assert piece["key"].tolist() == [w[0] for w in want]  # the ledger piece: by id, what the table says
-    assert counts["groups"] == len({w[1] for w in want})
+    assert counts["groups"] == len({w[1] for w in want})  # the copy sets, as near_duplicates.json names them
     if partitions > 1 and rounds == 1:
         assert waiting > 0  # what the rounds left is settled by the last step
 
@@ -220,11 +220,11 @@ def test_merged_reads_tables_sorted_by_id_in_id_order(tmp_path):
     assert np.array_equal(got["id"].to_numpy(), np.sort(np.concatenate(every))) and (got["x"] == got["id"] * 2).all()
 
 
-def test_distinct_count_over_bins_on_disk(tmp_path):
+def test_distinct_count_over_files_on_disk(tmp_path):
     rng = np.random.default_rng(1)
     values = rng.integers(0, 50_000, 200_000)
     counter = DistinctCount(tmp_path, 0)
-    counter.n = 7  # several bins
+    counter.n = 7  # several files
     for chunk in np.array_split(values, 9):
         counter.add(chunk)
     assert counter.count() == len(np.unique(values))

@@ -1,4 +1,4 @@
-"""Which sample of a near-duplicate group is kept (shardsmith.shards.neardup; the jobs run in order by
+"""Which sample of a near-duplicate copy set is kept (shardsmith.shards.neardup; the jobs run in order by
 tests.shards.reference): published first, then the largest image, then the earliest record; every sample left
 out is within the threshold of the one it names (no chains); other stages' exclusions keep nothing out; ledger
 details and counts. And the workflow's jobs, in buckets, partitions and rounds, leave out what a plain loop over
@@ -228,7 +228,7 @@ def planted_dataset(
 ) -> tuple[list[pd.DataFrame], pd.DataFrame, set[tuple[int, int]]]:
     """Each part's samples table (random hashes, few sizes: many ties), published records no longer in the build,
     and the (part, row) of the build's published samples (a twentieth, and some planted ones), with near copies
-    planted across parts: groups (copies of one image, each within threshold / 2 bits of it), chains (each link
+    planted across parts: copy sets (copies of one image, each within threshold / 2 bits of it), chains (each link
     more than threshold / 2 bits on from the one before, so every other link is not near), exact copies (the
     same hashes, mirror included, as the same image has), mirrored copies (a mirror hash near another's hash)
     and copies of published records gone from the build."""
@@ -251,7 +251,7 @@ def planted_dataset(
         return [where[i] for i in rng.choice(len(where), k, replace=False)]
 
     half = threshold // 2
-    for g in range(12):  # groups; in two of them, two published copies (both kept)
+    for g in range(12):  # copy sets; in two of them, two published copies (both kept)
         base, *copies = spots(int(rng.integers(3, 6)))
         for w in copies:
             code[w] = flipped(code[base], int(rng.integers(1, half + 1)))
@@ -298,7 +298,7 @@ def workflow_left_out(
     s: NearSettings, layout: Layout, parts_per_group: int,
 ) -> tuple[dict[str, str], list[int]]:  # fmt: skip
     """{left out: kept} as the workflow's jobs decide it (rules/shards.smk): train_near_cells, split_near_entries
-    per group of parts (each with its piece of the published records gone), find_near_pairs per bucket,
+    per group of parts (each with its share of the published records gone), find_near_pairs per bucket,
     decide_near_round per round and partition, decide_near_duplicates; and how many samples each round left
     waiting."""
     paths = []

@@ -14,9 +14,9 @@ from shardsmith.shards.nearparts import (
     ENTRY_SCHEMA,
     Cells,
     Layout,
-    block_groups,
     bucket_count,
     cell_probes,
+    hash_blocks,
     is_published,
     nearest_cells,
     priority,
@@ -152,7 +152,7 @@ def test_many_cells_are_found_in_two_levels_as_among_all_of_them(monkeypatch, tm
 
 def test_a_group_split_a_chunk_at_a_time_writes_the_same_files(monkeypatch, tmp_path):
     """split_near_entries makes its entries a few samples at a time and merges them a bucket at a time: the same
-    bytes as making them all at once, and no piece left beside the outputs."""
+    bytes as making them all at once, and no chunk file left beside the outputs."""
     rng = np.random.default_rng(19)
     codes, _ = planted(rng, 3000, 100, (1, 8))
     paths = write_parts(tmp_path, codes, ~codes, 3)
@@ -210,9 +210,9 @@ def test_a_bucket_the_entries_file_lacks_is_a_clear_error(tmp_path):
         read_bucket([str(path)], 3)
 
 
-def test_block_groups_name_each_16_bit_block():
-    groups = block_groups(np.array([0x0004_0003_0002_0001], np.uint64))
-    assert groups.tolist() == [[1, (1 << 16) | 2, (2 << 16) | 3, (3 << 16) | 4]]
+def test_hash_blocks_name_each_16_bit_block_with_its_position():
+    blocks = hash_blocks(np.array([0x0004_0003_0002_0001], np.uint64))
+    assert blocks.tolist() == [[1, (1 << 16) | 2, (2 << 16) | 3, (3 << 16) | 4]]
 
 
 def test_embeddings_in_several_cells_find_every_copy_at_any_bucket_count(tmp_path):
