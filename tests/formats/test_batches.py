@@ -16,6 +16,13 @@ def test_auto_is_a_shard_a_job_up_to_1000_shards_then_keeps_the_jobs_near_1000(s
     assert batches.batch_count(shards, per_job) <= batches.AUTO_JOBS
 
 
+@pytest.mark.parametrize(("shards", "per_shard", "per_job"), [(8, 1000, 4), (9, 1000, 4), (3, 1000, 4), (8, 3000, 2),
+                                                         (8, 10_000, 1), (2_000_000, 100, 2000)])  # fmt: skip
+def test_auto_gives_a_job_of_small_shards_enough_samples_to_outweigh_its_start(shards, per_shard, per_job):
+    assert batches.shards_per_job("auto", shards, per_shard) == per_job
+    assert per_job * per_shard >= batches.AUTO_SAMPLES
+
+
 @pytest.mark.parametrize("bad", [0, -3, "many", True, 2.5])
 def test_a_bad_setting_is_named(bad):
     with pytest.raises(ConfigError, match="shards_per_job"):
