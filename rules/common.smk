@@ -10,6 +10,7 @@ from shardsmith.formats.energon import sqlite_wanted as energon_sqlite_wanted
 from shardsmith.formats.index import INDEX_FILES
 from shardsmith.formats.names import numbered
 from shardsmith.shards.layout import PlanLayout
+from shardsmith.shards.onejob import FIRST, one_job_path, outside_inputs, step_jobs, step_spec
 from shardsmith.formats.batches import (
     batch_count,
     batch_shards,
@@ -33,6 +34,7 @@ WORK = f"{config['paths']['work']}/{DATASET}"
 OUT = f"{config['paths']['output']}/{DATASET}"
 LOGS = f"{config['paths']['logs']}/{DATASET}"
 SOURCES = {s["name"]: s for s in config["sources"]}
+PLAN = f"{WORK}/plan"
 SCRATCH = f"{WORK}/tmp"  # jobs' scratch folders (not a node's /tmp): a killed job's are removed by the next run
 # robots.txt and tdmrep.json answers the download jobs share (up to 24 h, RFC 9309), for every dataset: outside
 # WORK, whose leftovers are looked through at every start
@@ -233,10 +235,16 @@ def get_exact_exclusions(wildcards):
     return tables
 
 
-def get_near_found(wildcards):
+def near_found():
+    """The near-duplicate table and its counts, as planning wrote them (none with dedupe.near: off)."""
     if config["dedupe"]["near"] == "off":
         return []
-    return [rules.decide_near_duplicates.output.table, rules.decide_near_duplicates.output.counts]
+    near = rules.decide_near_duplicates.output
+    return planned([near.table, near.counts])
+
+
+def get_near_found(wildcards):
+    return after_planning(near_found())
 
 
 def get_near_samples(wildcards):
@@ -288,10 +296,11 @@ def get_key_drop_tables(wildcards):
 def get_planned_keys(wildcards):
     """What planning kept, by bucket (the key tables' footers), and the near-duplicates it left out after:
     validate_dataset checks the shards' keys against them."""
-    keys = {"key_drops": listed(get_key_drop_tables, rules.list_key_drops.output.drops)(wildcards)}
+    drops = listed(get_key_drop_tables, rules.list_key_drops.output.drops)(wildcards)
+    keys = {"key_drops": planned(drops) if isinstance(drops, list) else drops}
     if config["dedupe"]["near"] != "off":
-        keys["near_dropped"] = rules.decide_near_duplicates.output.dropped
-    return keys
+        keys["near_dropped"] = planned([rules.decide_near_duplicates.output.dropped])[0]
+    return after_planning(keys)
 
 
 def get_near_entries(wildcards):
@@ -410,13 +419,58 @@ def get_last_round(kind):
     )
 
 
-def get_ledger_pieces(wildcards):
+def ledger_pieces():
     """The samples planning left out, as ledger pieces: each group's (exclusions, repeated keys), then the
     near-duplicates' (empty unless dedupe.near: exclude)."""
     pieces = list(every_group_slice(rules.collect_dropped.output[0]))
     if config["dedupe"]["near"] != "off":
         pieces.append(rules.decide_near_duplicates.output.dropped)
-    return pieces
+    return planned(pieces)
+
+
+def get_ledger_pieces(wildcards):
+    return after_planning(ledger_pieces())
+
+
+# A small dataset is planned whole by plan_shards' job (shardsmith.shards.onejob): planning's steps run there
+# first and write under plan/one_job/, files that no rule declares, which the jobs after planning read once
+# plan_shards has run.
+def planned(paths):
+    """Paths of planning's results, or where plan_shards' job writes them (PlanLayout.one_job)."""
+    return [one_job_path(p, PLAN) if plan_layout().one_job else str(p) for p in paths]
+
+
+def after_planning(paths):
+    """Planning's results as inputs of a job after it: in one job, known once plan_shards has run."""
+    if plan_layout().one_job:
+        checkpoint_dir(checkpoints.plan_shards)
+    return paths
+
+
+def get_plan_inputs(wildcards):
+    """plan_shards' inputs: planning's results, or in one job what its steps read that none of them writes
+    (flagged ancient where the steps' are)."""
+    if not plan_layout().one_job:
+        return {"pieces": ledger_pieces(), "near": near_found()}
+    steps = get_one_job_steps(wildcards)
+    old = {p for s in steps for p in s["ancient"]}
+    return {"steps": [ancient(p) if p in old else p for p in outside_inputs(steps)]}
+
+
+def get_one_job_steps(wildcards):
+    """The steps plan_shards' job runs first: none, or in one job planning's rules in order, each with its
+    single job (shardsmith.shards.onejob)."""
+    key = ("one_job_steps", id(get_part_ids()))
+    if not plan_layout().one_job:
+        return []
+    if key not in _CACHE:
+        published, near = get_dedupe_settings() is not None, config["dedupe"]["near"] != "off"
+        moved, rules_dir = {}, os.path.join(workflow.basedir, "rules")
+        _CACHE[key] = [
+            step_spec(workflow.get_rule(name), wc, PLAN, moved, rules_dir)
+            for name, wc in step_jobs(published, near, get_near_rounds())
+        ]
+    return _CACHE[key]
 
 
 def near_embeddings_on():
@@ -556,7 +610,8 @@ def get_shard_parts(shard):
 
 
 def get_shards_per_job():
-    return shards_per_job(config["shards_per_job"], len(get_shard_ids()))
+    n = len(get_shard_ids())
+    return shards_per_job(config["shards_per_job"], n, config["samples_per_shard"])
 
 
 def get_write_batch_count(wildcards=None):

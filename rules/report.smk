@@ -115,10 +115,11 @@ rule write_card:
         "../scripts/write_card.py"
 
 
-# Near-duplicate images (plan_shards found them): the distances, and example pairs to judge the thresholds by.
+# Near-duplicate images (as planning found them): the distances, and example pairs to judge the thresholds by.
 rule plot_near_duplicates:
     input:
-        plan_dir=PLANNED,
+        near=get_near_found,  # the table and its counts, as planning wrote them
+        plan_dir=PLANNED,  # after plan_shards, which writes them where planning is one job
         samples=part_files("samples"),
         tars=part_files("processed"),
     output:

@@ -393,20 +393,28 @@ localrules:
     list_near_round,
 
 
-# The shards from each part's count of samples kept: a few ranges of parts per shard.
+# The shards from each part's count of samples kept: a few ranges of parts per shard. A small dataset (one
+# group, one key bucket, one near-duplicate bucket: PlanLayout.one_job) is planned whole by this job: the steps
+# above first, one after another in its process, each its rule's script with the inputs, params and log its
+# own job would have, writing under plan/one_job/ (shardsmith.shards.onejob). A job a step would spend most
+# of its time starting Python; the bytes are the same.
 checkpoint plan_shards:
     input:
-        pieces=get_ledger_pieces,
-        near=get_near_found,
+        unpack(get_plan_inputs),
     output:
         directory(f"{WORK}/plan/shards"),
     log:
         f"{LOGS}/plan_shards.log",
     conda:
         "../envs/shards.yaml"
+    resources:
+        mem_mb=lambda wc, attempt: 2000 * attempt,  # find_near_pairs' in one job
     params:
         layout=get_shard_layout(),
         near=config["dedupe"],
+        pieces=lambda wildcards: ledger_pieces(),
+        found=lambda wildcards: near_found(),
+        steps=get_one_job_steps,
     script:
         "../scripts/plan_shards.py"
 

@@ -11,9 +11,9 @@ from shardsmith.report.near import image_places, pick_examples, plot_distances, 
 
 
 def main() -> None:
-    plan = Path(snakemake.input.plan_dir)
-    near = pd.read_parquet(plan / "near_duplicates.parquet")
-    settings = json.loads((plan / "near_duplicates.json").read_text())["settings"]
+    table, counts = snakemake.input.near
+    near = pd.read_parquet(table)
+    settings = json.loads(Path(counts).read_text())["settings"]
     plot_distances(near, settings, snakemake.output.distances)
     part = lambda p: Path(p).name.split(".")[0]  # noqa: E731
     samples = {part(p): p for p in listed_files(snakemake.input.samples)}

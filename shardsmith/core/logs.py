@@ -10,13 +10,15 @@ from collections.abc import Callable
 from shardsmith.core.errors import ConfigError
 from shardsmith.core.stopping import STOPPED_EXIT_CODE, Stopped, stop_on_sigterm
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+
 
 def to_rule_log(path: str) -> None:
     """Send stdout, stderr and logging of this job to the rule's log file."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     stream = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - lives as long as the job
     sys.stdout = sys.stderr = stream
-    logging.basicConfig(stream=stream, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", force=True)
+    logging.basicConfig(stream=stream, level=logging.INFO, format=LOG_FORMAT, force=True)
 
 
 def run_job(log_path: str, job: Callable[[], object], expected: tuple[type[BaseException], ...] = ()) -> None:

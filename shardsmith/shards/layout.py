@@ -76,6 +76,7 @@ class PlanLayout:
     near: Layout  # near-duplicate cells, probes and buckets
     near_buckets: Slices  # near-duplicate buckets (= decision partitions), and their bucket jobs
     rounds: int  # decision rounds of the near-duplicate partitions
+    near_on: bool = True  # dedupe.near is not off
 
     @classmethod
     def of(cls, dedupe: dict, part_size: int, parts: int) -> PlanLayout:
@@ -97,7 +98,14 @@ class PlanLayout:
             near=near,
             near_buckets=Slices(near.buckets, in_a_job(per_job, near.buckets, 16)),
             rounds=settings.rounds_for(near),
+            near_on=dedupe.get("near") != "off",
         )
+
+    @property
+    def one_job(self) -> bool:
+        """Whether planning is one job (shardsmith.shards.onejob): one group, one key bucket and one
+        near-duplicate bucket, so that every step would be a single job of a single unit."""
+        return self.groups.units == 1 and self.keys.units == 1 and (self.near_buckets.units == 1 or not self.near_on)
 
     @property
     def samples(self) -> int:

@@ -30,6 +30,18 @@ def test_a_small_run_is_one_group_one_bucket_and_one_round():
     ]
 
 
+def test_planning_is_one_job_only_where_every_step_has_one_unit():
+    assert PlanLayout.of(DEFAULTS, 5_000, 2).one_job
+    assert PlanLayout.of(DEFAULTS, 500_000, 1).one_job  # a group and a bucket at bucket_samples exactly
+    assert not PlanLayout.of(DEFAULTS, 500_000, 2).one_job  # two groups (and two key buckets)
+    assert not PlanLayout.of({**DEFAULTS, "buckets": 3}, 1_000, 2).one_job  # buckets set: three of each
+    many_near = {**DEFAULTS, "cell_samples": 1_000, "bucket_samples": 10_000_000}
+    layout = PlanLayout.of(many_near, 1_000_000, 4)  # one group and key bucket; the probes make near buckets
+    assert (layout.groups.units, layout.keys.units) == (1, 1) and layout.near.buckets > 1
+    assert not layout.one_job
+    assert PlanLayout.of({**many_near, "near": "off"}, 1_000_000, 4).one_job  # no near-duplicate buckets to run
+
+
 def test_key_buckets_follow_the_samples_and_near_buckets_the_probes():
     layout = PlanLayout.of(DEFAULTS, LAION_5B["part_size"], LAION_5B["parts"])
     samples = LAION_5B["parts"] * LAION_5B["part_size"]

@@ -369,16 +369,24 @@ def _tables_are_whole(folder):
             pa.ipc.open_file(src).read_all()
 
 
-@pytest.mark.parametrize("during", ["find_near_pairs", "decide_near_round", "plan_shards"])
-def test_planning_in_buckets_killed_mid_job_gives_the_one_bucket_build_on_rerun(build, demo_data, tmp_path, during):
+@pytest.mark.parametrize(
+    ("during", "buckets"),
+    [("find_near_pairs", 3), ("decide_near_round", 3), ("plan_shards", 3), ("find_near_pairs", 1)],
+)
+def test_planning_in_buckets_killed_mid_job_gives_the_one_bucket_build_on_rerun(
+    build, demo_data, tmp_path, during, buckets
+):
     """Planning in 3 buckets and 2 decision rounds (slices of 2 partitions), killed (SIGKILL, the whole run) as
-    soon as a bucket's search, a slice's decision or the plan starts: no torn table, and the rerun publishes
-    what the one-bucket build published, byte for byte, ledger included."""
+    soon as a bucket's search, a slice's decision or the plan starts, or in one bucket (planning in one job,
+    plan_shards') as its search starts: no torn table, and the rerun publishes what the one-bucket build
+    published, byte for byte, ledger included."""
     root1, _ = build
     data, _ = demo_data
     root = tmp_path / "killed"
     config = demo_config(data, root)
     config["dedupe"] = {"near": "report", "buckets": 3, "decision_rounds": 2, "buckets_per_job": 2}
+    if buckets == 1:
+        config["dedupe"] = {"near": "report"}
     root.mkdir()
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile",
@@ -391,6 +399,8 @@ def test_planning_in_buckets_killed_mid_job_gives_the_one_bucket_build_on_rerun(
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert time.time() < deadline, f"{during} never started"
+    if buckets == 1:  # the step ran within plan_shards' job
+        assert (logs / "plan_shards.log").exists()
     _tables_are_whole(root / "work")
     run_workflow(root, config, "--unlock")
     run_workflow(root, config, "--rerun-incomplete")

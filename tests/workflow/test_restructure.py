@@ -194,10 +194,16 @@ def published(root: Path) -> Path:
 def plan_files(root: Path) -> dict[str, str]:
     """The plan: each shard's ranges and parts (and the near-duplicate table and counts plan_shards copies
     there), the ledger's pieces of dropped records a group, the near-duplicate decision and the cells it
-    searched. Not Snakemake's .snakemake_timestamp of the plan/shards folder."""
+    searched, where the steps' jobs write them or plan_in_one_job does (plan/one_job/: a small dataset). Not
+    Snakemake's .snakemake_timestamp of the plan/shards folder."""
     plan = root / "work" / "demo" / "plan"
-    kept = [*(plan / "shards").iterdir(), *(plan / "dropped").glob("*/*.parquet"), *(plan / "near").glob("*.*")]
-    return {str(p.relative_to(plan)): sha256(p) for p in sorted(kept) if p.is_file() and p.name[0] != "."}
+    steps = plan / "one_job" if (plan / "one_job").exists() else plan
+    kept = [*(plan / "shards").iterdir(), *(steps / "dropped").glob("*/*.parquet"), *(steps / "near").glob("*.*")]
+    return {
+        str(p.relative_to(plan if p.parent.name == "shards" else steps)): sha256(p)
+        for p in sorted(kept)
+        if p.is_file() and p.name[0] != "."
+    }
 
 
 def comparable_build(version: Path) -> dict:
@@ -291,6 +297,13 @@ def test_the_builds_run_the_code_and_the_layouts_they_claim_and_find_what_is_com
             assert len(list((logs["one"] / rule).glob("*.log"))) == one, (code, rule)
             assert len(list((logs["many"] / rule).glob("*.log"))) == many, (code, rule)
         assert len(list((builds["many", code] / "work" / "demo" / "plan" / "dropped").glob("*/*.parquet"))) == 3
+    # the working tree plans the one-group, one-bucket layout in plan_shards' job, the many-group one in a job a
+    # step: each step's log says which job it ran in
+    for layout, one_job in (("one", True), ("many", False)):
+        root = builds[layout, "after"]
+        assert (root / "work" / "demo" / "plan" / "one_job" / "dropped").is_dir() == one_job
+        plan_log = (root / "logs" / "demo" / "plan_shards.log").read_text()
+        assert ("find_near_pairs slice=00000: log" in plan_log) == one_job
     for layout in LAYOUTS:
         root = builds[layout, "after"]
         rejected = pd.read_parquet(published(root) / "rejected.parquet")
