@@ -163,7 +163,14 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path, http_server):
     base = demo_config(data, cluster_root)
     download = {**base["download"], **ALLOW_LOOPBACK, "concurrency": SLOW_CONCURRENCY}
     sources = [*base["sources"], slow_source(data, http_server)]
-    settings = {"embed": embed, "samples_per_shard": 16, "dedupe": dedupe, "download": download, "sources": sources}
+    settings = {
+        "embed": embed,
+        "samples_per_shard": 16,
+        "dedupe": dedupe,
+        "download": download,
+        "sources": sources,
+        "shards_per_job": 1,  # a write_shard job a shard (auto would write these small shards in one)
+    }
     # a shard per upload job: several upload_shards jobs on the cluster, then publish_dataset's commit
     publish = lambda root: {"dest": str(root / "fast-storage"), "shards_per_job": 1}  # noqa: E731
     cluster = start_on_cluster(cluster_root, demo_config(data, cluster_root, **settings, publish=publish(cluster_root)))

@@ -18,6 +18,7 @@ from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
 from shardsmith.cli.demo import make_demo
 from shardsmith.core.leftovers import find_leftovers
 from shardsmith.formats import dali, energon
+from shardsmith.formats.batches import batch_count, shards_per_job
 
 pytestmark = pytest.mark.workflow
 PUBLISHED_FILES = {
@@ -237,8 +238,8 @@ def test_rebuild_in_a_fresh_folder_is_byte_identical_and_so_is_its_version_publi
     root1, _ = build
     data, _ = demo_data
     root2 = tmp_path / "build2"
-    # the first build writes a shard a job and uploads in one (the defaults at this size); this one writes
-    # batches of 3 shards (the last one shorter) and uploads a shard a job
+    # the first build writes its shards in as few jobs as give each 4,000 samples and uploads in one (the
+    # defaults at this size); this one writes batches of 3 shards (the last one shorter) and uploads a shard a job
     publish = {"dest": str(root2 / "fast-storage"), "shards_per_job": 1}
     run_workflow(root2, demo_config(data, root2, shards_per_job=3, publish=publish))
     files1 = sorted(str(p.relative_to(out_dir(root1))) for p in out_dir(root1).rglob("*") if p.is_file())
@@ -249,7 +250,8 @@ def test_rebuild_in_a_fresh_folder_is_byte_identical_and_so_is_its_version_publi
     shards = sum(f.endswith(".tar") for f in files1)
     assert len(list((root1 / "logs" / "demo" / "upload_shards").glob("*.log"))) == 1
     assert len(list((root2 / "logs" / "demo" / "upload_shards").glob("*.log"))) == shards > 1
-    assert len(list((root1 / "logs" / "demo" / "write_shard").glob("*.log"))) == shards
+    per_job = shards_per_job("auto", shards, demo_config(data, root1)["samples_per_shard"])
+    assert len(list((root1 / "logs" / "demo" / "write_shard").glob("*.log"))) == batch_count(shards, per_job)
     assert len(list((root2 / "logs" / "demo" / "write_shard").glob("*.log"))) == -(-shards // 3) > 1
     one, several = published_version(root1), published_version(root2)
     names = sorted(str(p.relative_to(one)) for p in one.rglob("*") if p.is_file())
