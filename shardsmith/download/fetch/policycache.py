@@ -14,6 +14,12 @@ asking job's own: the next job asks again) and a failed write. An answer past it
 Jobs that need the same file at once take turns on `{h}.lock` (fcntl.flock): the first fetches and writes the
 answer, the others wait for it and read it. The kernel releases the lock of a job that dies; a job that waits
 longer than `wait_s`, or whose filesystem has no locks, fetches the file itself.
+
+Nothing reads an answer after its 24 hours, so each download job sweeps one of the 256 top folders as it starts
+(`sweep`, the folder `share_of` its part and the day): answers older than 24 hours, the temporary files of
+writers killed an hour ago or more, and lock files with no answer beside them that no job holds. At LAION
+scale a folder is swept by about a dozen jobs of each build, and a dataset refreshed daily sweeps all of them
+within 256 jobs. A lock file removed while another job has it open costs at most one more fetch of that file.
 """
 
 import contextlib
@@ -23,6 +29,7 @@ import json
 import os
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +39,17 @@ from shardsmith.core.atomic import UMASK
 MAX_AGE_S = 24 * 3600  # RFC 9309 2.4: a cached robots.txt should not be used for more than 24 hours
 VERSION = 1
 _MAX_FILE = 4 << 20  # more than any body kept (ROBOTS_MAX_BYTES) and its header: a larger file is not ours
+SHARES = 256  # top folders, `{h[:2]}`: a job sweeps one
+STALE_TMP_S = 3600  # a temporary file this old is a killed writer's: writing one takes milliseconds
 
 # (HTTP status, body, the Cache-Control header or None) of one file; its exceptions pass through unkept.
 Fetch = Callable[[], tuple[int, bytes, str | None]]
+
+
+def share_of(label: str, now: float) -> int:
+    """The top folder a job sweeps: its part's (`label`) and the day's, so that the jobs of a build and the
+    builds of the days after cover them all."""
+    return (zlib.crc32(label.encode()) + int(now // 86400)) % SHARES
 
 
 @dataclass(frozen=True)
@@ -139,6 +154,35 @@ class PolicyCache:
                 self._write(self._where(url), data)
         return answer
 
+    def sweep(self, share: int) -> dict[str, int]:
+        """Remove, under top folder `share`, what no job will read again (the module docstring): answers
+        written more than max_age_s ago (by their file's time: no file is opened), temporary files older than
+        STALE_TMP_S, and lock files whose answer is gone that no job holds. Returns what it removed, by kind."""
+        now, removed = self.clock(), {"answers": 0, "temporary": 0, "locks": 0}
+        top = self.folder / f"{share:02x}"
+        try:
+            subfolders = [e.path for e in os.scandir(top) if e.is_dir(follow_symlinks=False)]
+        except OSError:  # no such folder yet, or not readable: nothing to sweep
+            return removed
+        for sub in subfolders:
+            with contextlib.suppress(OSError):
+                entries = {e.name: e for e in os.scandir(sub) if e.is_file(follow_symlinks=False)}
+                for name, e in entries.items():
+                    if name.endswith(".tmp"):
+                        kind, old = "temporary", now - e.stat().st_mtime >= STALE_TMP_S
+                    elif not name.endswith(".lock"):
+                        kind, old = "answers", now - e.stat().st_mtime >= self.max_age_s
+                    else:
+                        continue
+                    if old and _unlink(e.path):
+                        removed[kind] += 1
+                        if kind == "answers":
+                            entries[name] = None
+                for name, e in entries.items():
+                    if e is not None and name.endswith(".lock") and entries.get(name[:-5]) is None:
+                        removed["locks"] += _unlink_unheld(e.path)
+        return removed
+
     def _write(self, where: str, data: bytes) -> None:
         """`data` at `where`, whole or not at all (written beside it under a name of this thread's, renamed)."""
         self._folder_of(where)
@@ -187,3 +231,26 @@ class PolicyCache:
                 break
         os.close(fd)
         return None, True
+
+
+def _unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except OSError:  # gone already (another job's sweep), or not ours to remove
+        return False
+
+
+def _unlink_unheld(path: str) -> bool:
+    """Remove a lock file unless a job holds it (taken without waiting, removed while held)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return _unlink(path)
+    except OSError:  # held by a job now, or no locks on this filesystem: left
+        return False
+    finally:
+        os.close(fd)

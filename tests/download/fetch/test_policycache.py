@@ -7,6 +7,7 @@ the Fetcher uses."""
 
 import fcntl
 import multiprocessing
+import os
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +17,7 @@ from httpserver import Reply
 
 from shardsmith.download.fetch.netguard import Refused
 from shardsmith.download.fetch.optout import ROBOTS_MAX_BYTES, TDMREP_PATH, OptOuts, Unreachable
-from shardsmith.download.fetch.policycache import MAX_AGE_S, PolicyCache, lifetime
+from shardsmith.download.fetch.policycache import MAX_AGE_S, PolicyCache, lifetime, share_of
 
 TEXT = [("Content-Type", "text/plain")]
 ROBOTS = b"User-agent: *\nDisallow: /private/\n"
@@ -258,3 +259,52 @@ def test_the_lock_of_a_job_that_died_is_free(tmp_path):
     started = time.monotonic()
     assert cache.get(url, lambda: (200, ROBOTS, None))[0].body == ROBOTS
     assert time.monotonic() - started < 5
+
+
+def _age(path, seconds: float, now: float) -> None:
+    os.utime(path, (now - seconds, now - seconds))
+
+
+def test_a_sweep_removes_what_no_job_reads_again_and_keeps_the_rest(tmp_path):
+    now = time.time()
+    cache = PolicyCache(tmp_path, clock=lambda: now)
+    fresh, old, lockless = (f"https://{h}.example/robots.txt" for h in ("fresh", "old", "lockless"))
+    for url in (fresh, old, lockless):
+        cache.keep(url, 200, ROBOTS)
+        with cache._turn(cache._where(url)):  # each leaves its lock file, as a job's fetch does
+            pass
+    _age(cache.path(old), MAX_AGE_S + 1, now)
+    os.unlink(cache.path(lockless))  # a lock file whose answer was never written (a 5xx, a killed job)
+    killed = cache.path(fresh).with_name(cache.path(fresh).name + ".123.456.tmp")
+    killed.write_bytes(b"half")
+    _age(killed, 2 * HOUR, now)
+    writing = cache.path(old).with_name(cache.path(old).name + ".789.1.tmp")
+    writing.write_bytes(b"being written")
+    held = f"{cache._where(lockless)}.lock"
+    fd = os.open(held, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a job fetching the lockless one right now
+    try:
+        removed = {k: 0 for k in ("answers", "temporary", "locks")}
+        for share in range(256):
+            for k, n in cache.sweep(share).items():
+                removed[k] += n
+    finally:
+        os.close(fd)
+    assert removed == {"answers": 1, "temporary": 1, "locks": 1}  # the old answer's lock went with it
+    assert cache.read(fresh) is not None and os.path.exists(f"{cache._where(fresh)}.lock")
+    assert not cache.path(old).exists() and not os.path.exists(f"{cache._where(old)}.lock")
+    assert writing.exists() and not killed.exists() and os.path.exists(held)
+    # released, the lock file with no answer goes at the next sweep of its folder
+    assert cache.sweep(int(cache._where(lockless).split("/")[-3], 16))["locks"] == 1
+
+
+def test_a_sweep_of_a_folder_not_made_yet_removes_nothing(tmp_path):
+    assert PolicyCache(tmp_path / "none").sweep(7) == {"answers": 0, "temporary": 0, "locks": 0}
+
+
+def test_the_jobs_of_a_build_and_the_days_after_sweep_every_folder():
+    day = 86400.0
+    parts = {share_of(f"laion-{i:06d}", 0.0) for i in range(3072)}
+    assert len(parts) > 240  # a LAION-5B build's 3,072 jobs: nearly every folder, most of them many times
+    days = {share_of("cc3m-000000", d * day) for d in range(256)}
+    assert days == set(range(256))  # a one-part dataset built daily: every folder within 256 days
