@@ -198,7 +198,7 @@ def get_slice_published(wildcards):
 
 
 def get_slice_gone(wildcards):
-    """The published records gone from the build that the slice's groups' pieces of the manifests hold."""
+    """The published records gone from the build that the slice's groups' shares of the manifests hold."""
     if get_dedupe_settings() is None:
         return []
     return [rules.collect_published.output.gone.format(slice=wildcards.slice)]

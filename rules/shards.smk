@@ -37,7 +37,7 @@ rule split_published:
     conda:
         "../envs/shards.yaml"
     params:
-        pieces=get_group_count,
+        group_count=get_group_count,
         groups=get_slice_groups,
         buckets=get_key_buckets,
     script:

@@ -57,7 +57,7 @@ PUBLISHED = pa.schema(
     [("kind", pa.int8()), ("h1", pa.uint64()), ("h2", pa.uint64()), ("order", pa.int64()),
      ("key", pa.large_string()), ("version", pa.large_string()), ("width_before", pa.int64()),
      ("height_before", pa.int64()), ("phash", pa.large_string()), ("phash_mirror", pa.large_string()),
-     ("piece", pa.int32())]
+     ("group", pa.int32())]
 )  # fmt: skip
 LOOKUPS = pa.schema(
     [("kind", pa.int8()), ("h1", pa.uint64()), ("h2", pa.uint64()), ("id", pa.int64()), ("kept", pa.bool_())]
@@ -144,7 +144,7 @@ def _fetch_version(
     return groups, counts
 
 
-def _published_rows(t: pd.DataFrame, version: str, order: np.ndarray, piece: int) -> pa.Table:
+def _published_rows(t: pd.DataFrame, version: str, order: np.ndarray, group: int) -> pa.Table:
     """A manifest chunk's lookups: its source_ids (with the near-duplicate columns), urls and sha256s."""
     for c in NEAR_COLUMNS:
         if c not in t.columns:
@@ -164,7 +164,7 @@ def _published_rows(t: pd.DataFrame, version: str, order: np.ndarray, piece: int
             "height_before": t["height_before"].fillna(0).to_numpy(np.int64)[pick] if near else None,
             "phash": t["phash"].fillna("").astype(str).to_numpy(object)[pick] if near else None,
             "phash_mirror": t["phash_mirror"].fillna("").astype(str).to_numpy(object)[pick] if near else None,
-            "piece": np.full(len(pick), piece, np.int32),
+            "group": np.full(len(pick), group, np.int32),
         }  # fmt: skip
         tables.append(
             pa.table(
@@ -174,7 +174,7 @@ def _published_rows(t: pd.DataFrame, version: str, order: np.ndarray, piece: int
     return pa.concat_tables(tables)
 
 
-def _file_rows(path: Path, version: str, v: int, piece: int, start: int, end: int, row: int) -> list[pa.Table]:
+def _file_rows(path: Path, version: str, v: int, group: int, start: int, end: int, row: int) -> list[pa.Table]:
     """The lookups of row groups start..end of one of version v's manifest files, whose first row is the
     version's row `row`."""
     with pq.ParquetFile(path) as f:
@@ -186,30 +186,30 @@ def _file_rows(path: Path, version: str, v: int, piece: int, start: int, end: in
             t = f.read_row_group(j, columns=columns).to_pandas()
             order = published_order(v, np.arange(row, row + len(t), dtype=np.int64))
             row += len(t)
-            tables.append(_published_rows(t, version, order, piece))
+            tables.append(_published_rows(t, version, order, group))
     return tables
 
 
 def split_published(
-    manifest_dir: str | os.PathLike, piece: int, pieces: int, buckets: int, out: str | os.PathLike
+    manifest_dir: str | os.PathLike, group: int, groups: int, buckets: int, out: str | os.PathLike
 ) -> int:
-    """Piece `piece` of `pieces` of every version's manifest (its share of the row groups, about a group's
-    samples a version) as one batch per bucket; returns the records read. A version's files are one sequence
-    of row groups, its rows numbered on across them (the `order` one file of those rows gives), and only the
-    files holding the piece's share are opened."""
+    """Group `group`'s share (of `groups`) of every version's manifest, about a group's samples of row groups
+    a version, as one batch per bucket; returns the records read. A version's files are one sequence of row
+    groups, its rows numbered on across them (the `order` one file of those rows gives), and only the files
+    holding the group's share are opened."""
     listing = json.loads(Path(manifest_dir, VERSIONS).read_text())
     if "row_groups" not in listing:  # copied before versions could be folders of pieces (a refresh's params change)
         raise ValueError(f"{manifest_dir} was fetched by an older shardsmith: rerun with --forcerun fetch_published")
     tables = []
     for v, version in enumerate(listing["versions"]):
-        groups, counts = listing["row_groups"][v], listing["rows"][v]
-        total = sum(groups)
-        lo, hi = piece * total // pieces, (piece + 1) * total // pieces
+        row_groups, counts = listing["row_groups"][v], listing["rows"][v]
+        total = sum(row_groups)
+        lo, hi = group * total // groups, (group + 1) * total // groups
         first, row = 0, 0  # the version's index of file i's first row group, and of its first row
-        for i, (n, rows) in enumerate(zip(groups, counts)):
+        for i, (n, rows) in enumerate(zip(row_groups, counts)):
             if max(lo, first) < min(hi, first + n):
                 path = version_folder(manifest_dir, v) / _file_name(i)
-                tables += _file_rows(path, version, v, piece, max(lo - first, 0), min(hi - first, n), row)
+                tables += _file_rows(path, version, v, group, max(lo - first, 0), min(hi - first, n), row)
             first, row = first + n, row + rows
     table = pa.concat_tables(tables) if tables else PUBLISHED.empty_table()
     bins = (table["h1"].to_numpy() % np.uint64(buckets)).astype(np.int64)
@@ -257,7 +257,7 @@ def match_published(
 ) -> dict:  # fmt: skip
     """A bucket's decisions: each sample's match with the first published record of its values (one batch
     per group) and the published source_ids gone from the build (none without the near-duplicate search;
-    one batch per group: the piece of the manifests split_published read them from); returns counts."""
+    one batch per group: the group whose share of the manifests split_published read them in); returns counts."""
     pub = read_bucket(published, bucket, PUBLISHED).to_pandas()
     smp = read_bucket(lookups, bucket, LOOKUPS).to_pandas()
     first = pub.sort_values("order", kind="stable").drop_duplicates(["kind", "h1", "h2"])
@@ -271,7 +271,7 @@ def match_published(
     hashed = (sources["phash"].fillna("") != "").to_numpy()
     gone = sources[hashed & ~present & near].sort_values("order")
     table = pa.Table.from_pandas(gone[GONE.names], preserve_index=False).cast(GONE)
-    write_buckets(out_gone, GONE, cut(table, gone["piece"].to_numpy(np.int64), groups))  # by the piece read
+    write_buckets(out_gone, GONE, cut(table, gone["group"].to_numpy(np.int64), groups))  # by the group that read it
     return {"published": len(pub), "samples": len(smp), "matched": len(m), "gone": len(gone)}
 
 
@@ -283,7 +283,7 @@ def collect_published(
     """A group's rows from every bucket: `old` (part, row, version of samples whose source_id was published
     and that no other step left out; for the near-duplicate search) and, with `exact` (publish.dedupe), the
     exclusions of its new samples whose url, else sha256, was published; and the published records gone
-    from the build that its piece of the manifests holds, in published order (for split_near_entries)."""
+    from the build that its share of the manifests holds, in published order (for split_near_entries)."""
     m = read_bucket(matches, group, MATCHES).to_pandas()
     m = m.sort_values(["id", "kind"], kind="stable")
     published_ids = m.loc[m["kind"] == SOURCE_ID, "id"].unique()

@@ -161,8 +161,8 @@ def _batches(path, buckets: int) -> pd.DataFrame:
     return pd.concat([read_bucket(path, b, PUBLISHED).to_pandas() for b in range(buckets)], ignore_index=True)
 
 
-@pytest.mark.parametrize("pieces", [1, 2, 5])
-def test_a_version_in_pieces_gives_its_records_the_order_of_one_file(tmp_path, pieces):
+@pytest.mark.parametrize("groups", [1, 2, 5])
+def test_a_version_in_pieces_gives_its_records_the_order_of_one_file(tmp_path, groups):
     """The same records published as one manifest.parquet and as a folder of pieces: split_published reads
     them in the same order with the same numbers (which record of a value counts, which id a gone one gets)."""
     got = {}
@@ -171,10 +171,10 @@ def test_a_version_in_pieces_gives_its_records_the_order_of_one_file(tmp_path, p
         dest, _, _ = _published_and_samples(tmp_path / layout, v2_pieces)
         manifests = tmp_path / layout / "manifests"
         assert fetch_published(dest, "ds", {}, manifests) == ["v1", "v2"]
-        for p in range(pieces):
-            split_published(manifests, p, pieces, 3, tmp_path / layout / f"pub-{p}.arrow")
-        records = pd.concat([_batches(tmp_path / layout / f"pub-{p}.arrow", 3) for p in range(pieces)])
-        got[layout] = records.drop(columns="piece").sort_values(["order", "kind"]).reset_index(drop=True)
+        for p in range(groups):
+            split_published(manifests, p, groups, 3, tmp_path / layout / f"pub-{p}.arrow")
+        records = pd.concat([_batches(tmp_path / layout / f"pub-{p}.arrow", 3) for p in range(groups)])
+        got[layout] = records.drop(columns="group").sort_values(["order", "kind"]).reset_index(drop=True)
         want = published_records(dest, "ds")  # the in-process reference reads the pieces as one table too
         sources = got[layout][got[layout]["kind"] == SOURCE_ID]
         assert sources[["key", "version", "order"]].values.tolist() == want[["key", "version", "order"]].values.tolist()
