@@ -503,7 +503,7 @@ rule write_energon_meta:
         uuid=f"{OUT}/.nv-meta/index.uuid",
     log:
         f"{LOGS}/write_energon_meta.log",
-    priority: 1  # on the way to publish_dataset: ahead of the report jobs
+    priority: 3  # validate_dataset waits for it: ahead of plot_dataset (2), which it does not wait for
     conda:
         "../envs/shards.yaml"
     params:
@@ -522,7 +522,7 @@ rule write_energon_sqlite:
         f"{OUT}/.nv-meta/index.sqlite",
     log:
         f"{LOGS}/write_energon_sqlite.log",
-    priority: 1  # on the way to publish_dataset: ahead of the report jobs
+    priority: 3  # validate_dataset waits for it: ahead of plot_dataset (2), which it does not wait for
     conda:
         "../envs/shards.yaml"
     params:
