@@ -540,3 +540,24 @@ def test_images_spread_over_hosts_with_a_heavy_tail_interleaved_and_from_the_see
     biggest = max(set(got), key=got.count)
     rows = [i for i, h in enumerate(got) if h == biggest]
     assert max(b - a for a, b in zip(rows, rows[1:])) > 1 and rows[-1] - rows[0] > 7000  # not in one run
+
+
+def test_the_tail_bench_builds_both_codes_from_their_downloads_and_compares_the_bytes(tmp_path):
+    """bench/tail_bench.py at a tiny size: the commit before the planning restructure and the working tree, each
+    built once from its kept downloads, with the same published files; planning in one job only in the tree's."""
+    import subprocess
+    import sys
+
+    from bench.tail_bench import BEFORE, REPO
+
+    if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{BEFORE}^{{commit}}"]).returncode:
+        pytest.skip("no git history to take the commit before the planning restructure from")
+    out = tmp_path / "tail.json"
+    cmd = [sys.executable, str(REPO / "bench" / "tail_bench.py"), "--count", "16", "--parts", "1", "--rounds", "1",
+           "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert got["published_files_identical"] and got["ratio_after_over_before"] > 0
+    before, after = (got["runs"][c][0]["jobs_by_rule"] for c in ("before", "after"))
+    assert "find_near_pairs" in before and "find_near_pairs" not in after and after["plan_shards"] == 1
