@@ -481,7 +481,7 @@ rule index_shards:
         stats=f"{OUT}/{INDEX_FILES['stats']}",
     log:
         f"{LOGS}/index_shards.log",
-    priority: 1  # on the way to publish_dataset: ahead of the report jobs
+    priority: 4  # validate_dataset and the report both wait for it: first of all
     conda:
         "../envs/shards.yaml"
     params:
