@@ -32,7 +32,7 @@ from shardsmith.core.stopping import Stopped, deferred
 from shardsmith.download.commits import Commits
 from shardsmith.download.fetch.client import Fetcher
 from shardsmith.download.fetch.netguard import Refused
-from shardsmith.download.fetch.policycache import PolicyCache, share_of
+from shardsmith.download.fetch.policycache import PolicyCache, top_folder_of
 from shardsmith.download.fetch.responses import AttemptError, Outcome, check_hash
 from shardsmith.download.fetch.settings import DEFAULT_RETRY_REASONS, FetchSettings
 from shardsmith.download.process.processor import Processor
@@ -242,11 +242,11 @@ def download_part(
     label = Path(out_tar).name.removesuffix(".tar")
     cache = PolicyCache(policy_folder) if policy_folder else None  # robots.txt and tdmrep.json, for every job
     if cache is not None:
-        share = share_of(label, time.time())
-        swept = cache.sweep(share)
+        top = top_folder_of(label, time.time())
+        swept = cache.sweep(top)
         if any(swept.values()):
             log(
-                f"policy cache, folder {share:02x}: removed {swept['answers']} answers older than 24 h, "
+                f"policy cache, folder {top:02x}: removed {swept['answers']} answers older than 24 h, "
                 f"{swept['temporary']} temporary files of killed writers, {swept['locks']} unused lock files"
             )
     fetcher = Fetcher(settings, s3, log=log, local_folders=local_folders(source), policy_cache=cache)

@@ -16,7 +16,7 @@ answer, the others wait for it and read it. The kernel releases the lock of a jo
 longer than `wait_s`, or whose filesystem has no locks, fetches the file itself.
 
 Nothing reads an answer after its 24 hours, so each download job sweeps one of the 256 top folders as it starts
-(`sweep`, the folder `share_of` its part and the day): answers older than 24 hours, the temporary files of
+(`sweep`, the folder `top_folder_of` its part and the day): answers older than 24 hours, the temporary files of
 writers killed an hour ago or more, and lock files with no answer beside them that no job holds. At LAION
 scale a folder is swept by about a dozen jobs of each build, and a dataset refreshed daily sweeps all of them
 within 256 jobs. A lock file removed while another job has it open costs at most one more fetch of that file.
@@ -39,17 +39,17 @@ from shardsmith.core.atomic import UMASK
 MAX_AGE_S = 24 * 3600  # RFC 9309 2.4: a cached robots.txt should not be used for more than 24 hours
 VERSION = 1
 _MAX_FILE = 4 << 20  # more than any body kept (ROBOTS_MAX_BYTES) and its header: a larger file is not ours
-SHARES = 256  # top folders, `{h[:2]}`: a job sweeps one
+TOP_FOLDERS = 256  # `{h[:2]}`: a job sweeps one
 STALE_TMP_S = 3600  # a temporary file this old is a killed writer's: writing one takes milliseconds
 
 # (HTTP status, body, the Cache-Control header or None) of one file; its exceptions pass through unkept.
 Fetch = Callable[[], tuple[int, bytes, str | None]]
 
 
-def share_of(label: str, now: float) -> int:
+def top_folder_of(label: str, now: float) -> int:
     """The top folder a job sweeps: its part's (`label`) and the day's, so that the jobs of a build and the
     builds of the days after cover them all."""
-    return (zlib.crc32(label.encode()) + int(now // 86400)) % SHARES
+    return (zlib.crc32(label.encode()) + int(now // 86400)) % TOP_FOLDERS
 
 
 @dataclass(frozen=True)
@@ -154,14 +154,14 @@ class PolicyCache:
                 self._write(self._where(url), data)
         return answer
 
-    def sweep(self, share: int) -> dict[str, int]:
-        """Remove, under top folder `share`, what no job will read again (the module docstring): answers
+    def sweep(self, top: int) -> dict[str, int]:
+        """Remove, under top folder `top` (`{top:02x}`), what no job will read again (the module docstring): answers
         written more than max_age_s ago (by their file's time: no file is opened), temporary files older than
         STALE_TMP_S, and lock files whose answer is gone that no job holds. Returns what it removed, by kind."""
         now, removed = self.clock(), {"answers": 0, "temporary": 0, "locks": 0}
-        top = self.folder / f"{share:02x}"
+        folder = self.folder / f"{top:02x}"
         try:
-            subfolders = [e.path for e in os.scandir(top) if e.is_dir(follow_symlinks=False)]
+            subfolders = [e.path for e in os.scandir(folder) if e.is_dir(follow_symlinks=False)]
         except OSError:  # no such folder yet, or not readable: nothing to sweep
             return removed
         for sub in subfolders:

@@ -17,7 +17,7 @@ from httpserver import Reply
 
 from shardsmith.download.fetch.netguard import Refused
 from shardsmith.download.fetch.optout import ROBOTS_MAX_BYTES, TDMREP_PATH, OptOuts, Unreachable
-from shardsmith.download.fetch.policycache import MAX_AGE_S, PolicyCache, lifetime, share_of
+from shardsmith.download.fetch.policycache import MAX_AGE_S, PolicyCache, lifetime, top_folder_of
 
 TEXT = [("Content-Type", "text/plain")]
 ROBOTS = b"User-agent: *\nDisallow: /private/\n"
@@ -285,8 +285,8 @@ def test_a_sweep_removes_what_no_job_reads_again_and_keeps_the_rest(tmp_path):
     fcntl.flock(fd, fcntl.LOCK_EX)  # a job fetching the lockless one right now
     try:
         removed = {k: 0 for k in ("answers", "temporary", "locks")}
-        for share in range(256):
-            for k, n in cache.sweep(share).items():
+        for top in range(256):
+            for k, n in cache.sweep(top).items():
                 removed[k] += n
     finally:
         os.close(fd)
@@ -304,7 +304,7 @@ def test_a_sweep_of_a_folder_not_made_yet_removes_nothing(tmp_path):
 
 def test_the_jobs_of_a_build_and_the_days_after_sweep_every_folder():
     day = 86400.0
-    parts = {share_of(f"laion-{i:06d}", 0.0) for i in range(3072)}
+    parts = {top_folder_of(f"laion-{i:06d}", 0.0) for i in range(3072)}
     assert len(parts) > 240  # a LAION-5B build's 3,072 jobs: nearly every folder, most of them many times
-    days = {share_of("cc3m-000000", d * day) for d in range(256)}
+    days = {top_folder_of("cc3m-000000", d * day) for d in range(256)}
     assert days == set(range(256))  # a one-part dataset built daily: every folder within 256 days
