@@ -1,19 +1,26 @@
 """Embedding-stage throughput on this machine, as the workflow runs it: a processed part tar in, scores out.
 
     python bench/embed_bench.py                 # on a GPU node: ViT-B-32 and ViT-L-14, the defaults below
-    python bench/embed_bench.py --models ViT-B-32 --batch 256 512 --workers 7 11 15 --decode cpu gpu
+    python bench/embed_bench.py --models ViT-B-32 --batch 256 512 --workers 7 11 15 --decode cpu gpu@1 gpu@0.5
 
 Random weights of the real architectures (same compute as trained weights; nothing is downloaded), saved
 once as checkpoints under bench/data/embed/models. The part holds `--count` photographic JPEGs at most 512
 px on the long side (the processed parts' images with `resize.max_side: 512`, the LAION-scale setting) with captions.
 For every model it measures:
 
+Each decode path is named as `embed.decode` with `@` and `gpu_decode_fraction` for gpu: `cpu`, `gpu@1` (nvJPEG
+decodes every JPEG), `gpu@0.5`, `gpu@0` (the workers decode, the GPU only preprocesses).
+
 - feed: the DataLoader side alone, no model, on one core: how many images/s one worker turns into model
-  input (read, decode, open_clip's transform, tokenize; with `decode gpu` read and tokenize only).
+  input (read, decode, open_clip's transform, tokenize; with `decode gpu` read, tokenize and decode the
+  JPEGs nvJPEG does not).
+- on the GPU alone: each gpu path's decode and preprocessing of batches already read, and the
+  preprocessing alone with float64 and with split float32 products.
 - forward: the device's own forward-pass rate (images and captions already on the device) per batch size.
 - end to end: `shardsmith.embed.part.embed_part` over the part, per batch size, worker count and decode: images/s
   from the loaded model to the written files, the fraction of the forward rate that is, and on CUDA the GPU
   utilisation (NVML through nvidia-smi, sampled every 100 ms while the part is embedded) and peak GPU memory.
+- fidelity: each gpu path's scores and image embeddings against the cpu path's, same samples and batch size.
 - cpus_per_task for `embed_part`: ceil(forward images/s / per-core feed / 0.9) + 1, so that the workers,
   busy at most 90% of the time, keep up with the GPU at full speed, plus one core for the main process.
 
@@ -49,14 +56,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from shardsmith.cli.demo import jpeg, photo
 from shardsmith.cli.tinyclip import NAME, RANDOM_MARKER, write_tiny_clip
 from shardsmith.core.atomic import atomic_open
+from shardsmith.embed import decode as decode_ops
 from shardsmith.embed import model as embed_model
 from shardsmith.embed import part as embed
+from shardsmith.embed import stats as embed_stats
 from shardsmith.embed.model import EmbedSettings
 from shardsmith.embed.part import embed_part
 from shardsmith.formats.parts import SAMPLE_COLUMNS
 from shardsmith.formats.tario import ShardWriter
 
 NOT_MEASURED = "not measured: no GPU lent"
+OUTPUTS = (("out_scores", "parquet"), ("out_embeddings", "npz"), ("out_info", "json"))
 BUSY = 0.9  # the GPU must be at least this busy: the workers feed 1/BUSY of its rate
 TARGET_B32 = 3000  # issue 19's end-to-end target for ViT-B-32 on one H100/H200, images/s
 WORDS = [
@@ -78,8 +88,14 @@ WORDS = [
     "near",
     "hills",
 ]
-DEFAULTS = {  # (count, batch sizes, worker counts, decodes, forward iterations, feed images)
-    "cuda": {"count": 8192, "batch": [128, 256, 512], "workers": [7, 11, 15], "decode": ["cpu", "gpu"], "iters": 20},
+DEFAULTS = {  # (count, batch sizes, worker counts, decode paths, forward iterations, feed images)
+    "cuda": {
+        "count": 16384,
+        "batch": [256, 512],
+        "workers": [7, 11, 15],
+        "decode": ["cpu", "gpu@1", "gpu@0.5", "gpu@0"],
+        "iters": 20,
+    },
     "cpu": {"count": 32, "batch": [8, 16], "workers": [0, 1], "decode": ["cpu"], "iters": 1},
 }
 CPU_COUNTS = {"ViT-L-14": 16}  # on a CPU, ViT-L-14 gets fewer images still
@@ -146,30 +162,49 @@ def model_settings(model: str, folder: Path) -> EmbedSettings:
     return EmbedSettings(model=model, pretrained=str(path))
 
 
-def loader_for(settings: EmbedSettings, tar: str, samples: str, decode: str, batch: int, count: int):
+def parse_path(name: str) -> tuple[str, float]:
+    """`cpu`, `gpu` or `gpu@FRACTION` -> (embed.decode, embed.gpu_decode_fraction)."""
+    decode, _, fraction = name.partition("@")
+    if decode not in ("cpu", "gpu") or (fraction and decode == "cpu"):
+        raise ValueError(f"a decode path is cpu, gpu or gpu@FRACTION, not {name!r}")
+    value = float(fraction) if fraction else 1.0
+    if not 0 <= value <= 1:
+        raise ValueError(f"{name}: the fraction is between 0 and 1")
+    return decode, value
+
+
+def with_path(settings: EmbedSettings, name: str) -> EmbedSettings:
+    decode, fraction = parse_path(name)
+    return replace(settings, decode=decode, gpu_decode_fraction=fraction)
+
+
+def loader_for(settings: EmbedSettings, tar: str, samples: str, batch: int, count: int):
     """The DataLoader side of embed_part, with no model and no workers: what one worker process does."""
     embed_model.register_model_config(settings)
     pp_cfg = embed_model.preprocess_config(settings)
     transform = image_transform_v2(PreprocessCfg(**pp_cfg), is_train=False)
     table = pd.read_parquet(samples, columns=embed.SAMPLE_COLUMNS).head(count)
-    dataset = embed.PartSamples(tar, table, transform, open_clip.get_tokenizer(settings.model), decode == "cpu")
-    collate = embed.collate_bytes if decode == "gpu" else None
+    cpu = settings.decode == "cpu"
+    tokenizer = open_clip.get_tokenizer(settings.model)
+    dataset = embed.PartSamples(tar, table, transform, tokenizer, cpu, gpu_fraction=settings.gpu_decode_fraction)
+    collate = None if cpu else embed.collate_bytes
     return torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=0, collate_fn=collate), pp_cfg
 
 
-def feed_rate(settings: EmbedSettings, tar: str, samples: str, decode: str, count: int) -> dict:
-    """Images/s one core turns into model input (decode cpu), or into bytes and tokens (decode gpu)."""
-    loader, _ = loader_for(settings, tar, samples, decode, 32, count)
+def feed_rate(settings: EmbedSettings, tar: str, samples: str, path: str, count: int) -> dict:
+    """Images/s one core turns into model input (decode cpu), or into tokens, bytes and the images the
+    workers decode (decode gpu)."""
+    loader, _ = loader_for(with_path(settings, path), tar, samples, 32, count)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core, as one worker process has
     try:
         start = time.perf_counter()
-        n = sum(len(index) for index, _, _ in loader)
+        n = sum(len(batch[0]) for batch in loader)
         seconds = time.perf_counter() - start
     finally:
         torch.set_num_threads(threads)
     return {
-        "decode": decode,
+        "decode": path,
         "images": n,
         "seconds": round(seconds, 3),
         "img_per_s_per_core": round(n / seconds, 1),
@@ -177,19 +212,45 @@ def feed_rate(settings: EmbedSettings, tar: str, samples: str, decode: str, coun
     }
 
 
-def gpu_decode_rate(settings: EmbedSettings, tar: str, samples: str, device: torch.device, count: int) -> dict:
-    """decode gpu's own cost on the GPU: nvJPEG decode and tensor preprocessing of batches already read."""
-    loader, pp_cfg = loader_for(settings, tar, samples, "gpu", 256, count)
+def gpu_decode_rate(
+    settings: EmbedSettings, tar: str, samples: str, device: torch.device, count: int, path: str
+) -> dict:
+    """A gpu path's own cost on the GPU: nvJPEG decode of its fraction, the copy of the workers' images and the
+    preprocessing, of batches already read (and, for the workers' part, decoded)."""
+    loader, pp_cfg = loader_for(with_path(settings, path), tar, samples, 256, count)
     batches = list(loader)
-    for index, images, _ in batches[:1]:  # warm-up: nvJPEG handles and kernels
-        loader.dataset.device_images(index, images, device, pp_cfg)
-    torch.cuda.synchronize(device)
+    for index, images, decoded, _ in batches[:1]:  # warm-up: nvJPEG handles and kernels
+        loader.dataset.device_images(index, images, decoded, device, pp_cfg)
+    sync(device)
     start = time.perf_counter()
-    for index, images, _ in batches:
-        loader.dataset.device_images(index, images, device, pp_cfg)
-    torch.cuda.synchronize(device)
+    for index, images, decoded, _ in batches:
+        loader.dataset.device_images(index, images, decoded, device, pp_cfg)
+    sync(device)
     n = sum(len(b[0]) for b in batches)
-    return {"images": n, "img_per_s": round(n / (time.perf_counter() - start), 1)}
+    return {"decode": path, "images": n, "img_per_s": round(n / (time.perf_counter() - start), 1)}
+
+
+def preprocess_rates(settings: EmbedSettings, tar: str, samples: str, device: torch.device, count: int) -> dict:
+    """The batched resize, crop and normalisation alone, images already decoded on the device: images/s with
+    float64 and with split float32 products (both give the same pixels)."""
+    loader, pp_cfg = loader_for(with_path(settings, "gpu@0"), tar, samples, 256, count)
+    batches = []
+    for _, _, (flat, shapes), _ in loader:
+        flat, start, images = flat.to(device), 0, []
+        for _, height, width in shapes.tolist():
+            images.append(flat[start : start + height * width * 3].view(height, width, 3).permute(2, 0, 1))
+            start += height * width * 3
+        batches.append(images)
+    rates = {"chosen_here": decode_ops.matmul_kind(device)}
+    for kind in ("float64", "split32"):
+        decode_ops.tensor_preprocess(batches[0], pp_cfg, kind)  # warm-up
+        sync(device)
+        start = time.perf_counter()
+        for images in batches:
+            decode_ops.tensor_preprocess(images, pp_cfg, kind)
+        sync(device)
+        rates[kind] = round(sum(map(len, batches)) / (time.perf_counter() - start), 1)
+    return rates
 
 
 def forward_rates(settings: EmbedSettings, device: torch.device, batches: list[int], iters: int) -> dict:
@@ -280,7 +341,8 @@ def end_to_end(settings: EmbedSettings, tar: str, samples: str, device: torch.de
         "batch_size": settings.batch_size,
         "workers": info["workers"],
         "threads": threads,
-        "decode": info["decode"],
+        "decode": info["decode_path"],
+        "jpeg_gpu_decoded": info.get("jpeg_gpu_decoded", 0),
         "images": info["samples"],
         "img_per_s": info["images_per_second"],
         "seconds_inference": info["seconds_inference"],
@@ -300,6 +362,27 @@ def end_to_end(settings: EmbedSettings, tar: str, samples: str, device: torch.de
     else:
         run["gpu_utilisation"] = run["peak_gpu_memory_gib"] = NOT_MEASURED
     return run
+
+
+def fidelity(reference: dict, other: dict, model: str) -> dict:
+    """A run's scores and image embeddings against the reference run's (the cpu path), sample by sample."""
+    sim = embed_stats.score_columns(model)["similarity"]
+    a, b = pd.read_parquet(reference["out_scores"]), pd.read_parquet(other["out_scores"])
+    if list(a["key"]) != list(b["key"]):
+        raise RuntimeError("the runs' keys differ")
+    diff = (a[sim] - b[sim]).abs()
+    with np.load(reference["out_embeddings"]) as x, np.load(other["out_embeddings"]) as y:
+        u, v = x["image"].astype(np.float32), y["image"].astype(np.float32)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cosine = (u * v).sum(1) / np.linalg.norm(u, axis=1) / np.linalg.norm(v, axis=1)
+    finite = np.isfinite(cosine) & np.isfinite(diff.to_numpy())
+    return {
+        "samples": len(a),
+        "not_finite": int((~finite).sum()),  # NaN or zero embeddings: a broken path, never a tolerance
+        "similarity_abs_diff": {"max": float(diff[finite].max()), "mean": float(diff[finite].mean())},
+        "image_embedding_cosine": {"min": float(cosine[finite].min()), "mean": float(cosine[finite].mean())},
+        "identical_similarity": int((diff == 0).sum()),
+    }
 
 
 def grid(batches: list[int], workers: list[int], decodes: list[str]) -> list[tuple[int, int, str]]:
@@ -353,7 +436,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--workers", type=int, nargs="+", help="DataLoader workers (default: 7 11 15 on CUDA, 0 1 on a CPU)"
     )
-    ap.add_argument("--decode", nargs="+", choices=["cpu", "gpu"], help="default: cpu gpu on CUDA, cpu on a CPU")
+    ap.add_argument(
+        "--decode",
+        nargs="+",
+        help="decode paths: cpu, gpu, gpu@FRACTION (default: cpu gpu@1 gpu@0.5 gpu@0 on CUDA, cpu on a CPU)",
+    )
     ap.add_argument(
         "--feed-count", type=int, default=None, help="images for the per-core feed rate (default 512; 64 on a CPU)"
     )
@@ -366,42 +453,57 @@ def main(argv: list[str] | None = None) -> dict:
     device = embed_model.resolve_device(a.device)
     d = DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
     batches, workers, decodes = a.batch or d["batch"], a.workers or d["workers"], a.decode or d["decode"]
-    if "gpu" in decodes and device.type != "cuda":
+    try:
+        gpu_paths = [p for p in decodes if parse_path(p)[0] == "gpu"]
+    except ValueError as e:
+        ap.error(str(e))
+    if gpu_paths and device.type != "cuda":
         ap.error("--decode gpu needs a CUDA device")
     iters, feed_count = a.iters or d["iters"], a.feed_count or (512 if device.type == "cuda" else 64)
     data = Path(a.data)
     (data / "models").mkdir(parents=True, exist_ok=True)
     models = []
     with tempfile.TemporaryDirectory() as tmp:
-        out = {
-            k: f"{tmp}/o.{e}" for k, e in (("out_scores", "parquet"), ("out_embeddings", "npz"), ("out_info", "json"))
-        }
         for model in a.models:
             count = a.count or (d["count"] if device.type == "cuda" else CPU_COUNTS.get(model, d["count"]))
             tar, samples = make_part(data, max(count, feed_count))
             part = make_part(data, count) if count != max(count, feed_count) else (tar, samples)
             base = replace(model_settings(model, data / "models"), device=a.device)
-            feed = [feed_rate(base, tar, samples, decode, feed_count) for decode in decodes]
+            feed = [feed_rate(base, tar, samples, path, feed_count) for path in decodes]
             print(model, "feed", feed, flush=True)
-            feed_gpu = NOT_MEASURED
-            if "gpu" in decodes:
-                feed_gpu = gpu_decode_rate(base, tar, samples, device, feed_count)
+            feed_gpu = preprocess = NOT_MEASURED
+            if gpu_paths:
+                feed_gpu = [gpu_decode_rate(base, tar, samples, device, feed_count, p) for p in gpu_paths]
                 print(model, "decode on the GPU", feed_gpu, flush=True)
+                preprocess = preprocess_rates(base, tar, samples, device, feed_count)
+                print(model, "preprocess on the GPU", preprocess, flush=True)
             forward = forward_rates(base, device, batches, iters)
             print(model, "forward", forward, flush=True)
-            runs = []
-            for batch, w, decode in grid(batches, workers, decodes):
+            runs, kept = [], {}
+            for batch, w, path in grid(batches, workers, decodes):
                 threads = w + 1 if device.type == "cuda" else max(os.cpu_count(), w + 1)
-                s = replace(base, batch_size=batch, workers=w, decode=decode)
+                s = replace(with_path(base, path), batch_size=batch, workers=w)
+                out = {k: f"{tmp}/{model}-{path}-{batch}-{w}.{e}" for k, e in OUTPUTS}
                 runs.append(end_to_end(s, *part, device, threads, out))
+                kept.setdefault((batch, w), {})[path] = out
                 print(runs[-1], flush=True)
+            first = grid(batches, workers, decodes[:1])[0][:2]
+            same = kept.get(first, {})
             entry = {
                 "model": model,
                 "images": count,
                 "feed_per_core": feed,
                 "gpu_decode": feed_gpu,
+                "gpu_preprocess": preprocess,
                 "forward": forward,
                 "runs": runs,
+                "fidelity_against_cpu": {
+                    "batch_size": first[0],
+                    "workers": first[1],
+                    "paths": {p: fidelity(same["cpu"], o, model) for p, o in same.items() if p != "cpu"}
+                    if "cpu" in same
+                    else NOT_MEASURED,
+                },
             }
             entry["summary"] = summarize_model(model, feed, forward, runs, device)
             models.append(entry)

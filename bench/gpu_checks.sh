@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The GPU checks in one run on a GPU node: the embedding tests (their CUDA variants run where a GPU is), then
-# bench/embed_bench.py for ViT-B-32 and ViT-L-14, one invocation each so that a slow second one cannot lose
-# the first's figures. Python packages the node lacks come from wheels in .whl/ when that folder is there.
+# The GPU checks in one run on a GPU node (about 9.5 minutes on an H200), each stage under its own time limit
+# so that a slow one cannot lose the others' figures: the embedding tests (their CUDA variants run where a
+# GPU is; test_stats needs faiss, which GPU nodes lack), then bench/embed_bench.py for ViT-B-32 and ViT-L-14
+# over every decode path. Python packages the node lacks (open_clip_torch, ftfy, wcwidth) come from wheels
+# in .whl/ when that folder is there.
 #
 #   OUT=/some/folder bash bench/gpu_checks.sh     # logs and results land in $OUT (default bench/results/gpu)
 #   MODELS= bash bench/gpu_checks.sh              # the tests alone
@@ -15,15 +17,24 @@ if [ -d .whl ]; then
     export PYTHONPATH=/tmp/site
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
+nproc >>"$OUT/gpu.txt"
+bench() {  # model, seconds, then embed_bench's own arguments
+    local model=$1 limit=$2 start
+    shift 2
+    start=$(date +%s)
+    timeout "$limit" python3 bench/embed_bench.py --models "$model" --data /tmp/embed-bench \
+        --out "$OUT/embed-$model.json" "$@" >"$OUT/bench-$model.log" 2>&1
+    echo "$model: exit $? in $(($(date +%s) - start)) s"
+    tail -3 "$OUT/bench-$model.log"
+}
 start=$(date +%s)
-timeout "${TESTS_S:-240}" python3 -m pytest -q -p no:cacheprovider -rs tests/embed tests/test_embed_bench.py \
-    >"$OUT/tests.log" 2>&1
+timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -rs tests/embed/test_decode.py tests/embed/test_part.py \
+    tests/embed/test_model.py tests/test_embed_bench.py >"$OUT/tests.log" 2>&1
 echo "tests: exit $? in $(($(date +%s) - start)) s" | tee -a "$OUT/tests.log"
 tail -4 "$OUT/tests.log"
-for model in ${MODELS-ViT-B-32 ViT-L-14}; do
-    start=$(date +%s)
-    timeout "${BENCH_S:-240}" python3 bench/embed_bench.py --models "$model" --data /tmp/embed-bench \
-        --out "$OUT/embed-$model.json" >"$OUT/bench-$model.log" 2>&1
-    echo "$model: exit $? in $(($(date +%s) - start)) s"
-    tail -2 "$OUT/bench-$model.log"
-done
+case " ${MODELS-ViT-B-32 ViT-L-14} " in *" ViT-B-32 "*)
+    bench ViT-B-32 "${B32_S:-230}" --count 16384 --batch 512 --workers 7 11 15 --decode cpu gpu@1 gpu@0.5 gpu@0 ;;
+esac
+case " ${MODELS-ViT-B-32 ViT-L-14} " in *" ViT-L-14 "*)
+    bench ViT-L-14 "${L14_S:-170}" --count 8192 --batch 256 --workers 3 7 15 --decode cpu gpu@1 gpu@0 ;;
+esac

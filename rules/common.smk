@@ -492,9 +492,11 @@ def get_embed_settings():
     """The embed keys that decide the scores; min_similarity is not one: changing it re-embeds nothing."""
     keys = ("model", "pretrained", "model_config", "batch_size", "precision", "device", "workers")
     settings = {k: config["embed"][k] for k in keys}
-    # the default adds no param, so parts embedded before it existed are not embedded again
+    # the defaults add no param (and gpu_decode_fraction has no schema default, so the validated config and
+    # its fingerprint stay those of a config without it): parts embedded before them are not embedded again
     if config["embed"]["decode"] != "cpu":
         settings["decode"] = config["embed"]["decode"]
+        settings["gpu_decode_fraction"] = config["embed"].get("gpu_decode_fraction", 1.0)
     return settings
 
 

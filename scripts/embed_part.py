@@ -20,8 +20,12 @@ def main() -> None:
         f"{info['part']}: {info['samples']} samples in {info['seconds_inference']} s "
         f"({info['images_per_second']} img/s) on {prov['device']}, {prov['precision']['used']}, "
         f"final batch {info['final_batch_size']} after {info['oom_halvings']} OOM halvings, "
-        f"JPEGs decoded by {prov['image_decode']['jpeg']}"
-        + (f" ({info['jpeg_pillow_fallbacks']} by Pillow)" if info["decode"] == "gpu" else "")
+        f"decode path {info['decode_path']}: JPEGs decoded by {prov['image_decode']['jpeg']}"
+        + (
+            f" ({info['jpeg_gpu_decoded']}, {info['jpeg_pillow_fallbacks']} of them by Pillow; the rest in the workers)"
+            if info["decode"] == "gpu"
+            else ""
+        )
     )
     if prov["random_weights"]:
         print(prov["weights_statement"])

@@ -1,20 +1,33 @@
-"""`embed.decode: gpu`: JPEGs decoded on the model's device and open_clip's preprocessing as tensor ops.
+"""`embed.decode: gpu`: JPEGs decoded on the model's device and open_clip's preprocessing as batched tensor ops.
 
 The CPU path (shardsmith.embed.part.PartSamples) decodes with Pillow and runs open_clip's inference transform
-on PIL images in the DataLoader workers. Here the same steps run on a batch of tensors on any device: on
-CUDA, nvJPEG decodes (`torchvision.io.decode_jpeg(..., device="cuda")`) and the resize, crop and
-normalisation run on the GPU, so the workers only read bytes. On the CPU the same functions (libjpeg-turbo
-decode, the same float arithmetic) are what the tests compare with the Pillow path.
+on PIL images in the DataLoader workers. Here the workers decode at most (libjpeg-turbo, `decode_rgb`), or
+only read bytes that nvJPEG decodes on the GPU (`decode_jpeg_batch`); the resize, crop and normalisation of
+a whole batch then run on the model's device as a few matrix products (`tensor_preprocess`).
+
+The resize is Pillow's own arithmetic, not an approximation of it: a resize is a product with a matrix of
+Pillow's filter coefficients, quantised to Pillow's 22-bit fixed point (`pillow_coefficients`), the
+horizontal pass first and rounded to 8 bits as Pillow rounds, then the vertical pass. The products run on
+whole numbers small enough that float64, or float32 split in two, computes them exactly, so an image
+decoded to the same pixels is resized to Pillow's pixels exactly (pillow-simd's SIMD resize rounds its
+coefficients otherwise: within 2 levels). The center crop only keeps the matrices' rows it needs.
 """
 
+import math
 import warnings
 
 import numpy as np
 import torch
-import torchvision.transforms.v2.functional as TF
 from PIL import Image
 
 from shardsmith.core.errors import ConfigError
+
+PRECISION_BITS = 22  # Pillow's Resample.c: 32 - 8 - 2 bits of fraction in its 8-bit resampling coefficients
+SPLIT_BITS = 8  # float32 products split a coefficient in a high and a low part of this many bits
+FULL_RATE_FP64 = {(6, 0), (7, 0), (8, 0), (9, 0), (10, 0)}  # P100, V100, A100, H100/H200, B200: fp64 at half rate
+CHUNK_VALUES = 48 * 3 * 512 * 512  # padded pixel values resized at once: ~300 MB of float64, whatever the sizes
+JPEG_MAGIC = b"\xff\xd8\xff"
+SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
 def check_tensor_preprocess(pp_cfg: dict) -> None:
@@ -35,54 +48,234 @@ def shortest_side_size(height: int, width: int, side: int) -> tuple[int, int]:
     return (new_long, side) if width <= height else (side, new_long)
 
 
-def resize_like_pillow(image: torch.Tensor, height: int, width: int, interpolation) -> torch.Tensor:
-    """Antialiased resize of a (3, H, W) image in float32 on its device, in Pillow's two passes.
+def _bicubic(x: torch.Tensor) -> torch.Tensor:
+    """Pillow's bicubic filter (a = -0.5), with its operations in its order."""
+    a = -0.5
+    x = x.abs()
+    near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1
+    far = (((x - 5) * x + 8) * x - 4) * a
+    return torch.where(x < 1.0, near, torch.where(x < 2.0, far, torch.zeros_like(x)))
 
-    Pillow resizes horizontally, rounds and clamps to uint8, then vertically; doing the same here (rather
-    than torchvision's single float pass) brings the pixels to within 2 levels of Pillow's instead of 20
-    (measured on photos and noise; see tests/embed/test_part.py). A pass whose size does not change is skipped,
-    as in Pillow. The result holds whole values 0-255, in float32.
+
+def _bilinear(x: torch.Tensor) -> torch.Tensor:
+    x = x.abs()
+    return torch.where(x < 1.0, 1.0 - x, torch.zeros_like(x))
+
+
+FILTERS = {"bicubic": (_bicubic, 2.0), "bilinear": (_bilinear, 1.0)}
+
+
+def filter_taps(in_sizes: torch.Tensor, out_sizes: torch.Tensor, kind: str) -> int:
+    """Pillow's ksize for the strongest reduction among these: the most input pixels one output pixel reads."""
+    scale = float((in_sizes.double() / out_sizes.double()).max()) if len(in_sizes) else 1.0
+    return 2 * math.ceil(FILTERS[kind][1] * max(1.0, scale)) + 1
+
+
+def pillow_coefficients(
+    in_sizes: torch.Tensor, out_sizes: torch.Tensor, first: torch.Tensor, count: int, width: int, kind: str, taps: int
+) -> torch.Tensor:
+    """Pillow's 8-bit resampling coefficients (Resample.c: precompute_coeffs, normalize_coeffs_8bpc) as matrices.
+
+    For image b resized from `in_sizes[b]` to `out_sizes[b]` pixels along one axis, row j holds the integer
+    coefficients of output pixel `first[b] + j` over `width` input positions (zero past the image): shape
+    (B, count, width), float64 holding whole numbers. `first` and `count` are a center crop's window; `taps`
+    is at least `filter_taps` of these sizes. The coefficients are worked out `taps` to a row, as Pillow
+    does, and then placed in the matrix.
     """
-    out = image.float()
-    if out.shape[-1] != width:
-        out = (
-            TF.resize(out, [out.shape[-2], width], interpolation=interpolation, antialias=True).clamp_(0, 255).round_()
-        )
-    if out.shape[-2] != height:
-        out = TF.resize(out, [height, width], interpolation=interpolation, antialias=True).clamp_(0, 255).round_()
-    return out
+    fn, support0 = FILTERS[kind]
+    dev = in_sizes.device
+    size_in = in_sizes.to(torch.float64).view(-1, 1, 1)
+    scale = size_in / out_sizes.to(torch.float64).view(-1, 1, 1)
+    filterscale = torch.clamp(scale, min=1.0)
+    support = support0 * filterscale
+    out_pos = (first.view(-1, 1, 1) + torch.arange(count, device=dev).view(1, -1, 1)).to(torch.float64)
+    center = (out_pos + 0.5) * scale
+    xmin = torch.clamp(torch.trunc(center - support + 0.5), min=0)
+    xmax = torch.minimum(torch.trunc(center + support + 0.5), size_in)
+    x = xmin + torch.arange(taps, device=dev, dtype=torch.float64).view(1, 1, -1)  # (B, count, taps)
+    inside = x < xmax
+    w = torch.where(inside, fn((x - center + 0.5) * (1.0 / filterscale)), 0.0)
+    total = w.sum(-1, keepdim=True)
+    k = torch.where(total != 0, w / total, w).mul_(float(1 << PRECISION_BITS))
+    k = torch.where(k < 0, torch.trunc(k - 0.5), torch.trunc(k + 0.5))
+    matrix = torch.zeros(len(in_sizes), count, width, dtype=torch.float64, device=dev)
+    # past the image a tap adds 0 at the last column, so a coefficient there is never overwritten
+    return matrix.scatter_add_(2, x.clamp(max=width - 1).to(torch.int64), k)
 
 
-def tensor_preprocess(images: list[torch.Tensor], pp_cfg: dict) -> torch.Tensor:
-    """open_clip's inference transform as tensor ops, on the images' device: a normalised float batch.
+def matmul_kind(device: torch.device) -> str:
+    """float64 where the device computes it at speed (the CPU, data-centre GPUs); else float32 split in two."""
+    if device.type != "cuda":
+        return "float64"
+    return "float64" if torch.cuda.get_device_capability(device) in FULL_RATE_FP64 else "split32"
 
-    `images` are uint8 RGB (3, H, W). The steps and sizes are those of `open_clip.transform.image_transform`
-    for `is_train=False`: resize (shortest side to the model's size with antialiasing, or squash to it) with
-    the model's interpolation (bicubic unless bilinear; `random` is bicubic there too), center crop, /255,
-    normalise with the model's mean and std. torchvision computes the output sizes and crop offsets with
-    the same formulas for tensors as for the PIL images of the CPU path; the resize is `resize_like_pillow`.
+
+def _exact_bmm(a: torch.Tensor, k: torch.Tensor, kind: str) -> torch.Tensor:
+    """a @ k for whole-number pixels `a` (0-255) and coefficients `k`, exactly, as float64.
+
+    split32: k = high * 2^8 + low, each product a float32 matmul whose sums stay below 2^24 (exact) where
+    `split32_is_exact` says so (`_resize_chunk` falls back to float64 where not)."""
+    if kind == "float64":
+        return torch.bmm(a.to(torch.float64), k)
+    high = torch.floor(k / (1 << SPLIT_BITS))
+    low = k - high * (1 << SPLIT_BITS)
+    a32 = a.to(torch.float32)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # TF32 keeps 10 bits of a float32: the sums would round
+    try:
+        hi = torch.bmm(a32, high.to(torch.float32)).to(torch.float64)
+        return hi * (1 << SPLIT_BITS) + torch.bmm(a32, low.to(torch.float32)).to(torch.float64)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def resize_pass(a: torch.Tensor, k: torch.Tensor, kind: str) -> torch.Tensor:
+    """One of Pillow's passes: a (B, M, N) pixels, k (B, N, L) coefficients -> (B, M, L) 8-bit values.
+
+    Pillow rounds `(sum + 2^21) >> 22` and clips to 0-255 (clip8); the same on exact sums."""
+    sums = _exact_bmm(a, k, kind)  # a new tensor: rounded in place, powers of two keep it exact
+    return sums.add_(float(1 << (PRECISION_BITS - 1))).mul_(1.0 / (1 << PRECISION_BITS)).floor_().clamp_(0, 255)
+
+
+def split32_is_exact(taps: int) -> bool:
+    """Whether split float32 products are exact with filters of `taps` taps: the low parts' sums, at most
+    255 * 255 per tap, stay below 2^24 (under 258 taps: a reduction under about 64 times; the high parts'
+    sums stay far below). Worked out on the host, so the device is never waited for."""
+    return 255 * 255 * taps < 1 << 24
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on `device` without waiting for the work queued there (pinned, non-blocking)."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
+
+def _crop_first(resized: torch.Tensor, crop: int) -> torch.Tensor:
+    """torchvision's center_crop offset, int(round((size - crop) / 2)), round half to even as Python's."""
+    return torch.round((resized - crop).to(torch.float64) / 2.0).to(torch.int64)
+
+
+def _output_windows(sizes: torch.Tensor, pp_cfg: dict) -> tuple[torch.Tensor, ...]:
+    """Per image (H, W): the resized height and width, and the first row and column the crop keeps."""
+    size = pp_cfg["size"] if isinstance(pp_cfg["size"], (list, tuple)) else (pp_cfg["size"],) * 2
+    h, w = sizes[:, 0], sizes[:, 1]
+    if (pp_cfg.get("resize_mode") or "shortest") == "squash":
+        out_h, out_w = torch.full_like(h, size[0]), torch.full_like(w, size[1])
+        return out_h, out_w, torch.zeros_like(h), torch.zeros_like(w)
+    side = size[0]
+    short = torch.minimum(h, w)
+    long = torch.maximum(h, w)
+    new_long = torch.floor(side * long.to(torch.float64) / short.to(torch.float64)).to(torch.int64)
+    out_h = torch.where(w <= h, new_long, torch.full_like(h, side))
+    out_w = torch.where(w <= h, torch.full_like(w, side), new_long)
+    return out_h, out_w, _crop_first(out_h, size[0]), _crop_first(out_w, size[1])
+
+
+def _resize_chunk(images: list[torch.Tensor], pp_cfg: dict, kind: str) -> torch.Tensor:
+    """Images of one chunk (uint8 (3, H, W), any strides) resized and cropped to the model's size, 0-255."""
+    size = pp_cfg["size"] if isinstance(pp_cfg["size"], (list, tuple)) else (pp_cfg["size"],) * 2
+    filt = "bilinear" if pp_cfg.get("interpolation") == "bilinear" else "bicubic"
+    device = images[0].device
+    sizes = torch.tensor([[im.shape[-2], im.shape[-1]] for im in images], dtype=torch.int64)
+    out_h, out_w, top, left = _output_windows(sizes, pp_cfg)
+    taps_h, taps_w = filter_taps(sizes[:, 0], out_h, filt), filter_taps(sizes[:, 1], out_w, filt)
+    if kind == "split32" and not split32_is_exact(max(taps_h, taps_w)):
+        kind = "float64"  # a reduction so strong the float32 sums would round
+    height, width = int(sizes[:, 0].max()), int(sizes[:, 1].max())
+    dtype = torch.float64 if kind == "float64" else torch.float32
+    pixels = torch.zeros(len(images), 3, height, width, dtype=dtype, device=device)
+    for b, im in enumerate(images):  # one copy per image: the padded batch the products run on
+        pixels[b, :, : im.shape[-2], : im.shape[-1]].copy_(im)
+    h, w, out_h, out_w, top, left = to_device(torch.stack([sizes[:, 0], sizes[:, 1], out_h, out_w, top, left]), device)
+    horizontal = pillow_coefficients(w, out_w, left, size[1], width, filt, taps_w)  # (B, size[1], W)
+    vertical = pillow_coefficients(h, out_h, top, size[0], height, filt, taps_h)  # (B, size[0], H)
+    n = len(images)
+    rows = resize_pass(pixels.view(n, 3 * height, width), horizontal.transpose(1, 2), kind)  # (B, 3H, size[1])
+    rows = rows.view(n, 3, height, size[1]).permute(0, 2, 1, 3).reshape(n, height, 3 * size[1])
+    out = resize_pass(vertical, rows, kind) if kind == "float64" else _vertical_split(vertical, rows, kind)
+    return out.view(n, size[0], 3, size[1]).permute(0, 2, 1, 3)
+
+
+def _vertical_split(vertical: torch.Tensor, rows: torch.Tensor, kind: str) -> torch.Tensor:
+    """The vertical pass with the coefficients on the left: transposed, so `resize_pass` splits them."""
+    return resize_pass(rows.transpose(1, 2), vertical.transpose(1, 2), kind).transpose(1, 2)
+
+
+def _chunks(images: list[torch.Tensor]) -> list[list[int]]:
+    """Indices of `images` in chunks of similar size, each padded chunk at most CHUNK_VALUES values."""
+    order = sorted(range(len(images)), key=lambda i: (images[i].shape[-2], images[i].shape[-1]))
+    chunks, current, height, width = [], [], 0, 0
+    for i in order:
+        h, w = max(height, images[i].shape[-2]), max(width, images[i].shape[-1])
+        if current and (len(current) + 1) * 3 * h * w > CHUNK_VALUES:
+            chunks.append(current)
+            current, h, w = [], images[i].shape[-2], images[i].shape[-1]
+        current.append(i)
+        height, width = h, w
+    return chunks + ([current] if current else [])
+
+
+def tensor_preprocess(images: list[torch.Tensor], pp_cfg: dict, kind: str | None = None) -> torch.Tensor:
+    """open_clip's inference transform for a batch of uint8 RGB (3, H, W) images on one device: a normalised
+    float32 batch.
+
+    The steps are `open_clip.transform.image_transform` for `is_train=False`: resize (shortest side to the
+    model's size, or squash to it) with the model's interpolation (bicubic unless bilinear), center crop, /255,
+    normalise with the model's mean and std. Sizes and crop offsets follow torchvision's formulas for PIL
+    images; the resize is Pillow's arithmetic (module docstring). `kind` (float64 or split32) defaults to
+    `matmul_kind(device)`; both give the same pixels.
     """
     check_tensor_preprocess(pp_cfg)
     size = pp_cfg["size"] if isinstance(pp_cfg["size"], (list, tuple)) else (pp_cfg["size"],) * 2
-    mode = pp_cfg.get("resize_mode") or "shortest"
-    bilinear = pp_cfg.get("interpolation") == "bilinear"
-    interpolation = TF.InterpolationMode.BILINEAR if bilinear else TF.InterpolationMode.BICUBIC
-    out = []
-    for image in images:
-        if mode == "squash":
-            out.append(resize_like_pillow(image, size[0], size[1], interpolation))
-        else:
-            height, width = shortest_side_size(image.shape[-2], image.shape[-1], size[0])
-            out.append(TF.center_crop(resize_like_pillow(image, height, width, interpolation), list(size)))
-    batch = torch.stack(out).div_(255)
-    mean = torch.tensor(pp_cfg["mean"], device=batch.device).view(1, -1, 1, 1)
-    std = torch.tensor(pp_cfg["std"], device=batch.device).view(1, -1, 1, 1)
-    return batch.sub_(mean).div_(std)
+    device = images[0].device
+    kind = kind or matmul_kind(device)
+    batch = torch.empty(len(images), 3, size[0], size[1], dtype=torch.float32, device=device)
+    for chunk in _chunks(images):
+        resized = _resize_chunk([images[i] for i in chunk], pp_cfg, kind)
+        batch[to_device(torch.tensor(chunk), device)] = resized.to(torch.float32)
+    # ToTensor's division, then Normalize's, in float32 as on the CPU path. By tensors on the device: CUDA
+    # divides by a host scalar as a product with its reciprocal, which moves the last bit.
+    consts = torch.tensor([[255.0] * 3, pp_cfg["mean"], pp_cfg["std"]], dtype=torch.float32)
+    scale, mean, std = to_device(consts, device).view(3, 1, -1, 1, 1)
+    return batch.div_(scale).sub_(mean).div_(std)
 
 
 def image_tensor(image: Image.Image) -> torch.Tensor:
     """An RGB Pillow image as a uint8 (3, H, W) tensor, the input of `tensor_preprocess`."""
-    return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1).contiguous()
+    return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)
+
+
+def jpeg_components(data: bytes) -> int | None:
+    """The component count in a JPEG's frame header (1 grey, 3 YCbCr or RGB, 4 CMYK/YCCK), or None."""
+    pos = 2
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        length = int.from_bytes(data[pos + 2 : pos + 4], "big")
+        if marker in SOF_MARKERS:
+            return data[pos + 9] if pos + 9 < len(data) else None
+        if marker == 0xDA:  # scan data before any frame header: not a JPEG we trust
+            return None
+        pos += 2 + length
+    return None
+
+
+def decode_rgb(data: bytes) -> torch.Tensor | None:
+    """A grey or three-component JPEG decoded by libjpeg-turbo into a uint8 (3, H, W) tensor (torchvision's
+    CPU decoder: Pillow's pixels, without a PIL image); None for anything else, for Pillow to decode."""
+    if not data.startswith(JPEG_MAGIC) or jpeg_components(data) not in (1, 3):
+        return None
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    with warnings.catch_warnings():  # torchvision 0.29 deprecates its image codecs in favour of TorchCodec
+        warnings.simplefilter("ignore")
+        try:
+            return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+        except RuntimeError:
+            return None
 
 
 def decode_jpeg_batch(payloads: list[torch.Tensor], device: torch.device) -> tuple[list[torch.Tensor | None], int]:

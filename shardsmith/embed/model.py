@@ -37,6 +37,7 @@ class EmbedSettings:
     device: str = "auto"
     workers: int = 4
     decode: str = "cpu"
+    gpu_decode_fraction: float = 1.0
 
 
 def checkpoint_marker(path: str | Path) -> dict | None:
@@ -86,12 +87,19 @@ def resolve_decode(settings: EmbedSettings, device: torch.device) -> str:
         return "cpu"
     if settings.decode != "gpu":
         raise ConfigError(f"embed.decode must be cpu or gpu, not {settings.decode!r}")
+    if not 0 <= settings.gpu_decode_fraction <= 1:
+        raise ConfigError(f"embed.gpu_decode_fraction must be between 0 and 1, not {settings.gpu_decode_fraction!r}")
     if device.type == "cuda":
         return "gpu"
     if settings.device == "cpu":
         raise ConfigError("embed.decode is gpu but embed.device is cpu; set decode: cpu, or device: auto or cuda.")
     log.warning("embed.decode is gpu but no CUDA device is visible; the workers decode on the CPU (as decode: cpu)")
     return "cpu"
+
+
+def decode_path(decode: str, fraction: float) -> str:
+    """The decode path's name: `cpu`, or `gpu@FRACTION` (the fraction of JPEGs nvJPEG decodes)."""
+    return "cpu" if decode == "cpu" else f"gpu@{fraction:g}"
 
 
 def register_model_config(settings: EmbedSettings) -> None:
@@ -183,12 +191,16 @@ def load_model(settings: EmbedSettings, device: torch.device) -> tuple[torch.nn.
 
 
 def tensor_resize_library(device: torch.device) -> dict:
-    """`decode: gpu` resizes with torchvision's tensor ops on the GPU, not with Pillow."""
+    """`decode: gpu` resizes with Pillow's coefficients and rounding as matrix products on the model's device
+    (shardsmith.embed.decode): Pillow's pixels, not pillow-simd's."""
+    from shardsmith.embed.decode import matmul_kind
+
     return {
-        "name": "torchvision",
+        "name": "shardsmith.embed.decode (Pillow's resampling arithmetic)",
         "version": metadata.version("torchvision"),
         "pillow_simd": False,
         "device": device.type,
+        "matmul": matmul_kind(device),
     }
 
 
@@ -244,6 +256,14 @@ def provenance(
         "image_decode": {
             "libjpeg_turbo": features.version("libjpeg_turbo"),
             "jpeg": "Pillow" if decode == "cpu" else f"torchvision.io.decode_jpeg on {device.type}",
+            **(
+                {}
+                if decode == "cpu"
+                else {
+                    "gpu_decode_fraction": settings.gpu_decode_fraction,
+                    "jpeg_in_workers": "torchvision.io.decode_jpeg on cpu (libjpeg-turbo; CMYK by Pillow)",
+                }
+            ),
             "other_formats": "Pillow",
         },
         "precision": {

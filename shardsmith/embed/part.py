@@ -7,10 +7,16 @@ out of GPU memory). Inference is batched across samples under `torch.inference_m
 autocast and pinned memory on CUDA only; when a forward pass runs out of memory the batch is halved and
 the job goes on.
 
-With `decode: gpu` (CUDA only) the workers read bytes and tokenize; JPEGs are decoded in batches by nvJPEG
-(`torchvision.io.decode_jpeg(..., device="cuda")`) and open_clip's inference transform runs as tensor ops
-on the GPU (`shardsmith.embed.decode`). Other formats are decoded by Pillow in the worker, and a JPEG nvJPEG
-refuses by Pillow in this process, one image at a time; either then takes the same tensor steps.
+With `decode: gpu` (CUDA only) the workers tokenize and decode part of the JPEGs at most: `gpu_decode_fraction`
+of them (every sample whose turn it is, by position, so a rerun splits them alike) stay bytes and are decoded
+in batches by nvJPEG (`torchvision.io.decode_jpeg(..., device="cuda")`); the workers decode the others with
+libjpeg-turbo, and other formats with Pillow, into one buffer a batch. open_clip's inference transform then
+runs on the whole batch on the GPU (`shardsmith.embed.decode`). A JPEG nvJPEG refuses is decoded by Pillow
+in this process, one image at a time.
+
+The GPU is kept busy: a batch's forward pass and the copy of its results back are queued, and the results
+are read only after the next batch is prepared (preprocessed) and queued behind it. nvJPEG is the exception:
+it decodes only once the queue has drained (`device_images` says why).
 
 The model comes from an open_clip pretrained tag (Hugging Face cache; `HF_HUB_OFFLINE=1` works with a
 cache) or a local checkpoint file, optionally with a custom model config JSON (the tiny test model,
@@ -29,6 +35,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -47,9 +54,17 @@ from PIL import Image
 
 from shardsmith.core.atomic import atomic_open, atomic_write_text, sha256_file
 from shardsmith.core.stopping import Stopped, deferred, ignore_stops
-from shardsmith.embed.decode import check_tensor_preprocess, decode_jpeg_batch, image_tensor, tensor_preprocess
+from shardsmith.embed.decode import (
+    JPEG_MAGIC,
+    check_tensor_preprocess,
+    decode_jpeg_batch,
+    decode_rgb,
+    image_tensor,
+    tensor_preprocess,
+)
 from shardsmith.embed.model import (
     EmbedSettings,
+    decode_path,
     load_model,
     preprocess_config,
     provenance,
@@ -65,7 +80,6 @@ from shardsmith.formats.parts import member_columns
 log = logging.getLogger(__name__)
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 SAMPLE_COLUMNS = ["key", *member_columns("jpg", "txt")]  # what embedding reads of a samples table
-JPEG_MAGIC = b"\xff\xd8\xff"
 KEEP_DIR = ".keep"  # beside the outputs: Snakemake deletes a job's outputs before a rerun, not this folder
 # A commit every this many samples or seconds, whichever comes first. On a GPU (2,500-5,300 images/s for
 # ViT-B-32, docs/sizing.md) that is a commit every 2-4 s, so a kill costs seconds of a 250,000-sample part
@@ -76,22 +90,43 @@ COMMIT_SAMPLES = 10_000
 COMMIT_SECONDS = 60.0
 
 
-def collate_bytes(batch: list[tuple]) -> tuple[torch.Tensor, list, torch.Tensor]:
-    """Batches of `PartSamples(decode=False)`: images stay a list (JPEG bytes or decoded tensors, any size)."""
+def collate_bytes(batch: list[tuple]) -> tuple[torch.Tensor, list, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Batches of `PartSamples(decode=False)`: JPEG bytes stay in a list (None where the worker decoded the
+    image), and the images the worker decoded go into one uint8 buffer (rows of position, height, width), so
+    that a batch crosses to this process as one shared-memory tensor, not one per image."""
     index, images, tokens = zip(*batch, strict=True)
-    return torch.tensor(index), list(images), torch.stack(tokens)
+    decoded = [(k, im) for k, im in enumerate(images) if isinstance(im, torch.Tensor)]
+    flat = (
+        torch.cat([im.permute(1, 2, 0).reshape(-1) for _, im in decoded])
+        if decoded
+        else torch.empty(0, dtype=torch.uint8)
+    )
+    shapes = torch.tensor([[k, im.shape[-2], im.shape[-1]] for k, im in decoded], dtype=torch.int64).view(-1, 3)
+    listed = [im if isinstance(im, bytes) else None for im in images]
+    return torch.tensor(index), listed, (flat, shapes), torch.stack(tokens)
+
+
+def on_gpu(i: int, fraction: float) -> bool:
+    """Whether sample `i` is one of the `fraction` of JPEGs nvJPEG decodes: evenly spread, fixed by position."""
+    return math.floor((i + 1) * fraction) > math.floor(i * fraction)
 
 
 class PartSamples:
     """Map-style dataset over one processed part tar: reads, decodes and preprocesses one sample.
 
     Holds only file offsets, the image transform and the tokenizer; never a model. With `decode=False`
-    (GPU decoding) a JPEG's image comes back as its bytes and any other format as Pillow's decode (a uint8
-    3 x H x W tensor), for `device_images`.
+    (GPU decoding) a JPEG whose turn it is (`on_gpu`, `gpu_fraction`) comes back as its bytes, and any other
+    image decoded (a uint8 3 x H x W tensor: libjpeg-turbo for JPEGs, else Pillow), for `device_images`.
     """
 
     def __init__(
-        self, tar_path: str, samples: pd.DataFrame, transform: Callable, tokenizer: Callable, decode: bool = True
+        self,
+        tar_path: str,
+        samples: pd.DataFrame,
+        transform: Callable,
+        tokenizer: Callable,
+        decode: bool = True,
+        gpu_fraction: float = 1.0,
     ) -> None:
         self.tar_path = str(tar_path)
         self.keys = samples["key"].tolist()
@@ -99,6 +134,7 @@ class PartSamples:
         self.transform = transform
         self.tokenizer = tokenizer
         self.decode = decode
+        self.gpu_fraction = gpu_fraction
         self._fd: int | None = None
         self._pid: int | None = None
 
@@ -117,10 +153,13 @@ class PartSamples:
         jpg_offset, jpg_size, txt_offset, txt_size = self.where[i]
         data = self._read(jpg_offset, jpg_size)
         text = self._read(txt_offset, txt_size).decode("utf-8")
-        if not self.decode and data.startswith(JPEG_MAGIC):  # bytes, not a tensor: no shared-memory handle per image
-            return i, data, self.tokenizer([text])[0]
-        image = self.pil_image(i, data)
-        return i, self.transform(image) if self.decode else image_tensor(image), self.tokenizer([text])[0]
+        tokens = self.tokenizer([text])[0]
+        if self.decode:
+            return i, self.transform(self.pil_image(i, data)), tokens
+        if data.startswith(JPEG_MAGIC) and on_gpu(i, self.gpu_fraction):
+            return i, data, tokens
+        image = decode_rgb(data)
+        return i, image_tensor(self.pil_image(i, data)) if image is None else image, tokens
 
     def pil_image(self, i: int, data: bytes) -> Image.Image:
         """Pillow's RGB decode, as OpenCLIP's loader decodes ("pilrgb")."""
@@ -131,23 +170,41 @@ class PartSamples:
             raise ValueError(f"{self.tar_path}: sample {self.keys[i]}: image does not decode ({e})") from e
 
     def device_images(
-        self, index: torch.Tensor, images: list[torch.Tensor], device: torch.device, pp_cfg: dict
-    ) -> tuple[torch.Tensor, int]:
-        """A `collate_bytes` batch made model input on `device`: JPEGs decoded there, all preprocessed there.
+        self,
+        index: torch.Tensor,
+        images: list,
+        decoded: tuple[torch.Tensor, torch.Tensor],
+        device: torch.device,
+        pp_cfg: dict,
+    ) -> tuple[torch.Tensor, int, int]:
+        """A `collate_bytes` batch made model input on `device`: JPEG bytes decoded there, the workers' images
+        copied there, all preprocessed there.
 
-        Returns the batch and how many JPEGs fell back to Pillow here.
+        Returns the batch, how many JPEGs were decoded there and how many of those fell back to Pillow here.
         """
-        jpegs = [k for k, im in enumerate(images) if isinstance(im, bytes)]
+        jpegs = [k for k, im in enumerate(images) if im is not None]
         payloads = [torch.frombuffer(bytearray(images[k]), dtype=torch.uint8) for k in jpegs]
-        decoded, failed = decode_jpeg_batch(payloads, device) if jpegs else ([], 0)
-        ready = [None if isinstance(im, bytes) else im.to(device, non_blocking=True) for im in images]
-        for k, image in zip(jpegs, decoded, strict=True):
+        if jpegs and device.type == "cuda":
+            # nvJPEG writes on its own stream into memory allocated on this one, without waiting for the work
+            # queued here: memory that queued work still reads (the last batch's images and temporaries)
+            # would be overwritten. Measured so on an H200 (wrong scores); so the queue drains first.
+            torch.cuda.current_stream(device).synchronize()
+        on_device, failed = decode_jpeg_batch(payloads, device) if jpegs else ([], 0)
+        ready: list[torch.Tensor | None] = [None] * len(images)
+        flat, shapes = decoded
+        if len(shapes):
+            flat, start = flat.to(device, non_blocking=True), 0
+            for k, height, width in shapes.tolist():
+                size = height * width * 3
+                ready[k] = flat[start : start + size].view(height, width, 3).permute(2, 0, 1)
+                start += size
+        for k, image in zip(jpegs, on_device, strict=True):
             if image is None:  # nvJPEG refused it: Pillow decides, as on the CPU path
                 i = int(index[k])
                 log.info("%s: sample %s: decoded by Pillow (nvJPEG refused it)", self.tar_path, self.keys[i])
-                image = image_tensor(self.pil_image(i, images[k]))
-            ready[k] = image.to(device, non_blocking=True)
-        return tensor_preprocess(ready, pp_cfg), failed
+                image = image_tensor(self.pil_image(i, images[k])).to(device)
+            ready[k] = image
+        return tensor_preprocess(ready, pp_cfg), len(jpegs), failed
 
 
 def row_dtype(dim: int) -> np.dtype:
@@ -345,7 +402,8 @@ class HalvingBatch:
 def encode(
     model: torch.nn.Module, images: torch.Tensor, tokens: torch.Tensor, device: torch.device, precision: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Raw image and text embeddings in fp32, computed under inference mode (autocast on CUDA only)."""
+    """Raw image and text embeddings in fp32 on `device`, computed under inference mode (autocast on CUDA
+    only). On CUDA the work is queued: `Queued` reads the results."""
     autocast = (
         torch.autocast("cuda", dtype=AUTOCAST_DTYPES[precision])
         if device.type == "cuda" and precision in AUTOCAST_DTYPES
@@ -354,7 +412,27 @@ def encode(
     with torch.inference_mode(), autocast:
         image = model.encode_image(images.to(device, non_blocking=True))
         text = model.encode_text(tokens.to(device, non_blocking=True))
-    return image.float().cpu(), text.float().cpu()
+    return image.float(), text.float()
+
+
+class Queued:
+    """A batch whose forward pass is queued on the device, with the copy of its embeddings back to pinned
+    memory queued behind it; `rows()` waits for the copy. On the CPU everything is already done."""
+
+    def __init__(self, index: torch.Tensor, image: torch.Tensor, text: torch.Tensor) -> None:
+        self.index, self.event = index, None
+        if image.device.type != "cuda":
+            self.image, self.text = image, text
+            return
+        self.image = torch.empty(image.shape, dtype=image.dtype, pin_memory=True).copy_(image, non_blocking=True)
+        self.text = torch.empty(text.shape, dtype=text.dtype, pin_memory=True).copy_(text, non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def rows(self) -> np.ndarray:
+        if self.event is not None:
+            self.event.synchronize()
+        return batch_rows(self.image, self.text)
 
 
 # Over 60 lines: one job's steps in the order they must run (DataLoader workers fork before the model
@@ -400,12 +478,14 @@ def embed_part(
             "embed %s: %d samples kept from a stopped run's commit, %d to embed", part, resumed, len(samples) - resumed
         )
     workers = min(settings.workers, max(0, threads - 1))  # a job stays within the threads it was given
-    dataset = PartSamples(tar_path, samples, transform, tokenizer, decode=decode == "cpu")
+    dataset = PartSamples(
+        tar_path, samples, transform, tokenizer, decode=decode == "cpu", gpu_fraction=settings.gpu_decode_fraction
+    )
     loader = torch.utils.data.DataLoader(
         torch.utils.data.Subset(dataset, range(resumed, len(dataset))) if resumed else dataset,
         batch_size=settings.batch_size,
         num_workers=workers,
-        pin_memory=device.type == "cuda" and decode == "cpu",
+        pin_memory=device.type == "cuda",
         prefetch_factor=2 if workers else None,
         collate_fn=collate_bytes if decode == "gpu" else None,
         worker_init_fn=_worker_init if workers else None,
@@ -421,9 +501,7 @@ def embed_part(
             )
         loaded = time.perf_counter()
         batcher = HalvingBatch(settings.batch_size)
-        computed, pillow_fallbacks = _embed_batches(
-            batches, dataset, resumed, batcher, model, device, precision, pp_cfg, commits
-        )
+        computed, counts = _embed_batches(batches, dataset, resumed, batcher, model, device, precision, pp_cfg, commits)
     except Stopped:
         with deferred():  # every batch added so far, whole
             commits.commit()
@@ -458,7 +536,8 @@ def embed_part(
         "final_batch_size": batcher.size,
         "oom_halvings": batcher.halvings,
         "decode": decode,
-        "jpeg_pillow_fallbacks": pillow_fallbacks,
+        "decode_path": decode_path(decode, settings.gpu_decode_fraction),
+        **counts,
         "threads": threads,
         "workers": workers,
     }
@@ -477,23 +556,45 @@ def _embed_batches(
     precision: str,
     pp_cfg: dict,
     commits: PartCommits,
-) -> tuple[list[np.ndarray], int]:
+) -> tuple[list[np.ndarray], dict]:
     """The rows (batch_rows) of samples `start` onwards, a batch at a time in order, each committed with
-    `commits`; and how many JPEGs nvJPEG left to Pillow."""
-    computed, order, pillow_fallbacks = [], [], 0
-    for index, images, tokens in batches:
-        if not dataset.decode:  # decode: gpu
-            images, failed = dataset.device_images(index, images, device, pp_cfg)
-            pillow_fallbacks += failed
-        image, text = batcher.run(lambda im, tok: encode(model, im, tok, device, precision), images, tokens)
-        rows = batch_rows(image, text)
+    `commits`; and the decode counts (JPEGs decoded on the device, of those left to Pillow).
+
+    A batch's results are read once the next batch is queued behind it, so the device never waits for this
+    process to prepare a batch; on a stop the batch in flight is still read and committed."""
+    computed, order, counts = [], [], {"jpeg_gpu_decoded": 0, "jpeg_pillow_fallbacks": 0}
+    in_flight: Queued | None = None
+
+    def finish(queued: Queued) -> None:
+        rows = queued.rows()
         with deferred():  # a stop lands between batches: each is kept and committed whole, or not at all
             computed.append(rows)
-            order.append(index)
+            order.append(queued.index)
             commits.add(rows)
+
+    try:
+        for index, images, *rest in batches:
+            tokens = rest[-1]
+            if not dataset.decode:  # decode: gpu
+                images, on_device, failed = dataset.device_images(index, images, rest[0], device, pp_cfg)
+                counts["jpeg_gpu_decoded"] += on_device
+                counts["jpeg_pillow_fallbacks"] += failed
+            image, text = batcher.run(lambda im, tok: encode(model, im, tok, device, precision), images, tokens)
+            queued = Queued(index, image, text)
+            if in_flight is not None:
+                finish(in_flight)
+            in_flight = queued
+        if in_flight is not None:
+            finish(in_flight)
+            in_flight = None
+    except Stopped:
+        if in_flight is not None:
+            with deferred():
+                finish(in_flight)
+        raise
     if order and not torch.equal(torch.cat(order), torch.arange(start, len(dataset))):
         raise RuntimeError("the DataLoader returned samples out of order")
-    return computed, pillow_fallbacks
+    return computed, counts
 
 
 def _write_scores(keys: pd.Series, rows: np.ndarray, model_name: str, out_scores: str, out_embeddings: str) -> None:

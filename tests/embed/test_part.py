@@ -8,6 +8,7 @@ import contextlib
 import gc
 import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -261,9 +262,11 @@ def test_schema_keeps_embedding_off_by_default_and_the_demo_config_turns_it_on()
         "batch_size": 256, "precision": "auto", "device": "auto", "workers": 4, "decode": "cpu",
         "min_similarity": None, "save_embeddings": False,
     }  # fmt: skip
+    # gpu_decode_fraction has no schema default: a config without it keeps its fingerprint (EmbedSettings: 1)
     assert set(config["embed"]) - {"enabled", "min_similarity", "save_embeddings"} == set(
         EmbedSettings.__dataclass_fields__
-    )
+    ) - {"gpu_decode_fraction"}
+    assert "gpu_decode_fraction" in yaml.safe_load(Path(schema).read_text())["properties"]["embed"]["properties"]
     demo = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
     validate(demo, schema=schema)
     assert demo["embed"]["enabled"] and demo["embed"]["pretrained"] == f"demo/models/{NAME}.pt"
@@ -488,9 +491,11 @@ def test_commits_come_every_so_many_samples_or_seconds_and_a_rerun_continues_the
 NO_GPU = "no CUDA device visible (the CUDA variant runs where a GPU is)"
 
 
-def test_gpu_decode_inside_embed_part_gives_the_cpu_scores(tiny, tmp_path, monkeypatch):
-    """The `decode: gpu` path of embed_part, run on the CPU: workers read bytes, a PNG is decoded by Pillow
-    in the worker, a JPEG the JPEG decoder refuses falls back to Pillow, and the scores are the CPU path's."""
+@pytest.mark.parametrize("fraction", [1.0, 0.5, 0.0])
+def test_gpu_decode_inside_embed_part_gives_the_cpu_scores(tiny, tmp_path, monkeypatch, fraction):
+    """The `decode: gpu` path of embed_part, run on the CPU: `fraction` of the JPEGs (by position) reach this
+    process as bytes and the workers decode the rest, a PNG is decoded by Pillow in the worker, a JPEG the
+    JPEG decoder refuses falls back to Pillow wherever it is decoded, and the scores are the CPU path's."""
     png = io.BytesIO()
     Image.new("RGB", (70, 50), (10, 200, 90)).save(png, "PNG")
     refused = noise_jpeg(4, (60, 80))
@@ -506,19 +511,63 @@ def test_gpu_decode_inside_embed_part_gives_the_cpu_scores(tiny, tmp_path, monke
 
     monkeypatch.setattr(torchvision.io, "decode_jpeg", picky)
     monkeypatch.setattr(embed, "resolve_decode", lambda settings, device: "gpu")  # the GPU path, on the CPU
-    settings = replace(tiny, workers=1, batch_size=4, decode="gpu")
+    settings = replace(tiny, workers=1, batch_size=4, decode="gpu", gpu_decode_fraction=fraction)
     info = embed_part(tar, samples, **outputs(tmp_path, "gpu"), settings=settings, threads=2)
     monkeypatch.undo()
     cpu = embed_part(tar, samples, **outputs(tmp_path, "cpu"), settings=tiny)
-    assert info["decode"] == "gpu" and info["jpeg_pillow_fallbacks"] == 1 and cpu["decode"] == "cpu"
+    jpegs_here = [i for i in range(6) if i != 1 and embed.on_gpu(i, fraction)]
+    assert info["decode"] == "gpu" and cpu["decode"] == "cpu"
+    assert info["jpeg_gpu_decoded"] == len(jpegs_here) and info["jpeg_pillow_fallbacks"] == (4 in jpegs_here), info
+    assert len(jpegs_here) == {1.0: 5, 0.5: 2, 0.0: 0}[fraction]  # the PNG at 1 is decoded in the worker
     prov = info["provenance"]
     assert prov["image_decode"]["jpeg"] == "torchvision.io.decode_jpeg on cpu"
-    assert prov["resize_library"]["name"] == "torchvision" and cpu["provenance"]["image_decode"]["jpeg"] == "Pillow"
+    assert prov["image_decode"]["gpu_decode_fraction"] == fraction
+    assert prov["resize_library"]["name"].startswith("shardsmith.embed.decode")
+    assert cpu["provenance"]["image_decode"]["jpeg"] == "Pillow"
     assert prov["preprocess"] == cpu["provenance"]["preprocess"]  # the same steps: parts of both kinds pool
     a, b = pd.read_parquet(tmp_path / "gpu.parquet"), pd.read_parquet(tmp_path / "cpu.parquet")
     assert list(a["key"]) == list(b["key"])
     np.testing.assert_allclose(a[SIM], b[SIM], atol=5e-4)  # the tolerance of tests/embed/test_decode.py
     np.testing.assert_allclose(a[COLS["image_norm"]], b[COLS["image_norm"]], rtol=5e-4)
+
+
+def test_gpu_decode_fraction_spreads_evenly_and_the_same_way_on_a_rerun():
+    for fraction in (0.0, 0.25, 0.5, 1 / 3, 0.9, 1.0):
+        picked = [i for i in range(3000) if embed.on_gpu(i, fraction)]
+        assert len(picked) == math.floor(3000 * fraction)
+        per_100 = {sum(embed.on_gpu(i, fraction) for i in range(s, s + 100)) for s in range(0, 2900, 100)}
+        assert per_100 <= {math.floor(100 * fraction), math.ceil(100 * fraction)}
+
+
+ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
+def test_a_stopped_gpu_decode_job_resumes_into_the_files_of_one_never_stopped(tiny, tmp_path, monkeypatch, device):
+    """decode: gpu stopped as its 4th batch starts: the three before it are committed (the third was still
+    queued on the device), and the rerun embeds the rest into the same bytes. On the CPU, the GPU path's
+    steps run there; on CUDA, nvJPEG and the GPU's preprocessing."""
+    stopped, reference = tmp_path / "stopped", tmp_path / "reference"
+    for folder in (stopped, reference):
+        folder.mkdir()
+    inputs = make_part(tmp_path, "src-000023", 24, seed=6, images=photo_part_images(24, 6))
+    settings = replace(tiny, workers=1, decode="gpu", gpu_decode_fraction=0.5, device=device, precision="fp32")
+
+    def gpu_path():
+        if device == "cpu":
+            monkeypatch.setattr(embed, "resolve_decode", lambda settings, device: "gpu")
+
+    gpu_path()
+    stop_at_batch(monkeypatch, 4)
+    with pytest.raises(Stopped):
+        embed_part(*inputs, **outputs(stopped, "out"), settings=settings, threads=2, commit_samples=4)
+    assert json.loads(progress(stopped).read_text())["rows"] == 12
+    monkeypatch.undo()
+    gpu_path()
+    info = embed_part(*inputs, **outputs(stopped, "out"), settings=settings, threads=2)
+    assert info["resumed_samples"] == 12 and info["decode"] == "gpu"
+    embed_part(*inputs, **outputs(reference, "out"), settings=settings, threads=2)
+    assert same_files(stopped, reference)
 
 
 def photo_part_images(n: int, seed: int) -> dict[int, bytes]:
@@ -530,27 +579,63 @@ def photo_part_images(n: int, seed: int) -> dict[int, bytes]:
     return images | {3: png.getvalue(), 5: jpeg(photo(rng, 80, 80).convert("CMYK"), quality=90)}
 
 
-def gpu_decode_on_cuda_against_the_cpu(tiny, tmp_path, device: str) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+def gpu_decode_on_cuda_against_the_cpu(
+    tiny, tmp_path, device: str, fraction: float = 1.0
+) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     tar, samples = make_part(tmp_path, "src-000006", 24, seed=6, images=photo_part_images(24, 6))
-    gpu = replace(tiny, device=device, precision="fp32", decode="gpu" if device == "cuda" else "cpu", workers=2)
+    gpu = replace(
+        tiny,
+        device=device,
+        precision="fp32",
+        decode="gpu" if device == "cuda" else "cpu",
+        workers=2,
+        gpu_decode_fraction=fraction,
+    )
     info = embed_part(tar, samples, **outputs(tmp_path, "gpu"), settings=replace(gpu, batch_size=8), threads=3)
     embed_part(tar, samples, **outputs(tmp_path, "cpu"), settings=tiny)
     return info, pd.read_parquet(tmp_path / "gpu.parquet"), pd.read_parquet(tmp_path / "cpu.parquet")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
-def test_gpu_decode_on_cuda_gives_the_cpu_scores(tiny, tmp_path):
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_gpu_decode_on_cuda_gives_the_cpu_scores(tiny, tmp_path, fraction):
     """embed_part on CUDA with nvJPEG against the CPU path (Pillow, fp32): the same keys and scores; the PNG
     is decoded by Pillow in the worker and the CMYK JPEG, which nvJPEG refuses, by Pillow after it.
 
     4:4:4 JPEGs, so that what is compared is the pipeline (batches, order, fallbacks, CUDA arithmetic), not
     nvJPEG's chroma upsampling, which tests/embed/test_decode.py measures."""
-    info, a, b = gpu_decode_on_cuda_against_the_cpu(tiny, tmp_path, "cuda")
-    assert info["decode"] == "gpu" and info["jpeg_pillow_fallbacks"] == 1 and info["samples"] == 24, info
+    info, a, b = gpu_decode_on_cuda_against_the_cpu(tiny, tmp_path, "cuda", fraction)
+    assert info["decode"] == "gpu" and info["samples"] == 24, info
+    assert info["jpeg_pillow_fallbacks"] == embed.on_gpu(5, fraction), info  # the CMYK JPEG, where nvJPEG gets it
+    assert info["jpeg_gpu_decoded"] == sum(embed.on_gpu(i, fraction) for i in range(24) if i != 3), info
     assert info["provenance"]["image_decode"]["jpeg"] == "torchvision.io.decode_jpeg on cuda", info["provenance"]
     assert list(a["key"]) == list(b["key"])
     np.testing.assert_allclose(a[SIM], b[SIM], atol=5e-3)
     np.testing.assert_allclose(a[COLS["image_norm"]], b[COLS["image_norm"]], rtol=5e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+def test_nvjpeg_never_writes_into_memory_that_work_queued_on_the_gpu_still_reads(tiny, tmp_path, monkeypatch):
+    """The GPU held back before each forward pass (torch.cuda._sleep), so that the work queued on it lags
+    this process by a batch or more: nvJPEG's next batch must not land in memory the queued work still
+    reads. Scores are the CPU path's within nvJPEG's tolerance and none is NaN (an H200 gave scores 0.14
+    off and NaN embeddings when nvJPEG did not wait)."""
+    tar, samples = make_part(tmp_path, "src-000007", 96, seed=7, images=photo_part_images(96, 7))
+    encode = embed.encode
+
+    def lagging(model, images, *a):
+        torch.cuda._sleep(40_000_000)  # about 20 ms of the GPU's time, queued ahead of the forward pass
+        return encode(model, images, *a)
+
+    monkeypatch.setattr(embed, "encode", lagging)
+    gpu = replace(tiny, device="cuda", precision="fp32", decode="gpu", workers=2, batch_size=8)
+    info = embed_part(tar, samples, **outputs(tmp_path, "gpu"), settings=gpu, threads=3)
+    monkeypatch.undo()
+    embed_part(tar, samples, **outputs(tmp_path, "cpu"), settings=tiny)
+    a, b = pd.read_parquet(tmp_path / "gpu.parquet"), pd.read_parquet(tmp_path / "cpu.parquet")
+    assert info["jpeg_gpu_decoded"] == 95 and list(a["key"]) == list(b["key"])  # all but the PNG
+    assert not a[SIM].isna().any() and not a[COLS["image_norm"]].isna().any()
+    np.testing.assert_allclose(a[SIM], b[SIM], atol=5e-3)
 
 
 # --- the out-of-memory path for real, on a GPU
