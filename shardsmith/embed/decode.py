@@ -72,15 +72,23 @@ def filter_taps(in_sizes: torch.Tensor, out_sizes: torch.Tensor, kind: str) -> i
 
 
 def pillow_coefficients(
-    in_sizes: torch.Tensor, out_sizes: torch.Tensor, first: torch.Tensor, count: int, width: int, kind: str, taps: int
+    in_sizes: torch.Tensor,
+    out_sizes: torch.Tensor,
+    first: torch.Tensor,
+    count: int,
+    width: int,
+    kind: str,
+    taps: int,
+    origin: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Pillow's 8-bit resampling coefficients (Resample.c: precompute_coeffs, normalize_coeffs_8bpc) as matrices.
 
     For image b resized from `in_sizes[b]` to `out_sizes[b]` pixels along one axis, row j holds the integer
     coefficients of output pixel `first[b] + j` over `width` input positions (zero past the image): shape
     (B, count, width), float64 holding whole numbers. `first` and `count` are a center crop's window; `taps`
-    is at least `filter_taps` of these sizes. The coefficients are worked out `taps` to a row, as Pillow
-    does, and then placed in the matrix.
+    is at least `filter_taps` of these sizes; column 0 is input pixel `origin` (default 0: the window of
+    input pixels `input_window` gives). The coefficients are worked out `taps` to a row, as Pillow does,
+    and then placed in the matrix.
     """
     fn, support0 = FILTERS[kind]
     dev = in_sizes.device
@@ -99,8 +107,23 @@ def pillow_coefficients(
     k = torch.where(total != 0, w / total, w).mul_(float(1 << PRECISION_BITS))
     k = torch.where(k < 0, torch.trunc(k - 0.5), torch.trunc(k + 0.5))
     matrix = torch.zeros(len(in_sizes), count, width, dtype=torch.float64, device=dev)
-    # past the image a tap adds 0 at the last column, so a coefficient there is never overwritten
-    return matrix.scatter_add_(2, x.clamp(max=width - 1).to(torch.int64), k)
+    column = x if origin is None else x - origin.to(torch.float64).view(-1, 1, 1)
+    # past the window a tap adds 0 at its edge, so a coefficient there is never overwritten
+    return matrix.scatter_add_(2, column.clamp(0, width - 1).to(torch.int64), k)
+
+
+def input_window(
+    in_sizes: torch.Tensor, out_sizes: torch.Tensor, first: torch.Tensor, count: int, kind: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input pixels output pixels `first` to `first + count - 1` read (Pillow's bounds of the first and
+    the last): (start, end) per image, on the host. A pass needs no other row or column of its input."""
+    support0 = FILTERS[kind][1]
+    size_in = in_sizes.to(torch.float64)
+    scale = size_in / out_sizes.to(torch.float64)
+    support = support0 * torch.clamp(scale, min=1.0)
+    start = torch.clamp(torch.trunc((first + 0.5) * scale - support + 0.5), min=0)
+    end = torch.minimum(torch.trunc((first + count - 1 + 0.5) * scale + support + 0.5), size_in)
+    return start.to(torch.int64), end.to(torch.int64)
 
 
 def matmul_kind(device: torch.device) -> str:
@@ -133,8 +156,9 @@ def resize_pass(a: torch.Tensor, k: torch.Tensor, kind: str) -> torch.Tensor:
     """One of Pillow's passes: a (B, M, N) pixels, k (B, N, L) coefficients -> (B, M, L) 8-bit values.
 
     Pillow rounds `(sum + 2^21) >> 22` and clips to 0-255 (clip8); the same on exact sums."""
-    sums = _exact_bmm(a, k, kind)  # a new tensor: rounded in place, powers of two keep it exact
-    return sums.add_(float(1 << (PRECISION_BITS - 1))).mul_(1.0 / (1 << PRECISION_BITS)).floor_().clamp_(0, 255)
+    sums = _exact_bmm(a, k, kind)  # a new tensor: rounded in place; powers of two keep it exact
+    offset, scale = float(1 << (PRECISION_BITS - 1)), float(1 << PRECISION_BITS)
+    return torch.div(sums.add_(offset), scale, rounding_mode="floor").clamp_(0, 255)
 
 
 def split32_is_exact(taps: int) -> bool:
@@ -171,7 +195,11 @@ def _output_windows(sizes: torch.Tensor, pp_cfg: dict) -> tuple[torch.Tensor, ..
 
 
 def _resize_chunk(images: list[torch.Tensor], pp_cfg: dict, kind: str) -> torch.Tensor:
-    """Images of one chunk (uint8 (3, H, W), any strides) resized and cropped to the model's size, 0-255."""
+    """Images of one chunk (uint8 (3, H, W), any strides) resized and cropped to the model's size, 0-255.
+
+    Only the rows and columns the crop's pixels read are copied and multiplied (`input_window`), each row's
+    three channels side by side, (B, H, 3, W): the horizontal pass then leaves the rows the vertical pass
+    multiplies, (B, H, 3 x size), with no copy between the passes."""
     size = pp_cfg["size"] if isinstance(pp_cfg["size"], (list, tuple)) else (pp_cfg["size"],) * 2
     filt = "bilinear" if pp_cfg.get("interpolation") == "bilinear" else "bicubic"
     device = images[0].device
@@ -180,17 +208,20 @@ def _resize_chunk(images: list[torch.Tensor], pp_cfg: dict, kind: str) -> torch.
     taps_h, taps_w = filter_taps(sizes[:, 0], out_h, filt), filter_taps(sizes[:, 1], out_w, filt)
     if kind == "split32" and not split32_is_exact(max(taps_h, taps_w)):
         kind = "float64"  # a reduction so strong the float32 sums would round
-    height, width = int(sizes[:, 0].max()), int(sizes[:, 1].max())
+    row0, row1 = input_window(sizes[:, 0], out_h, top, size[0], filt)
+    col0, col1 = input_window(sizes[:, 1], out_w, left, size[1], filt)
+    height, width = int((row1 - row0).max()), int((col1 - col0).max())
     dtype = torch.float64 if kind == "float64" else torch.float32
-    pixels = torch.zeros(len(images), 3, height, width, dtype=dtype, device=device)
-    for b, im in enumerate(images):  # one copy per image: the padded batch the products run on
-        pixels[b, :, : im.shape[-2], : im.shape[-1]].copy_(im)
-    h, w, out_h, out_w, top, left = to_device(torch.stack([sizes[:, 0], sizes[:, 1], out_h, out_w, top, left]), device)
-    horizontal = pillow_coefficients(w, out_w, left, size[1], width, filt, taps_w)  # (B, size[1], W)
-    vertical = pillow_coefficients(h, out_h, top, size[0], height, filt, taps_h)  # (B, size[0], H)
+    pixels = torch.zeros(len(images), height, 3, width, dtype=dtype, device=device)
+    for b, (im, r0, r1, c0, c1) in enumerate(zip(images, row0.tolist(), row1.tolist(), col0.tolist(), col1.tolist())):
+        pixels[b, : r1 - r0, :, : c1 - c0].copy_(im[:, r0:r1, c0:c1].permute(1, 0, 2))  # the padded batch
+    params = to_device(torch.stack([sizes[:, 0], sizes[:, 1], out_h, out_w, top, left, row0, col0]), device)
+    h, w, out_h, out_w, top, left, row0, col0 = params
+    horizontal = pillow_coefficients(w, out_w, left, size[1], width, filt, taps_w, col0)  # (B, size[1], W)
+    vertical = pillow_coefficients(h, out_h, top, size[0], height, filt, taps_h, row0)  # (B, size[0], H)
     n = len(images)
-    rows = resize_pass(pixels.view(n, 3 * height, width), horizontal.transpose(1, 2), kind)  # (B, 3H, size[1])
-    rows = rows.view(n, 3, height, size[1]).permute(0, 2, 1, 3).reshape(n, height, 3 * size[1])
+    rows = resize_pass(pixels.view(n, height * 3, width), horizontal.transpose(1, 2), kind)  # (B, H * 3, size[1])
+    rows = rows.view(n, height, 3 * size[1])
     out = resize_pass(vertical, rows, kind) if kind == "float64" else _vertical_split(vertical, rows, kind)
     return out.view(n, size[0], 3, size[1]).permute(0, 2, 1, 3)
 
