@@ -3,7 +3,11 @@
 # so that a slow one cannot lose the others' figures: the embedding tests (their CUDA variants run where a
 # GPU is; test_stats needs faiss, which GPU nodes lack), then bench/embed_bench.py for ViT-B-32 and ViT-L-14
 # over every decode path. Python packages the node lacks (open_clip_torch, ftfy, wcwidth) come from wheels
-# in .whl/ when that folder is there.
+# in .whl/ when that folder is there: made in the checkout's root (listed in .git/info/exclude, so that git
+# leaves it out, and carried to the node) with
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#     open_clip_torch==3.3.0 ftfy==6.3.1 wcwidth==0.9.4
 #
 #   OUT=/some/folder bash bench/gpu_checks.sh     # logs and results land in $OUT (default bench/results/gpu)
 #   MODELS= bash bench/gpu_checks.sh              # the tests alone
