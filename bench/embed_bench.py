@@ -235,12 +235,8 @@ def preprocess_rates(settings: EmbedSettings, tar: str, samples: str, device: to
     float64 and with split float32 products (both give the same pixels)."""
     loader, pp_cfg = loader_for(with_path(settings, "gpu@0"), tar, samples, 256, count)
     batches = []
-    for _, _, (flat, shapes), _ in loader:
-        flat, start, images = flat.to(device), 0, []
-        for _, height, width in shapes.tolist():
-            images.append(flat[start : start + height * width * 3].view(height, width, 3).permute(2, 0, 1))
-            start += height * width * 3
-        batches.append(images)
+    for _, _, decoded, _ in loader:
+        batches.append(list(embed.worker_images(decoded, device).values()))
     rates = {"chosen_here": decode_ops.matmul_kind(device)}
     for kind in ("float64", "split32"):
         decode_ops.tensor_preprocess(batches[0], pp_cfg, kind)  # warm-up
@@ -258,7 +254,7 @@ def forward_rates(settings: EmbedSettings, device: torch.device, batches: list[i
     model, pp_cfg = embed_model.load_model(settings, device)
     precision = embed_model.resolve_precision(settings.precision, device)
     tokenizer = open_clip.get_tokenizer(settings.model)
-    size = pp_cfg["size"] if isinstance(pp_cfg["size"], (list, tuple)) else (pp_cfg["size"],) * 2
+    size = decode_ops.model_size(pp_cfg)
     rates = {}
     for batch in batches:
         images = torch.randn(batch, 3, *size, device=device)

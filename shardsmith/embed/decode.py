@@ -30,9 +30,15 @@ JPEG_MAGIC = b"\xff\xd8\xff"
 SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
+def model_size(pp_cfg: dict) -> tuple[int, int]:
+    """The model's input (height, width): open_clip gives one number for a square."""
+    size = pp_cfg["size"]
+    return tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+
+
 def check_tensor_preprocess(pp_cfg: dict) -> None:
     """`tensor_preprocess` does open_clip's inference transform for square `shortest` and for `squash`."""
-    size = pp_cfg["size"] if isinstance(pp_cfg["size"], (list, tuple)) else (pp_cfg["size"],) * 2
+    size = model_size(pp_cfg)
     mode = pp_cfg.get("resize_mode") or "shortest"
     if mode not in ("shortest", "squash") or (mode == "shortest" and size[0] != size[1]):
         raise ConfigError(
@@ -180,7 +186,7 @@ def _crop_first(resized: torch.Tensor, crop: int) -> torch.Tensor:
 
 def _output_windows(sizes: torch.Tensor, pp_cfg: dict) -> tuple[torch.Tensor, ...]:
     """Per image (H, W): the resized height and width, and the first row and column the crop keeps."""
-    size = pp_cfg["size"] if isinstance(pp_cfg["size"], (list, tuple)) else (pp_cfg["size"],) * 2
+    size = model_size(pp_cfg)
     h, w = sizes[:, 0], sizes[:, 1]
     if (pp_cfg.get("resize_mode") or "shortest") == "squash":
         out_h, out_w = torch.full_like(h, size[0]), torch.full_like(w, size[1])
@@ -200,7 +206,7 @@ def _resize_chunk(images: list[torch.Tensor], pp_cfg: dict, kind: str) -> torch.
     Only the rows and columns the crop's pixels read are copied and multiplied (`input_window`), each row's
     three channels side by side, (B, H, 3, W): the horizontal pass then leaves the rows the vertical pass
     multiplies, (B, H, 3 x size), with no copy between the passes."""
-    size = pp_cfg["size"] if isinstance(pp_cfg["size"], (list, tuple)) else (pp_cfg["size"],) * 2
+    size = model_size(pp_cfg)
     filt = "bilinear" if pp_cfg.get("interpolation") == "bilinear" else "bicubic"
     device = images[0].device
     sizes = torch.tensor([[im.shape[-2], im.shape[-1]] for im in images], dtype=torch.int64)
@@ -256,7 +262,7 @@ def tensor_preprocess(images: list[torch.Tensor], pp_cfg: dict, kind: str | None
     `matmul_kind(device)`; both give the same pixels.
     """
     check_tensor_preprocess(pp_cfg)
-    size = pp_cfg["size"] if isinstance(pp_cfg["size"], (list, tuple)) else (pp_cfg["size"],) * 2
+    size = model_size(pp_cfg)
     device = images[0].device
     kind = kind or matmul_kind(device)
     batch = torch.empty(len(images), 3, size[0], size[1], dtype=torch.float32, device=device)

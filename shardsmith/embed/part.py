@@ -106,6 +106,20 @@ def collate_bytes(batch: list[tuple]) -> tuple[torch.Tensor, list, tuple[torch.T
     return torch.tensor(index), listed, (flat, shapes), torch.stack(tokens)
 
 
+def worker_images(decoded: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> dict[int, torch.Tensor]:
+    """The images a batch's workers decoded (`collate_bytes`' buffer) on `device`, by position in the batch:
+    one copy of the buffer, then a (3, H, W) view of each image in it."""
+    flat, shapes = decoded
+    if not len(shapes):
+        return {}
+    flat, start, out = flat.to(device, non_blocking=True), 0, {}
+    for k, height, width in shapes.tolist():
+        size = height * width * 3
+        out[k] = flat[start : start + size].view(height, width, 3).permute(2, 0, 1)
+        start += size
+    return out
+
+
 def on_gpu(i: int, fraction: float) -> bool:
     """Whether sample `i` is one of the `fraction` of JPEGs nvJPEG decodes: evenly spread, fixed by position."""
     return math.floor((i + 1) * fraction) > math.floor(i * fraction)
@@ -191,13 +205,8 @@ class PartSamples:
             torch.cuda.current_stream(device).synchronize()
         on_device, failed = decode_jpeg_batch(payloads, device) if jpegs else ([], 0)
         ready: list[torch.Tensor | None] = [None] * len(images)
-        flat, shapes = decoded
-        if len(shapes):
-            flat, start = flat.to(device, non_blocking=True), 0
-            for k, height, width in shapes.tolist():
-                size = height * width * 3
-                ready[k] = flat[start : start + size].view(height, width, 3).permute(2, 0, 1)
-                start += size
+        for k, image in worker_images(decoded, device).items():
+            ready[k] = image
         for k, image in zip(jpegs, on_device, strict=True):
             if image is None:  # nvJPEG refused it: Pillow decides, as on the CPU path
                 i = int(index[k])

@@ -156,7 +156,7 @@ def reference_preprocess(image: torch.Tensor, pp_cfg: dict) -> torch.Tensor:
     """open_clip's inference transform with the resize of Pillow's C source: the horizontal pass, then the
     vertical one (Pillow's order), torchvision's sizes and center crop, ToTensor and Normalize."""
     pixels = image.permute(1, 2, 0).numpy()
-    size = pp_cfg["size"] if isinstance(pp_cfg["size"], (list, tuple)) else (pp_cfg["size"],) * 2
+    size = dec.model_size(pp_cfg)
     bilinear = pp_cfg.get("interpolation") == "bilinear"
     if pp_cfg.get("resize_mode") == "squash":
         height, width = size
