@@ -34,12 +34,12 @@ rule all:
 
 
 onstart:
-    remove_leftovers_of_killed_runs()
+    remove_leftovers_of_killed_runs(*SETTINGS.leftover_folders())
 
 
 onsuccess:
     stop_scheduler_timers()
-    print_success(OUT, get_published_dir())
+    print_success(OUT, SETTINGS.published_dir)
 
 
 onerror:

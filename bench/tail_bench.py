@@ -127,6 +127,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="tail-bench-"))
     codes = {"before": checkout(a.before, tmp / "code-before"), "after": REPO}
     runs: dict[str, list[dict]] = {c: [] for c in codes}
+    differ = False
     try:
         keep = {c: downloaded(code, tmp / c, manifest, a.count, a.parts) for c, code in codes.items()}
         for c in codes:  # not counted (module docstring)
@@ -138,9 +139,12 @@ def main() -> None:
                       f"{runs[c][-1]['jobs']} jobs", flush=True)  # fmt: skip
             same = published_files(tmp / "before") == published_files(tmp / "after")
             if not same:
+                differ = True
                 sys.exit(f"the published files differ: {tmp}")
     finally:
         server.terminate()
+        if not differ:  # kept only to be looked at; each build folder holds GBs of raw web-size images
+            shutil.rmtree(tmp, ignore_errors=True)
     median = {c: statistics.median(r["after_downloads_s"] for r in runs[c]) for c in codes}
     result = {
         "count": a.count,
@@ -156,7 +160,6 @@ def main() -> None:
     }
     a.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("median_after_downloads_s", "ratio_after_over_before")}))
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

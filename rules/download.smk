@@ -55,7 +55,7 @@ rule download_part:
 # Every part's files, listed once for the jobs that read all of them (PART_FILES in rules/common.smk).
 rule list_parts:
     input:
-        samples=get_all_part_samples,
+        samples=lambda wildcards: every_part(rules.download_part.output.samples),
         parts_plan=ancient(rules.plan_parts.output[0]),  # listed again when the part plan changes within a run
     output:
         **{kind: f"{WORK}/processed/lists/{kind}.list" for kind in PART_FILES},
@@ -65,6 +65,6 @@ rule list_parts:
     conda:
         "../envs/shards.yaml"
     params:
-        files=get_part_file_lists,  # the other outputs of the same download_part jobs
+        files=every_part_file(rules.download_part, PART_FILES),  # the other outputs of the same download_part jobs
     script:
         "../scripts/list_files.py"

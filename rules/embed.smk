@@ -6,7 +6,7 @@ rule embed_part:
     input:
         tar=rules.download_part.output.processed,
         samples=rules.download_part.output.samples,
-        model=get_embed_model_files,
+        model=SETTINGS.embed_model_files,
     output:
         scores=f"{WORK}/embed/{{part}}.parquet",
         embeddings=f"{WORK}/embed/{{part}}.npz",
@@ -20,7 +20,7 @@ rule embed_part:
         gpu=0 if config["embed"]["device"] == "cpu" else 1,
         mem_mb=lambda wc, attempt: 8000 * attempt,
     params:
-        settings=get_embed_settings(),
+        settings=SETTINGS.embed,
     script:
         "../scripts/embed_part.py"
 
@@ -28,7 +28,7 @@ rule embed_part:
 # Every part's embedding outputs, listed once for the jobs that read all of them.
 rule list_part_embeddings:
     input:
-        scores=get_all_part_scores,
+        scores=lambda wildcards: every_part(rules.embed_part.output.scores),
         parts_plan=PARTS_PLANNED,  # listed again when the part plan changes within a run
     output:
         **{kind: f"{WORK}/embed/lists/{kind}.list" for kind in PART_EMBED_FILES},
@@ -38,7 +38,7 @@ rule list_part_embeddings:
     conda:
         "../envs/shards.yaml"
     params:
-        files=get_part_embed_file_lists,  # the other outputs of the same embed_part jobs
+        files=every_part_file(rules.embed_part, PART_EMBED_FILES),  # the other outputs of the same embed_part jobs
     script:
         "../scripts/list_files.py"
 
@@ -46,7 +46,7 @@ rule list_part_embeddings:
 # A slice of planning's groups of parts a job: each group's samples below min_similarity, a file a group.
 rule exclude_low_similarity:
     input:
-        scores=get_slice_scores,
+        scores=slice_part_files(rules.embed_part, "scores"),
         parts_plan=PARTS_PLANNED,
     output:
         directory(f"{WORK}/embed/excluded/{{slice}}"),
@@ -75,7 +75,7 @@ rule write_shard_scores:
         "../envs/shards.yaml"
     params:
         shards=get_batch_shards,
-        layout=SHARD_LAYOUT,
+        layout=SETTINGS.shard_places,
     script:
         "../scripts/write_shard_scores.py"
 
@@ -91,7 +91,7 @@ rule write_shard_embeddings:
         "../envs/shards.yaml"
     params:
         shards=get_batch_shards,
-        layout=SHARD_LAYOUT,
+        layout=SETTINGS.shard_places,
     script:
         "../scripts/write_shard_embeddings.py"
 
@@ -99,8 +99,10 @@ rule write_shard_embeddings:
 # Every shard's score tables (and embeddings), listed once for the jobs that read all of them.
 rule list_shard_scores:
     input:
-        score_batches=get_score_batches,
-        embedding_batches=get_embedding_batches,
+        score_batches=every_batch(rules.write_shard_scores),
+        embedding_batches=every_batch(
+            rules.write_shard_embeddings, config["embed"]["save_embeddings"]
+        ),
         plan_dir=PLANNED,  # listed again when the shard plan changes within a run (see PLANNED)
     output:
         scores=f"{WORK}/shards/lists/scores.list",

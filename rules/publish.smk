@@ -40,7 +40,7 @@ rule plan_publish:
         "../envs/publish.yaml"
     threads: 1  # the files not hashed when written (the ledger's pieces, the index files) are hashed here
     params:
-        target=get_publish_target(),
+        target=SETTINGS.publish_target,
         batches=get_upload_batch_count,
         names_from=OUT,  # a file is published under its path in the output folder (.nv-meta/index.sqlite)
         settings=config["publish"],

@@ -110,7 +110,7 @@ rule write_card:
     conda:
         "../envs/validate.yaml"
     params:
-        config=get_card_config(),
+        config=SETTINGS.card_config,
     script:
         "../scripts/write_card.py"
 

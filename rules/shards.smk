@@ -21,7 +21,7 @@ rule fetch_published:
     conda:
         "../envs/shards.yaml"
     params:
-        dedupe=get_dedupe_settings(),
+        dedupe=SETTINGS.published,
     script:
         "../scripts/fetch_published.py"
 
@@ -37,16 +37,16 @@ rule split_published:
     conda:
         "../envs/shards.yaml"
     params:
-        group_count=get_group_count,
+        group_count=layout_value("groups.units"),
         groups=get_slice_groups,
-        buckets=get_key_buckets,
+        buckets=layout_value("keys.units"),
     script:
         "../scripts/split_published.py"
 
 
 rule split_lookups:
     input:
-        samples=get_slice_samples,
+        samples=slice_part_files(rules.download_part, "samples"),
         exclusions=get_slice_exclusions,
         parts_plan=PARTS_PLANNED,
     output:
@@ -57,15 +57,15 @@ rule split_lookups:
         "../envs/shards.yaml"
     params:
         groups=get_slice_groups,
-        buckets=get_key_buckets,
+        buckets=layout_value("keys.units"),
     script:
         "../scripts/split_lookups.py"
 
 
 rule list_published_splits:
     input:
-        records=get_all_published_records,
-        lookups=get_all_published_lookups,
+        records=every_slice(rules.split_published.output[0]),
+        lookups=every_slice(rules.split_lookups.output[0]),
     output:
         records=f"{WORK}/plan/published/records/records.list",
         lookups=f"{WORK}/plan/published/lookups/lookups.list",
@@ -80,8 +80,13 @@ rule list_published_splits:
 
 rule match_published:
     input:
-        records=listed(get_all_published_records, rules.list_published_splits.output.records),
-        lookups=listed(get_all_published_lookups, rules.list_published_splits.output.lookups),
+        records=listed(
+            every_slice(rules.split_published.output[0]),
+            rules.list_published_splits.output.records,
+        ),
+        lookups=listed(
+            every_slice(rules.split_lookups.output[0]), rules.list_published_splits.output.lookups
+        ),
         parts_plan=PARTS_PLANNED,
     output:
         matches=directory(f"{WORK}/plan/published/matches/found/{{slice}}"),
@@ -91,8 +96,8 @@ rule match_published:
     conda:
         "../envs/shards.yaml"
     params:
-        groups=get_group_count,
-        parts_per_group=get_parts_per_group,
+        groups=layout_value("groups.units"),
+        parts_per_group=layout_value("parts_per_group"),
         near=config["dedupe"]["near"] != "off",
         own=get_key_slice_buckets,
     script:
@@ -101,8 +106,8 @@ rule match_published:
 
 use rule list_published_splits as list_published_matches with:
     input:
-        matches=get_all_published_matches,
-        gone=get_all_published_gone,
+        matches=every_slice(rules.match_published.output.matches, "keys"),
+        gone=every_slice(rules.match_published.output.gone, "keys"),
     output:
         matches=f"{WORK}/plan/published/matches/matches.list",
         gone=f"{WORK}/plan/published/matches/gone.list",
@@ -112,9 +117,15 @@ use rule list_published_splits as list_published_matches with:
 
 rule collect_published:
     input:
-        matches=listed(get_all_published_matches, rules.list_published_matches.output.matches),
-        gone=listed(get_all_published_gone, rules.list_published_matches.output.gone),
-        samples=get_slice_samples,
+        matches=listed(
+            every_slice(rules.match_published.output.matches, "keys"),
+            rules.list_published_matches.output.matches,
+        ),
+        gone=listed(
+            every_slice(rules.match_published.output.gone, "keys"),
+            rules.list_published_matches.output.gone,
+        ),
+        samples=slice_part_files(rules.download_part, "samples"),
         parts_plan=PARTS_PLANNED,
     output:
         old=directory(f"{WORK}/plan/published/old/{{slice}}"),
@@ -135,7 +146,7 @@ rule collect_published:
 # Repeated keys and the exclusions (shardsmith.shards.buckets): by key bucket, gathered per group.
 rule split_keys:
     input:
-        samples=get_slice_samples,
+        samples=slice_part_files(rules.download_part, "samples"),
         parts_plan=PARTS_PLANNED,
     output:
         directory(f"{WORK}/plan/keys/groups/{{slice}}"),
@@ -145,7 +156,7 @@ rule split_keys:
         "../envs/shards.yaml"
     params:
         groups=get_slice_groups,
-        buckets=get_key_buckets,
+        buckets=layout_value("keys.units"),
     script:
         "../scripts/split_keys.py"
 
@@ -170,7 +181,7 @@ rule split_exclusions:
     conda:
         "../envs/shards.yaml"
     params:
-        buckets=get_key_buckets,
+        buckets=layout_value("keys.units"),
         scratch=SCRATCH,
     script:
         "../scripts/split_exclusions.py"
@@ -180,7 +191,7 @@ rule split_exclusions:
 # in rules/common.smk).
 use rule list_published_splits as list_key_tables with:
     input:
-        tables=get_all_group_keys,
+        tables=every_slice(rules.split_keys.output[0]),
     output:
         tables=f"{WORK}/plan/keys/keys.list",
     log:
@@ -189,7 +200,9 @@ use rule list_published_splits as list_key_tables with:
 
 rule find_duplicate_keys:
     input:
-        key_tables=listed(get_all_group_keys, rules.list_key_tables.output.tables),
+        key_tables=listed(
+            every_slice(rules.split_keys.output[0]), rules.list_key_tables.output.tables
+        ),
         excluded=rules.split_exclusions.output[0],
     output:
         directory(f"{WORK}/plan/keys/drops/{{slice}}"),
@@ -198,7 +211,7 @@ rule find_duplicate_keys:
     conda:
         "../envs/shards.yaml"
     params:
-        parts_per_group=get_parts_per_group,
+        parts_per_group=layout_value("parts_per_group"),
         own=get_key_slice_buckets,
     script:
         "../scripts/find_duplicate_keys.py"
@@ -206,7 +219,7 @@ rule find_duplicate_keys:
 
 use rule list_published_splits as list_key_drops with:
     input:
-        drops=get_key_drop_tables,
+        drops=every_slice(rules.find_duplicate_keys.output[0], "keys"),
     output:
         drops=f"{WORK}/plan/keys/drops/drops.list",
     log:
@@ -215,8 +228,11 @@ use rule list_published_splits as list_key_drops with:
 
 rule collect_dropped:
     input:
-        drops=listed(get_key_drop_tables, rules.list_key_drops.output.drops),
-        samples=get_slice_samples,
+        drops=listed(
+            every_slice(rules.find_duplicate_keys.output[0], "keys"),
+            rules.list_key_drops.output.drops,
+        ),
+        samples=slice_part_files(rules.download_part, "samples"),
         parts_plan=PARTS_PLANNED,
     output:
         directory(f"{WORK}/plan/dropped/{{slice}}"),
@@ -245,18 +261,18 @@ rule train_near_cells:
         "../envs/shards.yaml"
     params:
         near=config["dedupe"],
-        samples=get_near_samples,
+        samples=layout_value("samples"),
     script:
         "../scripts/train_near_cells.py"
 
 
 rule split_near_entries:
     input:
-        samples=get_slice_samples,
+        samples=slice_part_files(rules.download_part, "samples"),
         dropped=rules.collect_dropped.output[0],
         cells=rules.train_near_cells.output.cells,
-        published=get_slice_published,
-        gone=get_slice_gone,
+        published=slice_published("old"),
+        gone=slice_published("gone"),
         embeddings=get_slice_near_embeddings,
         parts_plan=PARTS_PLANNED,
     output:
@@ -270,14 +286,14 @@ rule split_near_entries:
         runtime=get_near_entries_runtime,
     params:
         groups=get_slice_groups,
-        parts=get_part_count,
+        parts=layout_value("parts"),
     script:
         "../scripts/split_near_entries.py"
 
 
 use rule list_published_splits as list_near_entries with:
     input:
-        entries=get_near_entries,
+        entries=every_slice(rules.split_near_entries.output.entries),
     output:
         entries=f"{WORK}/plan/near/entries/entries.list",
     log:
@@ -286,7 +302,10 @@ use rule list_published_splits as list_near_entries with:
 
 rule find_near_pairs:
     input:
-        entries=listed(get_near_entries, rules.list_near_entries.output.entries),
+        entries=listed(
+            every_slice(rules.split_near_entries.output.entries),
+            rules.list_near_entries.output.entries,
+        ),
         parts_plan=PARTS_PLANNED,
     output:
         incoming=directory(f"{WORK}/plan/near/pairs/in/{{slice}}"),
@@ -300,7 +319,7 @@ rule find_near_pairs:
         runtime=get_near_pairs_runtime,
     params:
         near=config["dedupe"],
-        partitions=get_near_buckets,
+        partitions=layout_value("near.buckets"),
         own=get_near_slice_buckets,
     script:
         "../scripts/find_near_pairs.py"
@@ -311,9 +330,9 @@ rule find_near_pairs:
 # of the buckets.
 use rule list_published_splits as list_near_pairs with:
     input:
-        incoming=get_near_pairs("incoming"),
-        outgoing=get_near_pairs("outgoing"),
-        homes=get_near_homes,
+        incoming=every_slice(rules.find_near_pairs.output.incoming, "near_buckets"),
+        outgoing=every_slice(rules.find_near_pairs.output.outgoing, "near_buckets"),
+        homes=every_slice(rules.split_near_entries.output.homes),
     output:
         incoming=f"{WORK}/plan/near/pairs/incoming.list",
         outgoing=f"{WORK}/plan/near/pairs/outgoing.list",
@@ -327,9 +346,17 @@ use rule list_published_splits as list_near_pairs with:
 # A job decides a slice of dedupe.buckets_per_job partitions, one after another: a file per partition.
 rule decide_near_round:
     input:
-        incoming=listed(get_near_pairs("incoming"), rules.list_near_pairs.output.incoming),
-        outgoing=listed(get_near_pairs("outgoing"), rules.list_near_pairs.output.outgoing),
-        homes=listed(get_near_homes, rules.list_near_pairs.output.homes),
+        incoming=listed(
+            every_slice(rules.find_near_pairs.output.incoming, "near_buckets"),
+            rules.list_near_pairs.output.incoming,
+        ),
+        outgoing=listed(
+            every_slice(rules.find_near_pairs.output.outgoing, "near_buckets"),
+            rules.list_near_pairs.output.outgoing,
+        ),
+        homes=listed(
+            every_slice(rules.split_near_entries.output.homes), rules.list_near_pairs.output.homes
+        ),
         messages=get_round_messages,
         parts_plan=PARTS_PLANNED,
     output:
@@ -341,7 +368,7 @@ rule decide_near_round:
     conda:
         "../envs/shards.yaml"
     params:
-        partitions=get_near_buckets,
+        partitions=layout_value("near.buckets"),
         own=get_near_slice_buckets,
     script:
         "../scripts/decide_near_round.py"
@@ -365,7 +392,10 @@ rule decide_near_duplicates:
         found=get_last_round("found"),
         pending=get_last_round("pending"),
         messages=get_last_round("messages"),
-        entries=listed(get_near_entries, rules.list_near_entries.output.entries),
+        entries=listed(
+            every_slice(rules.split_near_entries.output.entries),
+            rules.list_near_entries.output.entries,
+        ),
         samples=part_files("samples"),
     output:
         table=f"{WORK}/plan/near/near_duplicates.parquet",
@@ -410,7 +440,7 @@ checkpoint plan_shards:
     resources:
         mem_mb=lambda wc, attempt: 2000 * attempt,  # find_near_pairs' in one job
     params:
-        layout=get_shard_layout(),
+        layout=SETTINGS.shard_layout,
         near=config["dedupe"],
         pieces=lambda wildcards: ledger_pieces(),
         found=lambda wildcards: near_found(),
@@ -441,7 +471,7 @@ rule write_shard:
         "../envs/validate.yaml"
     params:
         shards=get_batch_shards,  # and the parts each draws from: a batch made of other shards is run again
-        layout=SHARD_LAYOUT,
+        layout=SETTINGS.shard_places,
         resize=config["resize"],
         decode_per_shard=config["validate"]["decode_per_shard"],
     script:
@@ -451,7 +481,7 @@ rule write_shard:
 # Every shard's files, listed once for the jobs that read all of them (SHARD_FILES in rules/common.smk).
 rule list_shards:
     input:
-        batches=get_write_batches,
+        batches=every_batch(rules.write_shard),
         plan_dir=PLANNED,  # listed again when the shard plan changes within a run (see PLANNED)
     output:
         **{kind: f"{WORK}/shards/lists/{kind}.list" for kind in SHARD_FILES},
@@ -485,7 +515,7 @@ rule index_shards:
     conda:
         "../envs/shards.yaml"
     params:
-        layout=get_shard_layout(),
+        layout=SETTINGS.shard_layout,
     script:
         "../scripts/index_shards.py"
 

@@ -1,6 +1,7 @@
 """Imports run one way (docs/architecture.md, "Where each concern lives"): `cli` over the stages, the stages
 (`download`, `shards`, `embed`, `publish`, `report`) over the base, never one another; `storage` and `formats`
-over `core`; and no module imports itself back through another, not even lazily or only for typing."""
+over `core`; `workflow` (what rules/common.smk reads) over the base; and no module imports itself back
+through another, not even lazily or only for typing."""
 
 import ast
 import re
@@ -16,6 +17,7 @@ ALLOWED = {
     "storage": {"core"},
     "formats": {"core"},
     **{stage: {"core", "storage", "formats"} for stage in STAGES},
+    "workflow": {"core", "storage", "formats"},  # what rules/common.smk reads
     "cli": {"core", "storage", "formats", *STAGES},
     "__main__": {"cli"},  # imports the commands by name, lazily
 }

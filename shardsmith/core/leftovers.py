@@ -60,3 +60,13 @@ def use_scratch(folder: str | os.PathLike) -> None:
     """Make `folder` this process's temporary folder, and its children's (TMPDIR, e.g. for the AWS CLI)."""
     os.makedirs(folder, exist_ok=True)
     tempfile.tempdir = os.environ["TMPDIR"] = str(folder)
+
+
+def remove_leftovers_of_killed_runs(owned: list[str], beside: list[str]) -> list[Path]:
+    """Remove a killed run's temporary names from the folders the workflow owns (all the way down) and from
+    `beside` (one level down: a mounted publish destination's dataset folder, beside its versions, never
+    inside one), and say so; before any job starts."""
+    removed = remove_leftovers(owned) + remove_leftovers(beside, depth=1)
+    if removed:
+        print(f"shardsmith: removed {len(removed)} temporary names a killed run left ({removed[0]}, ...)")
+    return removed
