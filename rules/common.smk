@@ -7,6 +7,7 @@ sys.path.insert(0, workflow.basedir)  # the shardsmith package beside this Snake
 from shardsmith.core.config import prepare_config
 from shardsmith.core.leftovers import remove_leftovers_of_killed_runs
 from shardsmith.download.filters import parse_filters
+from shardsmith.embed.select import selection_rules
 from shardsmith.formats.index import INDEX_FILES
 from shardsmith.shards.layout import PlanLayout
 from shardsmith.shards.onejob import one_job_path, outside_inputs, step_jobs, step_spec
@@ -26,7 +27,7 @@ prepare_config(
     workflow.basedir,
     workflow.configfiles,
     lint="--lint" in sys.argv,
-    checks=[lambda c: parse_filters(c["filters"], c["sources"])],
+    checks=[lambda c: parse_filters(c["filters"], c["sources"]), selection_rules],
 )
 
 # What the rules read from the config (shardsmith.workflow.settings): folders, the optional steps, settings.
@@ -37,6 +38,7 @@ SOURCES = {s["name"]: s for s in config["sources"]}
 PLAN = f"{WORK}/plan"
 SCRATCH = f"{WORK}/tmp"  # jobs' scratch folders (not a node's /tmp): a killed job's are removed by the next run
 POLICY = SETTINGS.policy
+SELECT_RULES = [r.as_dict() for r in selection_rules(config)]  # `select`, checked: its jobs' params
 
 
 wildcard_constraints:
@@ -139,7 +141,14 @@ def part_embed_files(kind):
 
 def get_exclusions(wildcards):
     """Tables of samples to leave out of the shards (key, stage, reason, detail), from optional stages: a
-    folder a group job, a table a group, in group order (so in part order)."""
+    folder a group job, a table a group, in group order (so in part order); low similarity's first.
+    """
+    select = every_slice(rules.select_samples.output[0])(wildcards) if SELECT_RULES else []
+    return [*get_low_similarity(wildcards), *select]
+
+
+def get_low_similarity(wildcards):
+    """The exclusion tables of embed.min_similarity (embedding_stats.json counts them)."""
     if not SETTINGS.low_similarity:
         return []
     return every_slice(rules.exclude_low_similarity.output[0])(wildcards)
@@ -226,9 +235,9 @@ def after_planning(paths):
 # Planning's (rules/plan.smk).
 def get_slice_exclusions(wildcards):
     """The exclusion tables of the slice's own groups (a folder, a table a group)."""
-    if not SETTINGS.low_similarity:
-        return []
-    return [rules.exclude_low_similarity.output[0].format(slice=wildcards.slice)]
+    low = [rules.exclude_low_similarity.output[0]] if SETTINGS.low_similarity else []
+    select = [rules.select_samples.output[0]] if SELECT_RULES else []
+    return [pattern.format(slice=wildcards.slice) for pattern in (*low, *select)]
 
 
 def slice_published(kind):
@@ -375,7 +384,7 @@ def get_embed_summary_inputs(wildcards):
         "scores": shard_scores("scores")(wildcards),
         "sums": shard_scores("sums")(wildcards),
         "infos": part_embed_files("info")(wildcards),
-        "exclusions": get_exclusions(wildcards),
+        "exclusions": get_low_similarity(wildcards),
         "embeddings": shard_scores("embeddings")(wildcards) if save else [],
     }
 
@@ -503,6 +512,11 @@ def get_final_outputs():
         return [rules.publish_dataset.output[0]]
     embed = [rules.summarize_embeddings.output[0]] if config["embed"]["enabled"] else []
     return [rules.validate_dataset.output[0], *embed]
+
+
+def get_selection(wildcards):
+    """selection.json, where `select` has rules: its summary goes into the card and build.json."""
+    return [rules.decide_selection.output[0]] if SELECT_RULES else []
 
 
 def get_card_embedding_stats(wildcards):

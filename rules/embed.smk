@@ -62,6 +62,76 @@ rule exclude_low_similarity:
         "../scripts/exclude_low_similarity.py"
 
 
+# Selection over the whole dataset (`select`; shardsmith.embed.select): each group's histogram of the scores,
+# one decision over them all, then each group's samples left out, before the shards are planned.
+rule summarize_scores:
+    input:
+        scores=slice_part_files(rules.embed_part, "scores"),
+        parts_plan=PARTS_PLANNED,
+    output:
+        directory(f"{WORK}/select/summaries/{{slice}}"),
+    log:
+        f"{LOGS}/summarize_scores/{{slice}}.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        groups=get_slice_groups,
+        rules=SELECT_RULES,
+    script:
+        "../scripts/summarize_scores.py"
+
+
+use rule list_published_splits as list_score_summaries with:
+    input:
+        summaries=every_slice(rules.summarize_scores.output[0]),
+    output:
+        summaries=f"{WORK}/select/summaries/summaries.list",
+    log:
+        f"{LOGS}/list_score_summaries.log",
+
+
+localrules:
+    list_score_summaries,
+
+
+rule decide_selection:
+    input:
+        summaries=listed(
+            every_slice(rules.summarize_scores.output[0]),
+            rules.list_score_summaries.output.summaries,
+        ),
+        parts_plan=PARTS_PLANNED,
+    output:
+        f"{WORK}/select/selection.json",
+    log:
+        f"{LOGS}/decide_selection.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        rules=SELECT_RULES,
+        model=config["embed"]["model"],
+    script:
+        "../scripts/decide_selection.py"
+
+
+rule select_samples:
+    input:
+        scores=slice_part_files(rules.embed_part, "scores"),
+        selection=rules.decide_selection.output[0],
+        parts_plan=PARTS_PLANNED,
+    output:
+        directory(f"{WORK}/select/excluded/{{slice}}"),
+    log:
+        f"{LOGS}/select_samples/{{slice}}.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        groups=get_slice_groups,
+        rules=SELECT_RULES,
+    script:
+        "../scripts/select_samples.py"
+
+
 # A batch of shards a job, as write_shard's (shardsmith.formats.batches): each shard's scores and sums (and
 # embeddings) at SCORE_PATHS, from only the parts it draws from.
 rule write_shard_scores:

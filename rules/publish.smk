@@ -6,7 +6,8 @@ from shardsmith.formats.build import fingerprinted_config
 # Beside validate_dataset, not after it (see write_card); rerun whenever the dataset is indexed again.
 rule record_build:
     input:
-        rules.index_shards.output.stats,
+        stats=rules.index_shards.output.stats,
+        selection=get_selection,
     output:
         f"{OUT}/build.json",
     log:

@@ -96,6 +96,7 @@ rule write_card:
         rejected=rules.index_shards.output.rejected,
         reports=shard_files("report"),
         embedding_stats=get_card_embedding_stats,
+        selection=get_selection,
         plan_dir=PLANNED,
     output:
         report(

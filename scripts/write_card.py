@@ -27,6 +27,7 @@ def main() -> None:
         loader=load(reports[0])["loader"] if reports else None,  # the reader every shard was read back with
         emb_stats=load(emb[0]) if emb else None,
         near=load(near) if (near := Path(snakemake.input.plan_dir) / "near_duplicates.json").exists() else None,
+        selection=load(snakemake.input.selection[0])["summary"] if snakemake.input.selection else None,
     )
     atomic_write_text(snakemake.output[0], text)
     print(f"dataset card: {snakemake.output[0]}")

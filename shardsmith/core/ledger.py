@@ -9,7 +9,7 @@ turns into ledger rows.
 # The `stage` of a ledger row. FILTER: a record a filter on manifest columns left out (its reason is the
 # filter's name), never downloaded.
 FILTER, DOWNLOAD, CAPTION, RESIZE, PROCESS = "filter", "download", "caption", "resize", "process"
-EMBED, DEDUPE = "embed", "dedupe"  # optional stages
+EMBED, SELECT, DEDUPE = "embed", "select", "dedupe"  # optional stages
 SHARD = "shard"
 # Pipeline order of the stages every build runs; optional ones (embed, dedupe) go between these and LAST_STAGES.
 STAGE_ORDER = (FILTER, DOWNLOAD, CAPTION, RESIZE, PROCESS)

@@ -96,6 +96,27 @@ def _clip_section(emb: dict) -> list[str]:
     return lines + [""]
 
 
+def _selection_section(selection: dict) -> list[str]:
+    """Which selection made the dataset: each rule, its threshold, and the fraction asked and obtained."""
+    rows = []
+    for name, r in selection.items():
+        asked = f"top {r['top_fraction']:.4g}" if r.get("top_fraction") is not None else f"at least {r['min']}"
+        threshold = "-" if r["threshold"] is None else f"{r['threshold']:.4f}"
+        kept = "-" if r["fraction_kept"] is None else f"{r['fraction_kept']:.4f}"
+        rows.append(
+            [f"`select/{name}`", f"`{r['column']}` ({r['model']})", asked, threshold, r["scored"], r["kept"], kept]
+        )
+    return [
+        "## Selection",
+        "",
+        "Samples were selected by score over the whole pool before the shards were planned; a sample is kept when",
+        "it passes every rule, and the ledger names the first rule each other sample failed, with its score.",
+        "",
+        *_table(["rule", "score (model)", "asked", "threshold", "scored", "kept", "fraction kept"], rows),
+        "",
+    ]
+
+
 def _near_section(near: dict) -> list[str]:
     """Near-duplicate images: the settings, the counts, and the distances found (plan_shards' summary)."""
     s = near["settings"]
@@ -153,8 +174,9 @@ def card_text(
     emb_stats: dict | None = None,
     versions: dict[str, str] | None = None,
     near: dict | None = None,
+    selection: dict | None = None,
 ) -> str:
-    """The dataset card (Markdown) of one built version."""
+    """The dataset card (Markdown) of one built version; `selection`: selection.json's summary."""
     versions = package_versions() if versions is None else versions
     shards = sorted(sizes)
     out = _intro(config, stats, sizes, loader, versions)
@@ -165,6 +187,8 @@ def card_text(
     out += _rejections_section(stats)
     if emb_stats is not None:
         out += _clip_section(emb_stats)
+    if selection:
+        out += _selection_section(selection)
     if near is not None:
         out += _near_section(near)
     out += _build_section(config, versions)

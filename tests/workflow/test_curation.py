@@ -4,6 +4,7 @@ a rebuild in another folder byte-identical; and docs/curation.md's recipes run a
 
 import io
 import json
+import os
 import re
 
 import numpy as np
@@ -15,10 +16,13 @@ from httpserver import Reply
 from PIL import Image
 from workflow_helpers import REPO, run_workflow
 
+from shardsmith.cli.tinyclip import NAME as TINY
+from shardsmith.cli.tinyclip import write_tiny_clip
 from tests.workflow.test_download import FAST, web_config
 from tests.workflow.test_repro import files
 
 pytestmark = pytest.mark.workflow
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # inherited by snakemake and its jobs: nothing is downloaded
 
 
 def photo(size=(160, 120), seed=0) -> bytes:
@@ -148,15 +152,16 @@ def recipes() -> list[dict]:
     return [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", text, re.S)]
 
 
-def test_docs_curation_has_the_three_recipes():
+def test_docs_curation_has_the_four_recipes():
     names = [r["sources"][0]["name"] for r in recipes()]
-    assert names == ["laion", "datacomp", "aesthetics"]
+    assert names == ["laion", "datacomp", "datacomp_clip", "aesthetics"]
 
 
 @pytest.mark.parametrize("recipe", recipes(), ids=lambda r: r["sources"][0]["name"])
 def test_each_curation_recipe_runs_as_written(recipe, tmp_path, http_server):
     """On a manifest with the columns LAION-5B, DataComp and LAION-Aesthetics metadata carry: only the source's
-    path is changed. Each recipe leaves out what its rules say, and the ledger adds up."""
+    path is changed, and a CLIP model's weights are a tiny random model's of the same shape (nothing is fetched).
+    Each recipe leaves out what its rules say, and the ledger adds up."""
     rows = [
         # (caption, similarity, punsafe, pwatermark, aesthetic, (width, height), boxes)
         ("a red bicycle leaning against a brick wall", 0.35, 0.1, 0.1, 6.5, (640, 480), [[0.1, 0.1, 0.3, 0.3]]),
@@ -176,6 +181,10 @@ def test_each_curation_recipe_runs_as_written(recipe, tmp_path, http_server):
         )  # fmt: skip
     pd.DataFrame(manifest).to_parquet(tmp_path / "metadata.parquet", index=False)
     recipe["sources"][0]["path"] = str(tmp_path / "metadata.parquet")
+    if "embed" in recipe:
+        model_config, ckpt = write_tiny_clip(tmp_path / "models")
+        tiny = {"model": TINY, "pretrained": str(ckpt), "model_config": str(model_config), "workers": 1}
+        recipe["embed"] = {**recipe["embed"], **tiny}
     root = tmp_path / "run"
     config = web_config(root, recipe["sources"], download=FAST, samples_per_shard=2)
     config.update({k: v for k, v in recipe.items() if k != "sources"})
@@ -185,6 +194,7 @@ def test_each_curation_recipe_runs_as_written(recipe, tmp_path, http_server):
     expected = {
         "laion": {"filter/clip_similarity": 1, "caption/language": 1},
         "datacomp": {"filter/short_width": 1, "caption/language": 1, "caption/too_few_words": 1},
+        "datacomp_clip": {"select/clip_score_top30": 4},  # 2 of the 6 scored kept: round(0.3 x 6)
         "aesthetics": {"filter/aesthetic": 1, "filter/unsafe": 1},
     }[recipe["sources"][0]["name"]]
     assert stats["rejected_by_reason"] == expected

@@ -1,0 +1,21 @@
+"""Rule glue for summarize_scores: logic in shardsmith.embed.select; a slice of groups, a file each, committed
+each (shardsmith.formats.slices)."""
+
+from shardsmith.core.logs import run_job
+from shardsmith.embed.select import SelectRule, summarize_scores
+from shardsmith.formats.filelist import by_part
+from shardsmith.formats.slices import run_slice
+
+
+def main() -> None:
+    scores, rules = by_part(snakemake.input.scores), [SelectRule(**r) for r in snakemake.params.rules]
+    groups = {g["group"]: g for g in snakemake.params.groups}
+
+    def make(group, folders):
+        scored = summarize_scores([scores[p] for p in groups[group]["parts"]], rules, f"{folders[0]}/{group}.npz")
+        print(f"group {group}: " + ", ".join(f"{name} {n} samples scored" for name, n in scored.items()))
+
+    run_slice(snakemake, list(groups), make, __file__)
+
+
+run_job(snakemake.log[0], main)

@@ -1,0 +1,94 @@
+"""Selection over the whole dataset inside the real workflow (the generated demo, a tiny random CLIP model): the
+count kept is the fraction asked, the ledger names each rule with the score it saw, the card and build.json state
+the selection, and another part size selects the same samples."""
+
+import json
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # inherited by snakemake and its jobs: nothing is downloaded
+
+import pandas as pd
+import pytest
+from workflow_helpers import demo_config, run_workflow
+
+from shardsmith.cli.demo import make_demo
+from shardsmith.cli.tinyclip import NAME, write_tiny_clip
+from shardsmith.embed.select import kept_count
+from shardsmith.embed.stats import score_columns
+
+pytestmark = pytest.mark.workflow
+COLUMNS = score_columns(NAME)
+SELECT = [
+    {"name": "clip_top", "column": "similarity", "top_fraction": 0.6},
+    {"name": "image_norm", "column": "image_norm", "top_fraction": 0.9},
+]
+
+
+def build(base, data, models, part_size):
+    model_config, ckpt = models
+    embed = {
+        "enabled": True, "model": NAME, "pretrained": str(ckpt), "model_config": str(model_config),
+        "batch_size": 16, "workers": 1,
+    }  # fmt: skip
+    root = base / f"build-{part_size}"
+    config = demo_config(data, root, embed=embed, select=SELECT, part_size=part_size)
+    run_workflow(root, config)
+    latest = root / "fast-storage" / "demo"
+    return root, latest / (latest / "latest").read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    base = tmp_path_factory.mktemp("select")
+    make_demo(base / "data")
+    models = write_tiny_clip(base / "models")
+    return [build(base, base / "data", models, part_size) for part_size in (16, 5)]
+
+
+def scores_of(root) -> pd.DataFrame:
+    parts = sorted((root / "work" / "demo" / "embed").glob("*.parquet"))
+    return pd.concat([pd.read_parquet(p) for p in parts], ignore_index=True)
+
+
+def test_the_fraction_asked_is_kept_and_the_ledger_names_each_rule_with_its_score(builds):
+    root, version = builds[0]
+    scores = scores_of(root)
+    selection = json.loads((root / "work" / "demo" / "select" / "selection.json").read_text())
+    top = selection["rules"]["clip_top"]
+    assert top["scored"] == len(scores) and top["kept"] == kept_count(0.6, len(scores))
+    rejected = pd.read_parquet(version / "rejected.parquet")
+    select = rejected[rejected["stage"] == "select"]
+    by_rule = select.groupby("reason")["key"].apply(set)
+    sim = scores.set_index("key")[COLUMNS["similarity"]]
+    first = by_rule["clip_top"]  # every sample the first rule leaves out is named by it
+    assert len(first) == top["scored"] - top["kept"] > 0
+    assert sim.drop(list(first)).min() >= top["threshold"] > sim[list(first)].max() - 1e-4
+    details = select.loc[select["reason"] == "clip_top", "detail"]
+    assert all(d.startswith(f"{COLUMNS['similarity']} ") and "kept: the top 0.6" in d for d in details)
+    assert not (by_rule.get("image_norm", set()) & first)
+    stats = json.loads((version / "stats.json").read_text())
+    assert stats["published"] + stats["rejected"] == stats["input_records"]
+    published = set(pd.read_parquet(version / "manifest.parquet", columns=["key"])["key"])
+    assert not published & set(select["key"])
+
+
+def test_the_card_and_build_json_state_the_selection(builds):
+    _, version = builds[0]
+    build_json = json.loads((version / "build.json").read_text())
+    assert set(build_json["selection"]) == {"clip_top", "image_norm"}
+    top = build_json["selection"]["clip_top"]
+    assert top["top_fraction"] == 0.6 and top["model"] == NAME and top["column"] == COLUMNS["similarity"]
+    assert abs(top["fraction_kept"] - 0.6) < 1 / top["scored"]
+    card = (version / "README.md").read_text()
+    assert "## Selection" in card and "`select/clip_top`" in card and "top 0.6" in card
+
+
+def test_another_part_size_selects_the_same_samples(builds):
+    (root_a, version_a), (root_b, version_b) = builds
+    kept = [set(pd.read_parquet(v / "manifest.parquet", columns=["key"])["key"]) for v in (version_a, version_b)]
+    assert kept[0] == kept[1]
+    assert len(list((root_b / "work" / "demo" / "plan" / "parts").glob("*.parquet"))) > len(
+        list((root_a / "work" / "demo" / "plan" / "parts").glob("*.parquet"))
+    )
+    selections = [json.loads((r / "work" / "demo" / "select" / "selection.json").read_text()) for r in (root_a, root_b)]
+    assert selections[0]["summary"] == selections[1]["summary"]
