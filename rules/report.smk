@@ -72,6 +72,7 @@ rule plot_embeddings:
     input:
         stats=rules.summarize_embeddings.output[0],
         scores=part_embed_files("scores"),
+        selection=get_selection,  # each rule's cut, marked
     output:
         report(
             f"{WORK}/report/clip_scores.png",

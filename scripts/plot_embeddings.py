@@ -22,7 +22,10 @@ def main() -> None:
     sim = named.get("similarity") if named.get("similarity") in names else report.similarity_column(names)
     norms = [c for c in (named.get("image_norm"), named.get("text_norm")) if c in names] or report.norm_columns(names)
     scores, total = report.read_columns(tables, [sim, *norms])
-    plots.plot_embeddings(scores, stats, snakemake.output[0], total=total)
+    selection = (
+        json.loads(Path(snakemake.input.selection[0]).read_text())["summary"] if snakemake.input.selection else None
+    )
+    plots.plot_embeddings(scores, stats, snakemake.output[0], total=total, selection=selection)
     print(f"plotted CLIP scores of {total} samples from {len(tables)} tables")
 
 

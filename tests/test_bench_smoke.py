@@ -561,3 +561,16 @@ def test_the_tail_bench_builds_both_codes_from_their_downloads_and_compares_the_
     assert got["published_files_identical"] and got["ratio_after_over_before"] > 0
     before, after = (got["runs"][c][0]["jobs_by_rule"] for c in ("before", "after"))
     assert "find_near_pairs" in before and "find_near_pairs" not in after and after["plan_shards"] == 1
+
+
+def test_the_selection_bench_runs_every_job_kind_and_checks_the_count_kept(tmp_path):
+    """bench/select_bench.py at a tiny size: the three job kinds in processes of their own and the one-frame peer;
+    the count kept is the fraction's, and any difference from the peer lies in the threshold's bin."""
+    from bench.select_bench import run
+
+    got = run(3_000, 4, tmp_path / "run")
+    assert got["kept_exact"] and got["kept_all_at_or_above_threshold"] and got["parts"] == 4
+    assert got["differs_from_peer"] <= 2 * got["left_out_above_threshold"]
+    assert set(got["peak_rss_mb"]) == {
+        "summarize_scores (largest job)", "decide_selection", "select_samples (largest job)", "peer_one_frame",
+    }  # fmt: skip

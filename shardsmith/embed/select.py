@@ -34,7 +34,7 @@ from shardsmith.embed.stats import read_npz, score_columns, write_npz
 from shardsmith.formats.tables import ParquetAppender
 
 KEY_BITS = 24
-MERGE_ENTRIES = 1 << 24  # histogram entries read before they are added together
+MERGE_ENTRIES = 1 << 22  # histogram entries read before they are added together: ~100 MB of them
 SHORT_COLUMNS = ("similarity", "image_norm", "text_norm")  # the model's score columns, by their short name
 
 
@@ -205,7 +205,7 @@ def _fails(r: SelectRule, decided: dict, values: np.ndarray, group: str) -> np.n
 
 
 def _detail(r: SelectRule, decided: dict, value: float) -> str:
-    if np.isnan(value):
+    if value != value:  # NaN
         return f"{r.column} has no score; kept: {r.describe()}"
     if r.min is not None:
         return f"{r.column} {value:.4f} < {r.min}"
@@ -231,11 +231,13 @@ def select_samples(part_scores: list[str], rules: list[SelectRule], selection: d
             for i, r in reversed(list(enumerate(rules))):  # the first rule failed wins
                 first[masks[r.name][start : start + n]] = i
             out_rows = np.flatnonzero(first >= 0)
-            details, reasons = [], []
-            for row in out_rows:
-                r = rules[first[row]]
-                details.append(_detail(r, decided[r.name], float(frame[r.column].iat[row])))
-                reasons.append(r.name)
+            reasons = np.empty(len(out_rows), dtype=object)
+            details = np.empty(len(out_rows), dtype=object)
+            for i, r in enumerate(rules):  # a rule's rows at a time: one Python string each, their detail
+                mine = first[out_rows] == i
+                values = frame[r.column].to_numpy(dtype=np.float64)[out_rows[mine]].tolist()
+                reasons[mine] = r.name
+                details[mine] = [_detail(r, decided[r.name], v) for v in values]
             table.append(
                 pd.DataFrame(
                     {"key": frame["key"].to_numpy()[out_rows], "stage": SELECT, "reason": reasons, "detail": details},

@@ -245,8 +245,11 @@ def plot_captions(manifest: pd.DataFrame, path: str, max_chars: int | None = Non
     return save(fig, path)
 
 
-def plot_embeddings(scores: pd.DataFrame, emb_stats: dict, path: str, total: int | None = None) -> str:
-    """CLIP image-text cosine similarity, and the image and text embedding norms."""
+def plot_embeddings(
+    scores: pd.DataFrame, emb_stats: dict, path: str, total: int | None = None, selection: dict | None = None
+) -> str:
+    """CLIP image-text cosine similarity, and the image and text embedding norms; each `select` rule's cut
+    (`selection`: selection.json's summary) marked on its column's histogram."""
     plt = pyplot()
     total = len(scores) if total is None else total
     named = emb_stats.get("columns", {}) or {}
@@ -284,5 +287,12 @@ def plot_embeddings(scores: pd.DataFrame, emb_stats: dict, path: str, total: int
         ax.set_ylabel("samples")
         counts_axis(ax)
         ax.set_title(f"{'Text' if text else 'Image'} embedding norm\n{col}", fontsize=11)
+    axis_of = {sim: axes[0], **dict(zip(norms, axes[1:]))}
+    for name, rule in (selection or {}).items():
+        if rule["column"] in axis_of and rule["threshold"] is not None:
+            asked = f"top {rule['top_fraction']:.4g}" if rule.get("top_fraction") is not None else "min"
+            label = f"select/{name}: {asked}, from {rule['threshold']:.4f}"
+            axis_of[rule["column"]].axvline(rule["threshold"], color="#edae49", linestyle="-.", label=label)
+            axis_of[rule["column"]].legend(fontsize=9, loc="upper right")
     fig.tight_layout()
     return save(fig, path)

@@ -180,3 +180,17 @@ def test_histograms_added_a_few_groups_at_a_time_decide_the_same(tmp_path, monke
     monkeypatch.setattr("shardsmith.embed.select.MERGE_ENTRIES", 100)  # merged every group or two
     pieces, _ = run(tmp_path / "pieces", scores, rule, parts=12)
     assert whole == pieces
+
+
+def test_a_config_selecting_without_embedding_or_by_a_missing_column_is_refused_in_one_line():
+    from shardsmith.core.errors import ConfigError
+    from shardsmith.embed.select import selection_rules
+
+    rule = {"name": "top", "column": "similarity", "top_fraction": 0.3}
+    assert selection_rules({"embed": {"enabled": False}}) == []  # no select: nothing to check
+    with pytest.raises(ConfigError, match="set embed.enabled: true"):
+        selection_rules({"select": [rule], "embed": {"enabled": False, "model": MODEL}})
+    with pytest.raises(ConfigError, match="no score column 'aesthetic'") as e:
+        selection_rules({"select": [{**rule, "column": "aesthetic"}], "embed": {"enabled": True, "model": MODEL}})
+    assert "\n" not in str(e.value)
+    assert selection_rules({"select": [rule], "embed": {"enabled": True, "model": MODEL}})[0].column == SIM

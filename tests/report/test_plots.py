@@ -85,6 +85,26 @@ def test_plot_embeddings_reads_named_columns(tmp_path):
     assert_real_plot(plots.plot_embeddings(scores, stats, str(tmp_path / "clip.png")))
 
 
+def test_plot_embeddings_marks_each_selections_cut_on_its_columns_histogram(tmp_path, monkeypatch):
+    rng = np.random.default_rng(2)
+    columns = {"similarity": "clip_b32_similarity_score", "image_norm": "clip_b32_image_norm",
+               "text_norm": "clip_b32_text_norm"}  # fmt: skip
+    scores = pd.DataFrame({c: rng.normal(m, s, 300) for c, m, s in zip(columns.values(), (0.3, 10, 8), (0.05, 1, 1))})
+    stats = {"model": "ViT-B-32", "columns": columns, "min_similarity": None, "provenance": {}}
+    selection = {
+        "top30": {"column": "clip_b32_similarity_score", "top_fraction": 0.3, "threshold": 0.3261, "model": "x"},
+        "norm": {"column": "clip_b32_image_norm", "min": 9.5, "threshold": 9.5, "model": "x"},
+        "none": {"column": "clip_b32_text_norm", "top_fraction": 0.0, "threshold": None, "model": "x"},
+    }
+    drawn = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.append(fig) or path)
+    plots.plot_embeddings(scores, stats, str(tmp_path / "clip.png"), selection=selection)
+    legends = [[t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else [] for ax in drawn[0].axes]
+    assert "select/top30: top 0.3, from 0.3261" in legends[0]
+    assert "select/norm: min, from 9.5000" in legends[1]
+    assert not any("select/none" in t for texts in legends for t in texts)  # nothing kept: no cut to mark
+
+
 def test_plots_are_written_atomically(tmp_path, monkeypatch):
     """A failure while saving leaves no file at the final path."""
     import matplotlib.figure
