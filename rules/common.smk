@@ -240,6 +240,12 @@ def get_slice_exclusions(wildcards):
     return [pattern.format(slice=wildcards.slice) for pattern in (*low, *select)]
 
 
+def get_slice_low_similarity(wildcards):
+    """The slice's groups' tables of embed.min_similarity (a folder), where it is set."""
+    low = rules.exclude_low_similarity.output[0]
+    return [low.format(slice=wildcards.slice)] if SETTINGS.low_similarity else []
+
+
 def slice_published(kind):
     """Input function: the slice's groups' `old` samples already published (part, row, version), or the
     published records gone from the build that their shares of the manifests hold; none without publish.dest.
@@ -385,6 +391,9 @@ def get_embed_summary_inputs(wildcards):
         "sums": shard_scores("sums")(wildcards),
         "infos": part_embed_files("info")(wildcards),
         "exclusions": get_low_similarity(wildcards),
+        "selected_out": (
+            every_slice(rules.select_samples.output[0])(wildcards) if SELECT_RULES else []
+        ),
         "embeddings": shard_scores("embeddings")(wildcards) if save else [],
     }
 

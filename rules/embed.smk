@@ -118,6 +118,7 @@ rule select_samples:
     input:
         scores=slice_part_files(rules.embed_part, "scores"),
         selection=rules.decide_selection.output[0],
+        low=get_slice_low_similarity,  # samples already left out: the ledger names embed.min_similarity
         parts_plan=PARTS_PLANNED,
     output:
         directory(f"{WORK}/select/excluded/{{slice}}"),

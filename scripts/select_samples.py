@@ -4,6 +4,8 @@ each (shardsmith.formats.slices)."""
 import json
 from pathlib import Path
 
+import pandas as pd
+
 from shardsmith.core.logs import run_job
 from shardsmith.embed.select import SelectRule, select_samples
 from shardsmith.formats.filelist import by_part
@@ -17,8 +19,10 @@ def main() -> None:
 
     def make(group, folders):
         parts = [scores[p] for p in groups[group]["parts"]]
-        n = select_samples(parts, rules, selection, group, f"{folders[0]}/{group}.parquet")
-        print(f"group {group}: {n} samples left out by the selection")
+        low = [f"{folder}/{group}.parquet" for folder in snakemake.input.low]  # embed.min_similarity's, first
+        excluded = set(pd.concat([pd.read_parquet(t, columns=["key"]) for t in low])["key"]) if low else set()
+        n = select_samples(parts, rules, selection, group, f"{folders[0]}/{group}.parquet", excluded)
+        print(f"group {group}: {n} samples left out by the selection ({len(excluded)} already below min_similarity)")
 
     run_slice(snakemake, list(groups), make, __file__)
 

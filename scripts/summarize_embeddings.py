@@ -16,6 +16,7 @@ def main() -> None:
         min_similarity=snakemake.params.min_similarity,
         shard_embeddings_paths=listed_files(snakemake.input.embeddings),
         resize=snakemake.params.resize,
+        selected_out=listed_files(snakemake.input.selected_out) if snakemake.input.selected_out else None,
     )
     sim = stats["similarity"]
     print(f"{stats['counts']['published']} published samples, similarity mean {sim.get('mean')} std {sim.get('std')}")

@@ -214,9 +214,17 @@ def _detail(r: SelectRule, decided: dict, value: float) -> str:
     return f"{r.column} {value:.4f}; kept: the top {r.top_fraction:.4g} of {decided['scored']:,} scored ({cut})"
 
 
-def select_samples(part_scores: list[str], rules: list[SelectRule], selection: dict, group: str, out: str) -> int:
+def select_samples(
+    part_scores: list[str],
+    rules: list[SelectRule],
+    selection: dict,
+    group: str,
+    out: str,
+    excluded: set[str] = frozenset(),
+) -> int:
     """A group's exclusions (key, stage, reason, detail): each sample a rule leaves out, named by the first rule
-    it fails; written a part at a time. Returns the samples left out."""
+    it fails, but those an earlier exclusion of the group already leaves out (`excluded`, their keys: the ledger
+    names that one, so every table counts a sample once); written a part at a time. Returns the rows written."""
     decided = selection["rules"]
     with ParquetAppender(out, EXCLUSION_COLUMNS) as table:
         frames = list(_group_scores(part_scores, rules))
@@ -230,6 +238,8 @@ def select_samples(part_scores: list[str], rules: list[SelectRule], selection: d
             first = np.full(n, -1)
             for i, r in reversed(list(enumerate(rules))):  # the first rule failed wins
                 first[masks[r.name][start : start + n]] = i
+            if excluded:
+                first[frame["key"].isin(excluded).to_numpy()] = -1
             out_rows = np.flatnonzero(first >= 0)
             reasons = np.empty(len(out_rows), dtype=object)
             details = np.empty(len(out_rows), dtype=object)

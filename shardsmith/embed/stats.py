@@ -235,6 +235,7 @@ def summarize(
     min_similarity: float | None = None,
     shard_embeddings_paths: list[str] = (),
     resize: dict | None = None,
+    selected_out: list[str] | None = None,
 ) -> dict:
     """Dataset-level embedding stats over the published samples (the shards' score tables).
 
@@ -249,6 +250,8 @@ def summarize(
         raise ValueError(f"shard sums cover {n} samples but the shard score tables hold {len(scores)}")
     infos = sorted((json.loads(Path(p).read_text()) for p in part_infos), key=lambda i: i["part"])
     excluded = sum(num_rows(p) for p in exclusions)  # from the footers: one table a group of parts
+    # `select`'s exclusion tables (None: no selection), which never repeat a sample of those above
+    unselected = sum(num_rows(p) for p in selected_out or [])
     embedded = sum(i["samples"] for i in infos)
 
     def mean_vector(field: str) -> list[float]:
@@ -268,7 +271,8 @@ def summarize(
             "embedded": embedded,
             "published": len(scores),
             "excluded_low_similarity": excluded,
-            "not_published_other": embedded - len(scores) - excluded,  # e.g. a key seen earlier in another part
+            **({"excluded_by_selection": unselected} if selected_out is not None else {}),
+            "not_published_other": embedded - len(scores) - excluded - unselected,  # e.g. a key seen earlier
             "parts": len(infos),
             "shards": len(tables),
         },

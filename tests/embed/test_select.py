@@ -194,3 +194,16 @@ def test_a_config_selecting_without_embedding_or_by_a_missing_column_is_refused_
         selection_rules({"select": [{**rule, "column": "aesthetic"}], "embed": {"enabled": True, "model": MODEL}})
     assert "\n" not in str(e.value)
     assert selection_rules({"select": [rule], "embed": {"enabled": True, "model": MODEL}})[0].column == SIM
+
+
+def test_samples_an_earlier_exclusion_left_out_get_no_second_row(tmp_path):
+    scores = np.linspace(0, 1, 100, dtype=np.float32)
+    rule = [SelectRule("top", SIM, top_fraction=0.5)]
+    selection, excluded = run(tmp_path, scores, rule, parts=1)
+    (tmp_path / "again").mkdir()
+    paths = write_parts(tmp_path / "again", scores, 1)
+    earlier = {f"s{j:07d}" for j in (0, 1, 2, 99)}  # three the selection leaves out as well, one it keeps
+    out = tmp_path / "again.parquet"
+    n = select_samples(paths, rule, selection, "00000", str(out), earlier)
+    rows = pq.read_table(out).to_pandas()
+    assert n == len(rows) == len(excluded) - 3 and not set(rows["key"]) & earlier

@@ -9,6 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # inherited by snakemake and its j
 
 import pandas as pd
 import pytest
+import yaml
 from workflow_helpers import demo_config, run_workflow
 
 from shardsmith.cli.demo import make_demo
@@ -24,11 +25,11 @@ SELECT = [
 ]
 
 
-def build(base, data, models, part_size):
+def build(base, data, models, part_size, **embed_settings):
     model_config, ckpt = models
     embed = {
         "enabled": True, "model": NAME, "pretrained": str(ckpt), "model_config": str(model_config),
-        "batch_size": 16, "workers": 1,
+        "batch_size": 16, "workers": 1, **embed_settings,
     }  # fmt: skip
     root = base / f"build-{part_size}"
     config = demo_config(data, root, embed=embed, select=SELECT, part_size=part_size)
@@ -70,6 +71,10 @@ def test_the_fraction_asked_is_kept_and_the_ledger_names_each_rule_with_its_scor
     assert stats["published"] + stats["rejected"] == stats["input_records"]
     published = set(pd.read_parquet(version / "manifest.parquet", columns=["key"])["key"])
     assert not published & set(select["key"])
+    counts = json.loads((version / "embedding_stats.json").read_text())["counts"]
+    assert counts["excluded_by_selection"] == len(select)  # the ledger's select rows, each sample once
+    others = counts["excluded_low_similarity"] + counts["excluded_by_selection"] + counts["not_published_other"]
+    assert counts["embedded"] == counts["published"] + others
 
 
 def test_the_card_and_build_json_state_the_selection(builds):
@@ -92,3 +97,30 @@ def test_another_part_size_selects_the_same_samples(builds):
     )
     selections = [json.loads((r / "work" / "demo" / "select" / "selection.json").read_text()) for r in (root_a, root_b)]
     assert selections[0]["summary"] == selections[1]["summary"]
+
+
+def test_with_min_similarity_too_each_sample_left_out_is_in_the_ledger_once_and_the_counts_add_up(builds):
+    """The first build again with embed.min_similarity: nothing is embedded again; a sample below it is named by
+    it (its exclusion comes first), the selection still counts it in its pool, and embedding_stats adds up."""
+    root, _ = builds[0]
+    scores = scores_of(root)
+    threshold = float(scores[COLUMNS["similarity"]].quantile(0.2))
+    embedded = {p: p.stat().st_mtime_ns for p in (root / "work" / "demo" / "embed").glob("*.parquet")}
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    config["embed"]["min_similarity"] = threshold
+    config["version"] = "v2"  # v1 is published: another selection is another version
+    run_workflow(root, config)
+    assert {p: p.stat().st_mtime_ns for p in embedded} == embedded
+    latest = root / "fast-storage" / "demo"
+    version = latest / (latest / "latest").read_text().strip()
+    rejected = pd.read_parquet(version / "rejected.parquet")
+    low = set(scores.loc[scores[COLUMNS["similarity"]] < threshold, "key"])
+    assert set(rejected.loc[rejected["reason"] == "low_similarity", "key"]) == low and low
+    assert not rejected["key"].duplicated().any()
+    selection = json.loads((root / "work" / "demo" / "select" / "selection.json").read_text())["rules"]["clip_top"]
+    assert selection["scored"] == len(scores)  # the pool is every scored sample, those below min_similarity too
+    counts = json.loads((version / "embedding_stats.json").read_text())["counts"]
+    assert counts["excluded_low_similarity"] == len(low)
+    assert counts["excluded_by_selection"] == int((rejected["stage"] == "select").sum())
+    others = counts["excluded_low_similarity"] + counts["excluded_by_selection"] + counts["not_published_other"]
+    assert counts["embedded"] == counts["published"] + others
