@@ -82,7 +82,7 @@ def selection_rules(config: dict) -> list[SelectRule]:
         raise ConfigError("select: the rules select by the scores embed_part computes: set embed.enabled: true")
     model = config["embed"]["model"]
     try:
-        return select_rules(rules, model, ["key", *score_columns(model).values()])
+        return select_rules(rules, model, list(score_columns(model).values()))
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
