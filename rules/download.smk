@@ -1,4 +1,6 @@
 checkpoint plan_parts:
+    input:
+        id_lists=SETTINGS.id_list_files,
     output:
         directory(f"{WORK}/plan/parts"),
     log:

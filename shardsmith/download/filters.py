@@ -9,8 +9,10 @@ a filter changes; download_part requests none of them and files each as `filter/
 
 from __future__ import annotations
 
+import json
 import math
 import operator
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -19,12 +21,15 @@ from shardsmith.core.errors import ConfigError
 from shardsmith.core.ledger import filter_name
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
+    import pyarrow as pa
 
 NUMERIC_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 EQUALITY_OPS = {"==": operator.eq, "!=": operator.ne}
 SET_OPS = ("in", "not_in")
-OPS = (*NUMERIC_OPS, *EQUALITY_OPS, *SET_OPS)
+FILE_OPS = ("in_file", "not_in_file")  # the value is an id list: a text file (an id a line) or a parquet file
+OPS = (*NUMERIC_OPS, *EQUALITY_OPS, *SET_OPS, *FILE_OPS)
 # The columns a part's records table gains when its source has filters: the name of the first filter a
 # record fails ("" when it passes them all) and what it saw.
 FILTER_COLUMNS = ["filter", "filter_detail"]
@@ -63,6 +68,8 @@ class Filter:
     @property
     def numeric(self) -> bool:
         """Cells are read as numbers: the order comparisons, == and != with a number, in with numbers only."""
+        if self.op in FILE_OPS:
+            return False
         if self.op in NUMERIC_OPS:
             return True
         if self.op in SET_OPS:
@@ -81,7 +88,10 @@ def parse_filters(items: Sequence[dict], sources: Sequence[dict]) -> list[Filter
         where = f"filters[{i}]"
         op, value = item["op"], item["value"]
         name = filter_name(item)
-        if op in SET_OPS:
+        if op in FILE_OPS:
+            if not isinstance(value, str) or not os.path.isfile(value):
+                raise ConfigError(f"{where}.value: '{op}' takes an id list file (text or parquet); no file {value!r}.")
+        elif op in SET_OPS:
             if not isinstance(value, list) or not value:
                 raise ConfigError(f"{where}.value: '{op}' takes a non-empty list, got {value!r}.")
             value = tuple(value)
@@ -129,8 +139,11 @@ def _shown(cell: object) -> str:
     return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 3] + "..."
 
 
-def apply_filters(df: pd.DataFrame, filters: Sequence[Filter]) -> tuple[list[str], list[str]]:
-    """(name of the first filter each row fails or "", what it saw) for every row of a manifest chunk."""
+def apply_filters(
+    df: pd.DataFrame, filters: Sequence[Filter], id_lists: IdLists | None = None
+) -> tuple[list[str], list[str]]:
+    """(name of the first filter each row fails or "", what it saw) for every row of a manifest chunk;
+    `id_lists`: the id lists read so far (those of in_file and not_in_file), kept across chunks."""
     import numpy as np
     import pandas as pd
 
@@ -142,7 +155,11 @@ def apply_filters(df: pd.DataFrame, filters: Sequence[Filter]) -> tuple[list[str
         cells = df[f.column]
         text = cells.astype("string")
         missing = (cells.isna() | text.str.strip().eq("")).to_numpy(dtype=bool, na_value=True)
-        if f.numeric:
+        if f.op in FILE_OPS:
+            ids = (IdLists() if id_lists is None else id_lists).of(f)
+            bad = np.zeros(n, dtype=bool)
+            held = ids.holds(text.fillna("").str.strip().to_numpy(dtype=object))
+        elif f.numeric:
             numbers = pd.to_numeric(cells, errors="coerce").astype("float64").to_numpy()
             bad = ~missing & np.isnan(numbers)  # text where a number is needed
             with np.errstate(invalid="ignore"):
@@ -157,7 +174,7 @@ def apply_filters(df: pd.DataFrame, filters: Sequence[Filter]) -> tuple[list[str
                 held = np.isin(strings, np.asarray([_written(v) for v in f.value], dtype=object))
             else:
                 held = EQUALITY_OPS[f.op](strings, _written(f.value))
-        if f.op == "not_in":
+        if f.op in ("not_in", "not_in_file"):
             held = ~held
         fails = open_rows & np.where(missing, not f.keep_missing, bad | ~held)
         for i in np.flatnonzero(fails):
@@ -170,3 +187,119 @@ def apply_filters(df: pd.DataFrame, filters: Sequence[Filter]) -> tuple[list[str
             names[i], details[i] = f.name, f"{seen}; kept: {f.rule}"
         open_rows &= ~fails
     return names.tolist(), details.tolist()
+
+
+class IdList:
+    """The ids of an id list file, and which of them a record has matched (`holds`, over every chunk of every
+    source the filter reads), so that the ids no record has are named once every manifest is read.
+
+    Held compactly: the distinct ids as one Arrow string array, and their 64-bit hashes in a pandas index, whose
+    hash table is built once. A record's id is looked up by its hash, then compared with the listed id itself,
+    so a collision of hashes never matches a record that is not listed. About 70 bytes an id of 32 characters
+    (a Python string each would take 150 more)."""
+
+    def __init__(self, path: str, column: str) -> None:
+        import numpy as np
+        import pandas as pd
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if path.endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            names = pq.read_schema(path).names
+            if column not in names and len(names) != 1:
+                raise ConfigError(
+                    f"id list {path}: give it one column, or one named {column!r} as the filter's; it has {names}."
+                )
+            cells = pq.read_table(path, columns=[column if column in names else names[0]]).column(0)
+            cells = pc.cast(cells.combine_chunks(), pa.string()).drop_null()
+        else:
+            from pyarrow import csv
+
+            cells = csv.read_csv(
+                path,
+                read_options=csv.ReadOptions(column_names=["id"]),
+                parse_options=csv.ParseOptions(delimiter="\x1f", quote_char=False, escape_char=False),
+                convert_options=csv.ConvertOptions(column_types={"id": pa.string()}),
+            ).column(0)
+            cells = cells.combine_chunks() if cells.num_chunks else pa.array([], pa.string())
+        listed = pc.utf8_trim_whitespace(cells)
+        del cells  # each step copies the ids: the list is held twice at most while it is read
+        listed = listed.filter(pc.not_equal(listed, ""))
+        self.path, self.listed = path, len(listed)
+        self.ids = pc.unique(listed)
+        del listed
+        self.duplicates = self.listed - len(self.ids)
+        codes = np.concatenate(
+            [np.zeros(0, np.uint64)]
+            + [_hashes(self.ids.slice(i, _HASH_CHUNK)) for i in range(0, len(self.ids), _HASH_CHUNK)]
+        )
+        self.codes = pd.Index(codes)
+        if not self.codes.is_unique:  # two listed ids share a hash (about 1 in 10^7 at 10^6 ids): look up by text
+            self.codes = pd.Index(self.ids.to_numpy(zero_copy_only=False))
+            self.by_text = True
+        else:
+            self.by_text = False
+        self.matched = np.zeros(len(self.ids), dtype=bool)
+
+    def holds(self, values: np.ndarray) -> np.ndarray:
+        """Which of `values` (ids as text) the list holds; those it holds are marked matched."""
+        import numpy as np
+        import pyarrow as pa
+
+        values = np.asarray(values, dtype=object)
+        if self.by_text:
+            where = self.codes.get_indexer(values)
+        else:
+            where = self.codes.get_indexer(_hashes(pa.array(values, pa.string())))
+            found = np.flatnonzero(where >= 0)  # the same hash: the same id, unless two ids collide
+            listed = self.ids.take(pa.array(where[found])).to_numpy(zero_copy_only=False)
+            where[found[listed != values[found]]] = -1
+        self.matched[where[where >= 0]] = True
+        return where >= 0
+
+    def report(self, examples: int = 10) -> dict:
+        import numpy as np
+        import pyarrow as pa
+
+        unknown = np.flatnonzero(~self.matched)
+        return {
+            "file": self.path,
+            "ids_listed": self.listed,
+            "ids": len(self.ids),
+            "listed_more_than_once": self.duplicates,
+            "matched": int(self.matched.sum()),
+            "unknown": len(unknown),
+            "unknown_examples": self.ids.take(pa.array(unknown[:examples], pa.int64())).to_pylist(),
+        }
+
+
+_HASH_CHUNK = 1 << 20  # ids hashed at a time: each chunk passes through Python strings once
+
+
+def _hashes(ids: pa.Array) -> np.ndarray:
+    """64-bit hashes of ids as text (pandas' siphash of each string)."""
+    import pandas as pd
+
+    return pd.util.hash_array(ids.to_numpy(zero_copy_only=False), categorize=False)
+
+
+class IdLists(dict):
+    """The id lists of a planning's filters, each read once and matched against every manifest it reads."""
+
+    def of(self, f: Filter) -> IdList:
+        if (f.value, f.column) not in self:
+            self[(f.value, f.column)] = IdList(f.value, f.column)
+        return self[(f.value, f.column)]
+
+
+def id_list_reports(filters: Sequence[Filter], id_lists: IdLists, out: str | None = None) -> dict[str, dict]:
+    """What each id-list filter matched, once every manifest is read: ids listed, listed more than once, matched,
+    and the ids that match no record (unknown, the first few named). Written to `out` as JSON when given."""
+    from shardsmith.core.atomic import atomic_write_text
+
+    reports = {f.name: id_lists.of(f).report() for f in filters if f.op in FILE_OPS}
+    if out and reports:
+        atomic_write_text(out, json.dumps(reports, indent=1, sort_keys=True) + "\n")
+    return reports

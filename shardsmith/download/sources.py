@@ -8,6 +8,7 @@ manifest that grows by a new file only adds parts.
 import contextlib
 import csv
 import json
+import logging
 import math
 import os
 import shutil
@@ -24,13 +25,15 @@ import pyarrow.parquet as pq
 from shardsmith.core.config import REMOTE, expand_paths, static_dir
 from shardsmith.core.errors import ConfigError
 from shardsmith.core.keys import make_key
-from shardsmith.download.filters import FILTER_COLUMNS, Filter, apply_filters, check_columns
+from shardsmith.download.filters import FILTER_COLUMNS, Filter, IdLists, apply_filters, check_columns
 
 if TYPE_CHECKING:
     from shardsmith.download.fetch.client import Fetcher
 
 DEFAULT_IMAGE_EXTENSIONS = ["jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"]  # as in the schema
 RECORD_COLUMNS = ["rid", "source", "source_id", "url", "key", "fields"]
+ID_LISTS = "id_lists.json"  # beside the part plans: what each id-list filter matched (filters.id_list_reports)
+log = logging.getLogger(__name__)
 _FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
 
@@ -148,10 +151,15 @@ def _carried(src: dict, columns: list[str]) -> list[str]:
 
 
 def iter_manifest_parts(
-    src: dict, part_size: int, fetcher: "Fetcher | None" = None, filters: list[Filter] = ()
+    src: dict,
+    part_size: int,
+    fetcher: "Fetcher | None" = None,
+    filters: list[Filter] = (),
+    id_lists: IdLists | None = None,
 ) -> Iterator[list[dict]]:
     """Records of a manifest source, as lists of at most part_size; a new file starts a new part. With
-    `filters` (this source's), each record also has FILTER_COLUMNS: the first filter it fails, if any."""
+    `filters` (this source's), each record also has FILTER_COLUMNS: the first filter it fails, if any
+    (`id_lists`: the filters' id lists, read once for every source)."""
     url_col = src.get("url_column", "url")
     for path in expand_paths(src["path"]):
         stem = path_stem(path, src["path"])
@@ -161,7 +169,7 @@ def iter_manifest_parts(
             for df in iter_manifest_chunks(local, src, part_size):
                 _check_columns(path, src, list(df.columns), filters)
                 carry = _carried(src, list(df.columns))
-                failed = apply_filters(df, filters) if filters else None
+                failed = apply_filters(df, filters, id_lists) if filters else None
                 for i, rec in enumerate(df.to_dict("records")):
                     fields = {c: _plain(rec.get(c)) for c in carry}
                     ident = _plain(rec[src["key_column"]]) if src.get("key_column") else None
@@ -245,16 +253,17 @@ def plan_parts(
     `filters`: the config's, applied to the manifest sources they name (shardsmith.download.filters).
     """
     from shardsmith.core.atomic import atomic_open
-    from shardsmith.download.filters import filters_for, parse_filters
+    from shardsmith.download.filters import filters_for, id_list_reports, parse_filters
 
     parsed = parse_filters(filters, sources)
+    id_lists = IdLists()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     part_ids: list[str] = []
     for src in sources:
         n = 0
         parts = (
-            iter_manifest_parts(src, part_size, fetcher, filters_for(parsed, src["name"]))
+            iter_manifest_parts(src, part_size, fetcher, filters_for(parsed, src["name"]), id_lists)
             if src["type"] == "manifest"
             else ITERATORS[src["type"]](src, part_size)
         )
@@ -274,4 +283,11 @@ def plan_parts(
                 f"source {src['name']} ({src['path']}) has no records: point its path at a non-empty "
                 f"{src['type']} or remove the source from the config."
             )
+    for name, r in id_list_reports(parsed, id_lists, str(out_dir / ID_LISTS)).items():
+        unknown = f": {', '.join(r['unknown_examples'])}{', ...' if r['unknown'] > len(r['unknown_examples']) else ''}"
+        log.warning(
+            "filter %s: %s lists %d ids (%d listed more than once); %d match a record, %d match none%s",
+            name, r["file"], r["ids"], r["listed_more_than_once"], r["matched"], r["unknown"],
+            unknown if r["unknown"] else "",
+        )  # fmt: skip
     return part_ids

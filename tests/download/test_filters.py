@@ -2,6 +2,8 @@
 number, the config checks, a column a manifest lacks; through plan_parts (a headerless TSV's named column) and
 download_part, whose loopback server counts the requests: a filtered record is never requested."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -161,3 +163,38 @@ def test_filtered_records_are_never_requested_and_end_with_their_filter(tmp_path
     status = download_part(*args, settings=ALLOW_LOOPBACK)
     assert [http_server.count(f"/{i}.jpg") for i in range(5)] == [0, 0, 0, 0, 1]
     assert list(status["status"]) == ["ok", "filtered", "filtered", "ok", "ok"]
+
+
+def test_an_id_list_keeps_the_records_it_lists_and_names_the_ids_no_record_has(tmp_path, caplog):
+    rows = [{"url": f"http://a/{i}.jpg", "uid": f"u{i}"} for i in range(6)]
+    pd.DataFrame(rows[:4]).to_parquet(tmp_path / "a.parquet")
+    pd.DataFrame(rows[4:]).to_parquet(tmp_path / "b.parquet")
+    (tmp_path / "subset.txt").write_text("u1\nu4\n\nu1\n  u5  \nu9\nmissing\n")  # u1 twice, a blank line, two unknown
+    sources = [
+        {"name": n, "type": "manifest", "path": str(tmp_path / f"{n}.parquet"), "key_column": "uid"} for n in "ab"
+    ]
+    item = {"name": "subset", "column": "uid", "op": "in_file", "value": str(tmp_path / "subset.txt")}
+    with caplog.at_level("WARNING"):
+        ids = plan_parts(sources, 100, tmp_path / "parts", filters=[item])
+    parts = pd.concat(pd.read_parquet(tmp_path / "parts" / f"{i}.parquet") for i in ids)
+    kept = parts.loc[parts["filter"] == "", "fields"].map(lambda f: json.loads(f)["uid"])
+    assert list(kept) == ["u1", "u4", "u5"]  # the list matched across both sources
+    assert parts["filter_detail"].iloc[0] == f"uid is u0; kept: uid in_file {tmp_path / 'subset.txt'}"
+    report = json.loads((tmp_path / "parts" / "id_lists.json").read_text())["subset"]
+    assert report == {
+        "file": str(tmp_path / "subset.txt"), "ids_listed": 6, "ids": 5, "listed_more_than_once": 1, "matched": 3,
+        "unknown": 2, "unknown_examples": ["u9", "missing"],
+    }  # fmt: skip
+    assert "5 ids (1 listed more than once); 3 match a record, 2 match none: u9, missing" in caplog.text
+
+
+def test_a_parquet_id_list_leaves_out_what_it_lists_with_not_in_file(tmp_path):
+    df = pd.DataFrame({"url": ["http://a/0.jpg", "http://a/1.jpg", "http://a/2.jpg"], "caption": ["x", "y", "z"]})
+    pd.DataFrame({"url": ["http://a/1.jpg"], "reason": ["takedown"]}).to_parquet(tmp_path / "takedowns.parquet")
+    item = {"name": "takedowns", "column": "url", "op": "not_in_file", "value": str(tmp_path / "takedowns.parquet")}
+    assert verdicts(df, item) == ["", "takedowns", ""]  # the column named as the filter's, of several
+    pd.DataFrame({"a": ["x"], "b": ["y"]}).to_parquet(tmp_path / "two.parquet")
+    with pytest.raises(ConfigError, match=r"give it one column, or one named 'url'"):
+        verdicts(df, {**item, "value": str(tmp_path / "two.parquet")})
+    with pytest.raises(ConfigError, match=r"filters\[0\].value: 'in_file' takes an id list file .* no file"):
+        filters({"column": "url", "op": "in_file", "value": str(tmp_path / "none.txt")})
