@@ -7,7 +7,7 @@ sys.path.insert(0, workflow.basedir)  # the shardsmith package beside this Snake
 from shardsmith.core.config import prepare_config
 from shardsmith.core.leftovers import remove_leftovers_of_killed_runs
 from shardsmith.download.filters import parse_filters
-from shardsmith.embed.select import selection_rules
+from shardsmith.embed.select import selection_reads, selection_rules
 from shardsmith.formats.index import INDEX_FILES
 from shardsmith.shards.layout import PlanLayout
 from shardsmith.shards.onejob import one_job_path, outside_inputs, step_jobs, step_spec
@@ -38,7 +38,9 @@ SOURCES = {s["name"]: s for s in config["sources"]}
 PLAN = f"{WORK}/plan"
 SCRATCH = f"{WORK}/tmp"  # jobs' scratch folders (not a node's /tmp): a killed job's are removed by the next run
 POLICY = SETTINGS.policy
-SELECT_RULES = [r.as_dict() for r in selection_rules(config)]  # `select`, checked: its jobs' params
+SELECT = selection_rules(config)  # `select`, checked
+SELECT_RULES = [r.as_dict() for r in SELECT]  # its jobs' params
+SELECT_READS = selection_reads(SELECT)
 
 
 wildcard_constraints:
@@ -238,6 +240,18 @@ def get_slice_exclusions(wildcards):
     low = [rules.exclude_low_similarity.output[0]] if SETTINGS.low_similarity else []
     select = [rules.select_samples.output[0]] if SELECT_RULES else []
     return [pattern.format(slice=wildcards.slice) for pattern in (*low, *select)]
+
+
+def get_slice_select_inputs(wildcards):
+    """What the slice's selection jobs read: its parts' score tables (a rule by a score), samples and records
+    tables (a rule by a manifest column)."""
+    parts, inputs = get_slice_parts(wildcards), {}
+    if SELECT_READS["scores"]:
+        inputs["scores"] = expand(rules.embed_part.output.scores, part=parts)
+    if SELECT_READS["manifest"]:
+        inputs["samples"] = expand(rules.download_part.output.samples, part=parts)
+        inputs["records"] = [f"{checkpoint_dir(checkpoints.plan_parts)}/{p}.parquet" for p in parts]
+    return inputs
 
 
 def get_slice_low_similarity(wildcards):

@@ -66,7 +66,7 @@ rule exclude_low_similarity:
 # one decision over them all, then each group's samples left out, before the shards are planned.
 rule summarize_scores:
     input:
-        scores=slice_part_files(rules.embed_part, "scores"),
+        unpack(get_slice_select_inputs),
         parts_plan=PARTS_PLANNED,
     output:
         directory(f"{WORK}/select/summaries/{{slice}}"),
@@ -116,7 +116,7 @@ rule decide_selection:
 
 rule select_samples:
     input:
-        scores=slice_part_files(rules.embed_part, "scores"),
+        unpack(get_slice_select_inputs),
         selection=rules.decide_selection.output[0],
         low=get_slice_low_similarity,  # samples already left out: the ledger names embed.min_similarity
         parts_plan=PARTS_PLANNED,

@@ -13,15 +13,19 @@ from shardsmith.formats.slices import run_slice
 
 
 def main() -> None:
-    scores, rules = by_part(snakemake.input.scores), [SelectRule(**r) for r in snakemake.params.rules]
+    rules = [SelectRule(**r) for r in snakemake.params.rules]
+    scores, samples, records = (by_part(getattr(snakemake.input, k, [])) for k in ("scores", "samples", "records"))
     selection = json.loads(Path(snakemake.input.selection).read_text())
     groups = {g["group"]: g for g in snakemake.params.groups}
 
     def make(group, folders):
-        parts = [scores[p] for p in groups[group]["parts"]]
+        ids = groups[group]["parts"]
+        parts = [scores[p] for p in ids] if scores else []
+        manifest = [(samples[p], records[p]) for p in ids] if samples else []
         low = [f"{folder}/{group}.parquet" for folder in snakemake.input.low]  # embed.min_similarity's, first
         excluded = set(pd.concat([pd.read_parquet(t, columns=["key"]) for t in low])["key"]) if low else set()
-        n = select_samples(parts, rules, selection, group, f"{folders[0]}/{group}.parquet", excluded)
+        out = f"{folders[0]}/{group}.parquet"
+        n = select_samples(parts, rules, selection, group, out, excluded, manifest)
         print(f"group {group}: {n} samples left out by the selection ({len(excluded)} already below min_similarity)")
 
     run_slice(snakemake, list(groups), make, __file__)

@@ -8,11 +8,15 @@ from shardsmith.formats.slices import run_slice
 
 
 def main() -> None:
-    scores, rules = by_part(snakemake.input.scores), [SelectRule(**r) for r in snakemake.params.rules]
+    rules = [SelectRule(**r) for r in snakemake.params.rules]
+    scores, samples, records = (by_part(getattr(snakemake.input, k, [])) for k in ("scores", "samples", "records"))
     groups = {g["group"]: g for g in snakemake.params.groups}
 
     def make(group, folders):
-        scored = summarize_scores([scores[p] for p in groups[group]["parts"]], rules, f"{folders[0]}/{group}.npz")
+        parts = groups[group]["parts"]
+        manifest = [(samples[p], records[p]) for p in parts] if samples else []
+        out = f"{folders[0]}/{group}.npz"
+        scored = summarize_scores([scores[p] for p in parts] if scores else [], rules, out, manifest)
         print(f"group {group}: " + ", ".join(f"{name} {n} samples scored" for name, n in scored.items()))
 
     run_slice(snakemake, list(groups), make, __file__)

@@ -38,6 +38,7 @@ class EmbedSettings:
     workers: int = 4
     decode: str = "cpu"
     gpu_decode_fraction: float = 1.0
+    heads: tuple = ()  # `embed.heads` entries: score heads over the image embeddings (shardsmith.embed.heads)
 
 
 def checkpoint_marker(path: str | Path) -> dict | None:
@@ -120,6 +121,13 @@ def register_model_config(settings: EmbedSettings) -> None:
         close = difflib.get_close_matches(settings.model, open_clip.list_models(), n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ConfigError(f"embed.model: open_clip has no model {settings.model!r}.{hint}")
+
+
+def model_embed_dim(model: str) -> int | None:
+    """The size of a registered model's embeddings, from its config (None for a Hugging Face hub model, whose
+    config comes with its weights)."""
+    cfg = open_clip.get_model_config(model)
+    return int(cfg["embed_dim"]) if cfg else None
 
 
 def resolve_weights(settings: EmbedSettings) -> dict:

@@ -62,10 +62,12 @@ from shardsmith.embed.decode import (
     image_tensor,
     tensor_preprocess,
 )
+from shardsmith.embed.heads import Heads, head_specs, load_heads
 from shardsmith.embed.model import (
     EmbedSettings,
     decode_path,
     load_model,
+    model_embed_dim,
     preprocess_config,
     provenance,
     register_model_config,
@@ -216,8 +218,9 @@ class PartSamples:
         return tensor_preprocess(ready, pp_cfg), len(jpegs), failed
 
 
-def row_dtype(dim: int) -> np.dtype:
-    """One sample's results, as the output files hold them: scores in fp32, unit embeddings in fp16."""
+def row_dtype(dim: int, heads: tuple[str, ...] = ()) -> np.dtype:
+    """One sample's results, as the output files hold them: scores in fp32, unit embeddings in fp16; then each
+    score head's score (fp32), by its column's name."""
     return np.dtype(
         [
             ("similarity", "<f4"),
@@ -225,15 +228,20 @@ def row_dtype(dim: int) -> np.dtype:
             ("text_norm", "<f4"),
             ("image", "<f2", (dim,)),
             ("text", "<f2", (dim,)),
+            *((column, "<f4") for column in heads),
         ]
     )
 
 
-def batch_rows(image: torch.Tensor, text: torch.Tensor) -> np.ndarray:
-    """A batch's rows from its raw fp32 embeddings. Worked out a batch at a time, in a run and in its rerun
-    alike, so the rows of a batch never depend on which run computed it."""
+def batch_rows(
+    image: torch.Tensor, text: torch.Tensor, scores: torch.Tensor | None = None, heads: tuple[str, ...] = ()
+) -> np.ndarray:
+    """A batch's rows from its raw fp32 embeddings (and its heads' scores, a column a head). Worked out a batch
+    at a time, in a run and in its rerun alike, so the rows of a batch never depend on which run computed it."""
     image_unit, text_unit = F.normalize(image, dim=-1), F.normalize(text, dim=-1)
-    rows = np.empty(len(image), row_dtype(image.shape[-1]))
+    rows = np.empty(len(image), row_dtype(image.shape[-1], heads))
+    for i, column in enumerate(heads):
+        rows[column] = scores[:, i].numpy()
     rows["similarity"] = (image_unit * text_unit).sum(-1).numpy()
     rows["image_norm"] = image.norm(dim=-1).numpy()
     rows["text_norm"] = text.norm(dim=-1).numpy()
@@ -409,39 +417,52 @@ class HalvingBatch:
 
 
 def encode(
-    model: torch.nn.Module, images: torch.Tensor, tokens: torch.Tensor, device: torch.device, precision: str
-) -> tuple[torch.Tensor, torch.Tensor]:
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    tokens: torch.Tensor,
+    device: torch.device,
+    precision: str,
+    heads: Heads | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Raw image and text embeddings in fp32 on `device`, computed under inference mode (autocast on CUDA
-    only). On CUDA the work is queued: `Queued` reads the results."""
+    only), and the score heads' scores (batch, heads) over the image embeddings, in fp32 outside autocast.
+    On CUDA the work is queued: `Queued` reads the results."""
     autocast = (
         torch.autocast("cuda", dtype=AUTOCAST_DTYPES[precision])
         if device.type == "cuda" and precision in AUTOCAST_DTYPES
         else contextlib.nullcontext()
     )
-    with torch.inference_mode(), autocast:
-        image = model.encode_image(images.to(device, non_blocking=True))
-        text = model.encode_text(tokens.to(device, non_blocking=True))
-    return image.float(), text.float()
+    with torch.inference_mode():
+        with autocast:
+            image = model.encode_image(images.to(device, non_blocking=True))
+            text = model.encode_text(tokens.to(device, non_blocking=True))
+        image = image.float()
+        scores = heads(image) if heads is not None else image.new_empty((len(image), 0))
+    return image, text.float(), scores
 
 
 class Queued:
     """A batch whose forward pass is queued on the device, with the copy of its embeddings back to pinned
     memory queued behind it; `rows()` waits for the copy. On the CPU everything is already done."""
 
-    def __init__(self, index: torch.Tensor, image: torch.Tensor, text: torch.Tensor) -> None:
-        self.index, self.event = index, None
+    def __init__(
+        self, index: torch.Tensor, image: torch.Tensor, text: torch.Tensor, scores: torch.Tensor, heads: tuple[str, ...]
+    ) -> None:
+        self.index, self.event, self.heads = index, None, heads
         if image.device.type != "cuda":
-            self.image, self.text = image, text
+            self.image, self.text, self.scores = image, text, scores
             return
-        self.image = torch.empty(image.shape, dtype=image.dtype, pin_memory=True).copy_(image, non_blocking=True)
-        self.text = torch.empty(text.shape, dtype=text.dtype, pin_memory=True).copy_(text, non_blocking=True)
+        self.image, self.text, self.scores = (
+            torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+            for t in (image, text, scores)
+        )
         self.event = torch.cuda.Event()
         self.event.record()
 
     def rows(self) -> np.ndarray:
         if self.event is not None:
             self.event.synchronize()
-        return batch_rows(self.image, self.text)
+        return batch_rows(self.image, self.text, self.scores, self.heads)
 
 
 # Over 60 lines: one job's steps in the order they must run (DataLoader workers fork before the model
@@ -470,6 +491,9 @@ def embed_part(
     precision = resolve_precision(settings.precision, device)
     decode = resolve_decode(settings, device)
     register_model_config(settings)
+    dim = model_embed_dim(settings.model)
+    heads, head_infos = load_heads(head_specs(settings.heads), dim, settings.model) if settings.heads else (None, [])
+    columns = tuple(i["column"] for i in head_infos)
     weights = resolve_weights(settings)
     pp_cfg = preprocess_config(settings)
     if decode == "gpu":
@@ -477,6 +501,8 @@ def embed_part(
     transform = image_transform_v2(PreprocessCfg(**pp_cfg), is_train=False)
     tokenizer = open_clip.get_tokenizer(settings.model)
     prov = provenance(settings, weights, pp_cfg, transform, tokenizer, device, precision, decode)
+    if head_infos:  # absent without heads: the provenance, and so the commits, of parts embedded without them
+        prov["heads"] = head_infos
     fingerprint = commit_fingerprint(prov, settings.batch_size, tar_path, samples_path)
     keep, name = Path(out_scores).parent / KEEP_DIR, Path(out_scores).stem
     commits = PartCommits(keep, name, fingerprint, commit_samples, commit_seconds, label=part)
@@ -504,13 +530,19 @@ def embed_part(
         if device.type == "cpu":
             torch.set_num_threads(max(1, threads))
         model, loaded_cfg = load_model(settings, device)
+        if heads is not None:
+            if dim is None:
+                heads.check(model.visual.output_dim, settings.model)
+            heads = heads.to(device)
         if loaded_cfg != pp_cfg:
             raise RuntimeError(
                 f"preprocessing of the loaded model {loaded_cfg} differs from the one the workers use {pp_cfg}"
             )
         loaded = time.perf_counter()
         batcher = HalvingBatch(settings.batch_size)
-        computed, counts = _embed_batches(batches, dataset, resumed, batcher, model, device, precision, pp_cfg, commits)
+        computed, counts = _embed_batches(
+            batches, dataset, resumed, batcher, (model, heads, columns), device, precision, pp_cfg, commits
+        )
     except Stopped:
         with deferred():  # every batch added so far, whole
             commits.commit()
@@ -528,8 +560,8 @@ def embed_part(
         rows = np.concatenate(pieces)
     else:  # an empty part: shapes from the model, so the files are still well-formed
         with torch.inference_mode():
-            rows = np.empty(0, row_dtype(model.encode_text(tokenizer([""]).to(device)).shape[-1]))
-    _write_scores(samples["key"], rows, settings.model, out_scores, out_embeddings)
+            rows = np.empty(0, row_dtype(model.encode_text(tokenizer([""]).to(device)).shape[-1], columns))
+    _write_scores(samples["key"], rows, settings.model, out_scores, out_embeddings, columns)
     seconds = time.perf_counter() - loaded
     embedded = len(samples) - resumed
     info = {
@@ -560,18 +592,20 @@ def _embed_batches(
     dataset: PartSamples,
     start: int,
     batcher: HalvingBatch,
-    model: torch.nn.Module,
+    models: tuple[torch.nn.Module, Heads | None, tuple[str, ...]],
     device: torch.device,
     precision: str,
     pp_cfg: dict,
     commits: PartCommits,
 ) -> tuple[list[np.ndarray], dict]:
-    """The rows (batch_rows) of samples `start` onwards, a batch at a time in order, each committed with
+    """The rows (batch_rows) of samples `start` onwards (`models`: the CLIP model, the score heads and their
+    columns), a batch at a time in order, each committed with
     `commits`; and the decode counts (JPEGs decoded on the device, of those left to Pillow).
 
     A batch's results are read once the next batch is queued behind it, so the device never waits for this
     process to prepare a batch; on a stop the batch in flight is still read and committed."""
     computed, order, counts = [], [], {"jpeg_gpu_decoded": 0, "jpeg_pillow_fallbacks": 0}
+    model, heads, columns = models
     in_flight: Queued | None = None
 
     def finish(queued: Queued) -> None:
@@ -588,8 +622,10 @@ def _embed_batches(
                 images, on_device, failed = dataset.device_images(index, images, rest[0], device, pp_cfg)
                 counts["jpeg_gpu_decoded"] += on_device
                 counts["jpeg_pillow_fallbacks"] += failed
-            image, text = batcher.run(lambda im, tok: encode(model, im, tok, device, precision), images, tokens)
-            queued = Queued(index, image, text)
+            image, text, scores = batcher.run(
+                lambda im, tok: encode(model, im, tok, device, precision, heads), images, tokens
+            )
+            queued = Queued(index, image, text, scores, columns)
             if in_flight is not None:
                 finish(in_flight)
             in_flight = queued
@@ -606,8 +642,11 @@ def _embed_batches(
     return computed, counts
 
 
-def _write_scores(keys: pd.Series, rows: np.ndarray, model_name: str, out_scores: str, out_embeddings: str) -> None:
-    """Scores (similarity, norms) as parquet and the unit embeddings as fp16 npz, both in sample order."""
+def _write_scores(
+    keys: pd.Series, rows: np.ndarray, model_name: str, out_scores: str, out_embeddings: str, heads: tuple[str, ...]
+) -> None:
+    """Scores (similarity, norms, then the heads') as parquet and the unit embeddings as fp16 npz, both in
+    sample order."""
     cols = score_columns(model_name)
     scores = pd.DataFrame(
         {
@@ -615,6 +654,7 @@ def _write_scores(keys: pd.Series, rows: np.ndarray, model_name: str, out_scores
             cols["similarity"]: rows["similarity"],
             cols["image_norm"]: rows["image_norm"],
             cols["text_norm"]: rows["text_norm"],
+            **{column: rows[column] for column in heads},
         }
     )
     write_npz(out_embeddings, key=keys.to_numpy(dtype=str), image=rows["image"], text=rows["text"])

@@ -30,12 +30,11 @@ import pandas as pd
 from shardsmith.core.atomic import atomic_write_text
 from shardsmith.core.errors import ConfigError
 from shardsmith.core.ledger import EXCLUSION_COLUMNS, SELECT
-from shardsmith.embed.stats import read_npz, score_columns, write_npz
+from shardsmith.embed.stats import head_columns, read_npz, score_columns, write_npz
 from shardsmith.formats.tables import ParquetAppender
 
 KEY_BITS = 24
 MERGE_ENTRIES = 1 << 22  # histogram entries read before they are added together: ~100 MB of them
-SHORT_COLUMNS = ("similarity", "image_norm", "text_norm")  # the model's score columns, by their short name
 
 
 @dataclass(frozen=True)
@@ -44,30 +43,57 @@ class SelectRule:
     column: str  # the score tables' column
     top_fraction: float | None = None
     min: float | None = None
+    max: float | None = None
+    manifest: bool = False  # the column is a manifest column the records carry, not a score table's
+
+    @property
+    def bound(self) -> bool:
+        """Whether the rule keeps by a value (min or max) rather than by a fraction."""
+        return self.top_fraction is None
 
     @classmethod
-    def of(cls, rule: dict, model: str) -> SelectRule:
-        """A `select` entry of the config, its column named in full (`similarity` is the model's)."""
-        column = score_columns(model)[rule["column"]] if rule["column"] in SHORT_COLUMNS else rule["column"]
-        if (rule.get("top_fraction") is None) == (rule.get("min") is None):
-            raise ValueError(f"select {rule['name']}: give one of top_fraction and min")
-        return cls(rule["name"], column, rule.get("top_fraction"), rule.get("min"))
+    def of(cls, rule: dict, model: str, heads: dict[str, str] | None = None) -> SelectRule:
+        """A `select` entry of the config, its column named in full (`similarity` is the model's, `aesthetic` the
+        score head's of that name: `heads`, {name: column})."""
+        if (rule.get("column") is None) == (rule.get("manifest_column") is None):
+            raise ValueError(f"select {rule['name']}: give one of column (a score) and manifest_column")
+        if sum(rule.get(k) is not None for k in ("top_fraction", "min", "max")) != 1:
+            raise ValueError(f"select {rule['name']}: give one of top_fraction, min and max")
+        limits = (rule.get("top_fraction"), rule.get("min"), rule.get("max"))
+        if rule.get("manifest_column") is not None:
+            return cls(rule["name"], rule["manifest_column"], *limits, manifest=True)
+        column = {**score_columns(model), **(heads or {})}.get(rule["column"], rule["column"])
+        return cls(rule["name"], column, *limits)
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "column": self.column, "top_fraction": self.top_fraction, "min": self.min}
+        limits = {k: getattr(self, k) for k in ("top_fraction", "min", "max")}
+        return {
+            "name": self.name,
+            "column": self.column,
+            **{k: v for k, v in limits.items() if v is not None},
+            **({"manifest": True} if self.manifest else {}),
+        }
+
+    def passes(self, values: np.ndarray) -> np.ndarray:
+        """Which scores a min or max rule keeps (NaN never)."""
+        return values >= self.min if self.min is not None else values <= self.max
 
     def describe(self) -> str:
-        return f"top {self.top_fraction:.4g} by {self.column}" if self.min is None else f"{self.column} >= {self.min}"
+        if self.top_fraction is not None:
+            return f"top {self.top_fraction:.4g} by {self.column}"
+        return f"{self.column} >= {self.min}" if self.min is not None else f"{self.column} <= {self.max}"
 
 
-def select_rules(rules: list[dict], model: str, columns: list[str]) -> list[SelectRule]:
+def select_rules(
+    rules: list[dict], model: str, columns: list[str], heads: dict[str, str] | None = None
+) -> list[SelectRule]:
     """The config's `select` list checked: names unique, each column one the score tables have (`columns`)."""
-    out = [SelectRule.of(r, model) for r in rules]
+    out = [SelectRule.of(r, model, heads) for r in rules]
     names = [r.name for r in out]
     if len(set(names)) != len(names):
         raise ValueError(f"select: rule names must differ: {', '.join(names)}")
     for r in out:
-        if r.column not in columns:
+        if not r.manifest and r.column not in columns:
             raise ValueError(f"select {r.name}: no score column {r.column!r}; there are {', '.join(columns)}")
     return out
 
@@ -78,11 +104,16 @@ def selection_rules(config: dict) -> list[SelectRule]:
     rules = config.get("select") or []
     if not rules:
         return []
-    if not config["embed"]["enabled"]:
-        raise ConfigError("select: the rules select by the scores embed_part computes: set embed.enabled: true")
+    scored = [r["name"] for r in rules if r.get("manifest_column") is None]
+    if scored and not config["embed"]["enabled"]:
+        raise ConfigError(
+            f"select {scored[0]}: selects by a score embed_part computes: set embed.enabled: true "
+            "(or select by a manifest column: manifest_column)"
+        )
     model = config["embed"]["model"]
+    heads = head_columns(config["embed"].get("heads"))
     try:
-        return select_rules(rules, model, list(score_columns(model).values()))
+        return select_rules(rules, model, [*score_columns(model).values(), *heads.values()], heads)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -101,30 +132,69 @@ def bin_floor(b: int) -> float:
     return float(np.array([bits], dtype=np.uint32).view(np.float32)[0])
 
 
-def _group_scores(part_scores: list[str], rules: list[SelectRule]) -> Iterator[pd.DataFrame]:
-    columns = list(dict.fromkeys(["key", *(r.column for r in rules)]))
-    for path in part_scores:
-        yield pd.read_parquet(path, columns=columns)
+def selection_reads(rules: list[SelectRule]) -> dict[str, bool]:
+    """What a group's jobs read: the score tables (a rule by a score), the samples and records tables (a rule
+    by a manifest column)."""
+    return {"scores": any(not r.manifest for r in rules), "manifest": any(r.manifest for r in rules)}
 
 
-def summarize_scores(part_scores: list[str], rules: list[SelectRule], out: str) -> dict[str, int]:
+def manifest_values(samples_path: str, records_path: str, columns: list[str]) -> pd.DataFrame:
+    """key and the manifest `columns` of a part's samples, in sample order, as float32: each sample's record
+    (by source_id) carries them in its fields; a value missing or no number is NaN, never kept."""
+    samples = pd.read_parquet(samples_path, columns=["key", "source_id"])
+    records = pd.read_parquet(records_path, columns=["source_id", "fields"])
+    where = pd.Index(records["source_id"]).get_indexer(samples["source_id"])
+    if (where < 0).any():
+        raise KeyError(f"{records_path}: no record for {int((where < 0).sum())} samples of {samples_path}")
+    fields = [json.loads(f) for f in records["fields"].to_numpy()[where]]
+    out = pd.DataFrame({"key": samples["key"].to_numpy()})
+    for c in columns:
+        values = pd.to_numeric(pd.Series([f.get(c) for f in fields], dtype=object), errors="coerce")
+        out[c] = values.to_numpy(dtype=np.float32)
+    return out
+
+
+def _group_scores(
+    part_scores: list[str], rules: list[SelectRule], manifest_parts: list[tuple[str, str]] = ()
+) -> Iterator[pd.DataFrame]:
+    """A part's key and rule columns at a time, in sample order: the score tables' and, for manifest columns,
+    each part's (samples table, records table) of `manifest_parts`, aligned with `part_scores`."""
+    scored = list(dict.fromkeys(r.column for r in rules if not r.manifest))
+    manifest = list(dict.fromkeys(r.column for r in rules if r.manifest))
+    for i in range(len(manifest_parts) if manifest else len(part_scores)):
+        if not manifest:
+            yield pd.read_parquet(part_scores[i], columns=["key", *scored])
+            continue
+        frame = manifest_values(*manifest_parts[i], manifest)
+        if scored:
+            scores = pd.read_parquet(part_scores[i], columns=["key", *scored])
+            if not np.array_equal(scores["key"].to_numpy(), frame["key"].to_numpy()):
+                raise ValueError(f"{part_scores[i]}: its keys are not those of {manifest_parts[i][0]}")
+            for c in scored:
+                frame[c] = scores[c].to_numpy()
+        yield frame
+
+
+def summarize_scores(
+    part_scores: list[str], rules: list[SelectRule], out: str, manifest_parts: list[tuple[str, str]] = ()
+) -> dict[str, int]:
     """A group's summary (`.npz`): for each fraction rule, its histogram (bins present, counts); for each rule
-    the samples scored (not NaN), and for a `min` rule those at or above it. Returns the samples scored."""
+    the samples scored (not NaN), and for a `min` or `max` rule those it keeps. Returns the samples scored."""
     hist: dict[str, list[np.ndarray]] = {r.name: [] for r in rules}
     scored = dict.fromkeys(hist, 0)
     passing = dict.fromkeys(hist, 0)
-    for frame in _group_scores(part_scores, rules):
+    for frame in _group_scores(part_scores, rules, manifest_parts):
         for r in rules:
             values = frame[r.column].to_numpy(dtype=np.float32)
             finite = values[~np.isnan(values)]
             scored[r.name] += len(finite)
-            if r.min is not None:
-                passing[r.name] += int((finite >= r.min).sum())
+            if r.bound:
+                passing[r.name] += int(r.passes(finite).sum())
             else:
                 hist[r.name].append(sort_keys(finite))
     arrays: dict[str, np.ndarray] = {}
     for r in rules:
-        if r.min is None:
+        if not r.bound:
             keys = np.concatenate(hist[r.name]) if hist[r.name] else np.zeros(0, np.uint32)
             arrays[f"{r.name}.bins"], arrays[f"{r.name}.counts"] = np.unique(keys, return_counts=True)
         arrays[f"{r.name}.scored"] = np.array([scored[r.name]], dtype=np.int64)
@@ -160,13 +230,14 @@ def decide_selection(summaries: dict[str, str], rules: list[SelectRule], model: 
             s = read_npz(summaries[g])
             scored += int(s[f"{r.name}.scored"][0])
             passing += int(s[f"{r.name}.passing"][0])
-            if r.min is None:
+            if not r.bound:
                 pieces.append((s[f"{r.name}.bins"], s[f"{r.name}.counts"]))
                 if sum(len(b) for b, _ in pieces) > MERGE_ENTRIES:
                     pieces = [_merged(pieces)]
-        entry: dict = {"column": r.column, "model": model, "scored": scored}
-        if r.min is not None:
-            decided[r.name] = {**entry, "min": r.min, "threshold": r.min, "kept": passing}
+        entry: dict = {"column": r.column, "model": "manifest" if r.manifest else model, "scored": scored}
+        if r.bound:
+            limit = {"min": r.min} if r.min is not None else {"max": r.max}
+            decided[r.name] = {**entry, **limit, "threshold": r.min if r.min is not None else r.max, "kept": passing}
             continue
         keep = kept_count(r.top_fraction, scored)
         entry |= {"top_fraction": r.top_fraction, "kept": keep}
@@ -194,8 +265,8 @@ def decide_selection(summaries: dict[str, str], rules: list[SelectRule], model: 
 def _fails(r: SelectRule, decided: dict, values: np.ndarray, group: str) -> np.ndarray:
     """Which samples (in sample order) rule `r` leaves out of the group."""
     nan = np.isnan(values)
-    if r.min is not None:
-        return nan | ~(values >= r.min)
+    if r.bound:
+        return nan | ~r.passes(values)
     keys = sort_keys(np.where(nan, np.float32(0), values)).astype(np.int64)
     b = decided["bin"]
     fails = nan | (keys < b)
@@ -209,6 +280,8 @@ def _detail(r: SelectRule, decided: dict, value: float) -> str:
         return f"{r.column} has no score; kept: {r.describe()}"
     if r.min is not None:
         return f"{r.column} {value:.4f} < {r.min}"
+    if r.max is not None:
+        return f"{r.column} {value:.4f} > {r.max}"
     threshold = decided["threshold"]
     cut = "none" if threshold is None else f"from {threshold:.4f}"
     return f"{r.column} {value:.4f}; kept: the top {r.top_fraction:.4g} of {decided['scored']:,} scored ({cut})"
@@ -221,13 +294,14 @@ def select_samples(
     group: str,
     out: str,
     excluded: set[str] = frozenset(),
+    manifest_parts: list[tuple[str, str]] = (),
 ) -> int:
     """A group's exclusions (key, stage, reason, detail): each sample a rule leaves out, named by the first rule
     it fails, but those an earlier exclusion of the group already leaves out (`excluded`, their keys: the ledger
     names that one, so every table counts a sample once); written a part at a time. Returns the rows written."""
     decided = selection["rules"]
     with ParquetAppender(out, EXCLUSION_COLUMNS) as table:
-        frames = list(_group_scores(part_scores, rules))
+        frames = list(_group_scores(part_scores, rules, manifest_parts))
         masks = {}
         for r in rules:  # a fraction rule's quota counts along the whole group, not per part
             values = np.concatenate([f[r.column].to_numpy(dtype=np.float32) for f in frames]) if frames else None
@@ -260,11 +334,11 @@ def select_samples(
 
 def summary_of(decided: dict) -> dict:
     """What the card and build.json state of a selection: per rule, its column and model, the fraction asked
-    (or the minimum), the threshold, the samples scored and kept and the fraction obtained."""
+    (or the minimum or maximum), the threshold, the samples scored and kept and the fraction obtained."""
     out = {}
     for name, d in decided.items():
         out[name] = {
-            k: d[k] for k in ("column", "model", "threshold", "scored", "kept", "top_fraction", "min") if k in d
+            k: d[k] for k in ("column", "model", "threshold", "scored", "kept", "top_fraction", "min", "max") if k in d
         }
         out[name]["fraction_kept"] = round(d["kept"] / d["scored"], 6) if d["scored"] else None
     return out

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from shardsmith.core.atomic import atomic_open, atomic_write_text
+from shardsmith.core.errors import ConfigError
 from shardsmith.core.ledger import EMBED, EXCLUSION_COLUMNS
 from shardsmith.formats.tables import ParquetAppender, num_rows
 
@@ -25,6 +26,7 @@ STAGE = EMBED
 QUANTILES = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999)
 # Fixed bins, so histograms of two builds (or two datasets) compare bin for bin.
 HIST_EDGES = np.round(np.linspace(-1.0, 1.0, 101), 2)
+HEAD_BINS = 100
 # Provenance that must agree between parts (scores from other weights or preprocessing cannot be pooled),
 # and provenance that may differ (a part that fell back to the CPU): listed, and named under `mixed`.
 MUST_AGREE = (
@@ -35,6 +37,7 @@ MUST_AGREE = (
     "preprocess",
     "tokenizer",
     "random_weights",
+    "heads",
 )
 MAY_DIFFER = ("device", "precision", "resize_library", "image_decode", "versions")
 
@@ -59,6 +62,19 @@ def score_columns(model: str) -> dict[str, str]:
     """Column names of the scores: cosine similarity (as DataComp names it) and both embedding norms."""
     p = score_prefix(model)
     return {"similarity": f"{p}_similarity_score", "image_norm": f"{p}_image_norm", "text_norm": f"{p}_text_norm"}
+
+
+def head_column(name: str) -> str:
+    """The score column of the score head `name` (embed.heads): aesthetic -> aesthetic_score."""
+    return f"{name}_score"
+
+
+def head_columns(heads: list[dict] | tuple | None) -> dict[str, str]:
+    """{name: column} of the `embed.heads` entries, in order; names must differ."""
+    names = [h["name"] for h in heads or ()]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"embed.heads: head names must differ: {', '.join(names)}")
+    return {n: head_column(n) for n in names}
 
 
 def write_npz(path: str | os.PathLike, **arrays: np.ndarray) -> None:
@@ -189,6 +205,24 @@ def describe(values: np.ndarray) -> dict:
     }
 
 
+def head_stats(scores: pd.DataFrame, heads: list[dict]) -> dict:
+    """Each score head's published scores described, with a histogram of HEAD_BINS bins between their least and
+    greatest (a head's range is its own: about 1 to 10 for LAION's aesthetic predictor, 0 to 1 for NSFW)."""
+    out = {}
+    for head in heads:
+        values = scores[head["column"]].to_numpy(np.float64)
+        values = values[np.isfinite(values)]
+        low, high = (float(values.min()), float(values.max())) if len(values) else (0.0, 1.0)
+        counts, edges = np.histogram(values, bins=HEAD_BINS, range=(low, high if high > low else low + 1))
+        out[head["name"]] = {
+            "column": head["column"],
+            "kind": head["kind"],
+            **describe(values),
+            "histogram": {"edges": edges.tolist(), "counts": counts.tolist()},
+        }
+    return out
+
+
 def merge_provenance(infos: list[dict]) -> dict:
     """One provenance for the dataset: weights and preprocessing must agree across parts; devices may differ."""
     if not infos:
@@ -292,6 +326,7 @@ def summarize(
         ),
         "random_weights": bool(prov.get("random_weights", False)),
         "provenance": prov,
+        **({"heads": head_stats(scores, prov["heads"])} if prov.get("heads") else {}),
     }
 
 

@@ -5,6 +5,8 @@ config built in another folder give a byte-identical card, like every other publ
 training command names the shards relative to the folder the card sits in.
 """
 
+from pathlib import Path
+
 from shardsmith.core.ledger import filter_name
 from shardsmith.formats.build import FINGERPRINT_EXCLUDES, config_fingerprint, fingerprinted_config, package_versions
 from shardsmith.formats.names import brace_pattern
@@ -89,6 +91,7 @@ def _clip_section(emb: dict) -> list[str]:
             value = prov[name].get("used", prov[name]) if isinstance(prov[name], dict) else prov[name]
             rows.append([name, f"`{value}`"])
     lines += _table(["", "value"], rows) if rows else ["(no statistics in embedding_stats.json)"]
+    lines += _heads_table(emb)
     lines += [
         "",
         "Statistics, histogram and full provenance (model, weights, preprocessing, versions): `embedding_stats.json`.",
@@ -96,11 +99,38 @@ def _clip_section(emb: dict) -> list[str]:
     return lines + [""]
 
 
+def _heads_table(emb: dict) -> list[str]:
+    """The score heads (embed.heads): each one's weights and its published scores."""
+    heads = emb.get("heads") or {}
+    if not heads:
+        return []
+    weights = {h["name"]: h for h in (emb.get("provenance") or {}).get("heads") or []}
+    rows = []
+    for name, h in heads.items():
+        w = weights.get(name, {})
+        stats = [f"{h[k]:.4f}" if isinstance(h.get(k), (int, float)) else "-" for k in ("mean", "min", "max")]
+        median = (h.get("quantiles") or {}).get("0.5")
+        stats.insert(1, "-" if median is None else f"{median:.4f}")
+        rows.append([f"`{name}`", h["kind"], f"`{h['column']}`", f"`{Path(w.get('weights', '?')).name}`", *stats])
+    return [
+        "",
+        "Score heads over the L2-normalised image embeddings (their weights' sha256 are in `embedding_stats.json`):",
+        "",
+        *_table(["head", "kind", "column", "weights", "mean", "median", "min", "max"], rows),
+    ]
+
+
 def _selection_section(selection: dict) -> list[str]:
     """Which selection made the dataset: each rule, its threshold, and the fraction asked and obtained."""
     rows = []
     for name, r in selection.items():
-        asked = f"top {r['top_fraction']:.4g}" if r.get("top_fraction") is not None else f"at least {r['min']}"
+        asked = (
+            f"top {r['top_fraction']:.4g}"
+            if r.get("top_fraction") is not None
+            else f"at least {r['min']}"
+            if r.get("min") is not None
+            else f"at most {r['max']}"
+        )
         threshold = "-" if r["threshold"] is None else f"{r['threshold']:.4f}"
         kept = "-" if r["fraction_kept"] is None else f"{r['fraction_kept']:.4f}"
         rows.append(

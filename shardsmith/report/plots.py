@@ -245,6 +245,9 @@ def plot_captions(manifest: pd.DataFrame, path: str, max_chars: int | None = Non
     return save(fig, path)
 
 
+LIMITS = {"top_fraction": "top", "min": "min", "max": "max"}  # a `select` rule's limit, as its cut's label says it
+
+
 def plot_embeddings(
     scores: pd.DataFrame, emb_stats: dict, path: str, total: int | None = None, selection: dict | None = None
 ) -> str:
@@ -257,7 +260,10 @@ def plot_embeddings(
     norms = [c for c in (named.get("image_norm"), named.get("text_norm")) if c in scores.columns] or norm_columns(
         scores.columns
     )
-    fig, axes = plt.subplots(1, 1 + max(1, len(norms)), figsize=FIGSIZE[0:1] + (FIGSIZE[1] * 0.65,), squeeze=False)
+    heads = [(n, h["column"]) for n, h in (emb_stats.get("heads") or {}).items() if h["column"] in scores.columns]
+    panels = 1 + max(1, len(norms)) + len(heads)
+    width = FIGSIZE[0] * max(1.0, panels / 3)
+    fig, axes = plt.subplots(1, panels, figsize=(width, FIGSIZE[1] * 0.65), squeeze=False)
     axes = axes[0]
     warn = random_weights(emb_stats)
     title = f"CLIP scores of {total:,} embedded samples, model {model_name(emb_stats)}{_sampled(len(scores), total)}"
@@ -279,7 +285,7 @@ def plot_embeddings(
     axes[0].legend(fontsize=9, loc="upper right")
     if not norms:
         empty(axes[1], "no norm columns in the score tables")
-    for ax, col in zip(axes[1:], norms):
+    for ax, col in zip(axes[1:], norms):  # with no norm column, axes[1] says so and the heads come after it
         v = scores[col].dropna()
         text = "text" in col or "txt" in col
         ax.hist(v, bins=bins, color=BEFORE if text else "#66a182")
@@ -287,10 +293,17 @@ def plot_embeddings(
         ax.set_ylabel("samples")
         counts_axis(ax)
         ax.set_title(f"{'Text' if text else 'Image'} embedding norm\n{col}", fontsize=11)
-    axis_of = {sim: axes[0], **dict(zip(norms, axes[1:]))}
+    head_axes = axes[1 + max(1, len(norms)) :]
+    for ax, (name, col) in zip(head_axes, heads):
+        ax.hist(scores[col].dropna(), bins=bins, color="#8d6a9f")
+        ax.set_xlabel("the head's score")
+        ax.set_ylabel("samples")
+        counts_axis(ax)
+        ax.set_title(f"Score head {name}\n{col}", fontsize=11)
+    axis_of = {sim: axes[0], **dict(zip(norms, axes[1:])), **{col: ax for ax, (_, col) in zip(head_axes, heads)}}
     for name, rule in (selection or {}).items():
         if rule["column"] in axis_of and rule["threshold"] is not None:
-            asked = f"top {rule['top_fraction']:.4g}" if rule.get("top_fraction") is not None else "min"
+            asked = next((f"{word} {rule[k]:.4g}" for k, word in LIMITS.items() if rule.get(k) is not None), "by score")
             label = f"select/{name}: {asked}, from {rule['threshold']:.4f}"
             axis_of[rule["column"]].axvline(rule["threshold"], color="#edae49", linestyle="-.", label=label)
             axis_of[rule["column"]].legend(fontsize=9, loc="upper right")

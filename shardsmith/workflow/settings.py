@@ -68,17 +68,26 @@ class Settings:
         if embed["decode"] != "cpu":
             settings["decode"] = embed["decode"]
             settings["gpu_decode_fraction"] = embed.get("gpu_decode_fraction", 1.0)
+        if embed.get("heads"):
+            settings["heads"] = [dict(h) for h in embed["heads"]]
         return settings
 
     @property
+    def id_list_files(self) -> list[str]:
+        """The id lists of the filters that take one (in_file, not_in_file): plan_parts' inputs, so that a
+        changed list plans the parts again."""
+        return [f["value"] for f in self.config["filters"] if f["op"].endswith("_file")]
+
+    @property
     def embed_model_files(self) -> list[str]:
-        """Local model files (checkpoint, model config): inputs, so that replacing one recomputes the scores."""
+        """Local model files (checkpoint, model config, score heads): inputs, so that replacing one recomputes
+        the scores."""
         embed = self.config["embed"]
         local = [embed["model_config"]] if embed["model_config"] else []
         pretrained = embed["pretrained"]
         if len(Path(pretrained).parts) > 1 or pretrained.endswith(CHECKPOINT_SUFFIXES):  # not a tag
             local.append(pretrained)
-        return local
+        return local + [h["weights"] for h in embed.get("heads") or ()]
 
     @property
     def shard_places(self) -> dict:

@@ -262,11 +262,13 @@ def test_schema_keeps_embedding_off_by_default_and_the_demo_config_turns_it_on()
         "batch_size": 256, "precision": "auto", "device": "auto", "workers": 4, "decode": "cpu",
         "min_similarity": None, "save_embeddings": False,
     }  # fmt: skip
-    # gpu_decode_fraction has no schema default: a config without it keeps its fingerprint (EmbedSettings: 1)
+    # gpu_decode_fraction and heads have no schema default: a config without them keeps its fingerprint
     assert set(config["embed"]) - {"enabled", "min_similarity", "save_embeddings"} == set(
         EmbedSettings.__dataclass_fields__
-    ) - {"gpu_decode_fraction"}
-    assert "gpu_decode_fraction" in yaml.safe_load(Path(schema).read_text())["properties"]["embed"]["properties"]
+    ) - {"gpu_decode_fraction", "heads"}
+    assert {"gpu_decode_fraction", "heads"} <= set(
+        yaml.safe_load(Path(schema).read_text())["properties"]["embed"]["properties"]
+    )
     demo = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
     validate(demo, schema=schema)
     assert demo["embed"]["enabled"] and demo["embed"]["pretrained"] == f"demo/models/{NAME}.pt"

@@ -9,6 +9,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from shardsmith.core.errors import ConfigError
 from shardsmith.embed.select import (
     KEY_BITS,
     SelectRule,
@@ -17,6 +18,8 @@ from shardsmith.embed.select import (
     kept_count,
     select_rules,
     select_samples,
+    selection_reads,
+    selection_rules,
     sort_keys,
     summarize_scores,
 )
@@ -159,8 +162,21 @@ def test_rules_are_checked_against_the_score_tables_columns():
         select_rules([{"name": "a", "column": "aesthetic_score", "min": 5}], MODEL, COLUMNS)
     with pytest.raises(ValueError, match="names must differ"):
         select_rules([{"name": "a", "column": "similarity", "min": 0.2}] * 2, MODEL, COLUMNS)
-    with pytest.raises(ValueError, match="one of top_fraction and min"):
+    with pytest.raises(ValueError, match="one of top_fraction, min and max"):
         select_rules([{"name": "a", "column": "similarity", "min": 0.2, "top_fraction": 0.3}], MODEL, COLUMNS)
+    heads = {"aesthetic": "aesthetic_score"}  # a score head's column, by the head's name
+    rules = select_rules([{"name": "a", "column": "aesthetic", "min": 5}], MODEL, [*COLUMNS, "aesthetic_score"], heads)
+    assert rules[0].column == "aesthetic_score" and SelectRule(**rules[0].as_dict()) == rules[0]
+
+
+def test_a_max_rule_keeps_the_scores_at_or_below_it_and_names_the_rest(tmp_path):
+    scores = np.array([0.1, 0.9, np.nan, 0.5, 0.7], dtype=np.float32)
+    selection, out = run(tmp_path, scores, [SelectRule("safe", SIM, max=0.5)], parts=2)
+    assert sorted(out["key"]) == ["s0000001", "s0000002", "s0000004"]  # above, NaN, above
+    assert selection["summary"]["safe"] == {
+        "column": SIM, "model": MODEL, "threshold": 0.5, "scored": 4, "kept": 2, "max": 0.5, "fraction_kept": 0.5
+    }  # fmt: skip
+    assert out.set_index("key")["detail"]["s0000001"] == f"{SIM} 0.9000 > 0.5"
 
 
 def test_the_summary_states_the_fraction_asked_and_obtained(tmp_path):
@@ -207,3 +223,49 @@ def test_samples_an_earlier_exclusion_left_out_get_no_second_row(tmp_path):
     n = select_samples(paths, rule, selection, "00000", str(out), earlier)
     rows = pq.read_table(out).to_pandas()
     assert n == len(rows) == len(excluded) - 3 and not set(rows["key"]) & earlier
+
+
+def test_a_manifest_column_selects_as_a_score_does_from_the_records_each_sample_came_from(tmp_path):
+    """DataComp's metadata ships clip_l14_similarity_score: its top fraction, read from the records' fields, at
+    one part and at three; a record without the column (or with text) is not scored and never kept."""
+    values = [0.31, 0.12, None, 0.45, "n/a", 0.45, 0.2, 0.33, 0.28]
+    rule = SelectRule("top", "clip_l14_similarity_score", top_fraction=0.5, manifest=True)
+    kept = []
+    for parts in (1, 3):
+        folder = tmp_path / f"p{parts}"
+        folder.mkdir()
+        manifest = []
+        for i, chunk in enumerate(np.array_split(np.arange(len(values)), parts)):
+            samples, records = folder / f"web-{i:06d}.samples.parquet", folder / f"web-{i:06d}.parquet"
+            order = chunk[::-1]  # samples in another order than their records: matched by source_id
+            pd.DataFrame({"key": [f"s{j}" for j in order], "source_id": [f"m:{j}" for j in order]}).to_parquet(samples)
+            fields = [json.dumps({} if values[j] is None else {"clip_l14_similarity_score": values[j]}) for j in chunk]
+            pd.DataFrame({"source_id": [f"m:{j}" for j in chunk], "fields": fields}).to_parquet(records)
+            manifest.append((str(samples), str(records)))
+        summaries = {}
+        for i, pair in enumerate(manifest):
+            summaries[f"{i:05d}"] = str(folder / f"{i:05d}.npz")
+            summarize_scores([], [rule], summaries[f"{i:05d}"], [pair])
+        selection = decide_selection(summaries, [rule], MODEL, str(folder / "selection.json"))
+        out = []
+        for i, pair in enumerate(manifest):
+            select_samples([], [rule], selection, f"{i:05d}", str(folder / f"{i}.parquet"), manifest_parts=[pair])
+            out.append(pq.read_table(folder / f"{i}.parquet").to_pandas())
+        left = pd.concat(out)
+        assert selection["rules"]["top"]["scored"] == 7 and selection["rules"]["top"]["model"] == "manifest"
+        kept.append(sorted({f"s{j}" for j in range(9)} - set(left["key"])))
+        assert left.set_index("key")["detail"]["s2"].startswith("clip_l14_similarity_score has no score")
+    assert kept[0] == kept[1] == ["s0", "s3", "s5", "s7"]  # round(0.5 x 7) = 4: 0.45, 0.45, 0.33, 0.31
+
+
+def test_rules_by_a_manifest_column_need_no_embedding_and_say_which_they_read():
+    config = {"embed": {"enabled": False, "model": MODEL}, "select": [
+        {"name": "top", "manifest_column": "clip_l14_similarity_score", "top_fraction": 0.3}]}  # fmt: skip
+    [rule] = selection_rules(config)
+    assert rule.manifest and selection_reads([rule]) == {"scores": False, "manifest": True}
+    assert SelectRule(**rule.as_dict()) == rule
+    config["select"].append({"name": "clip", "column": "similarity", "top_fraction": 0.3})
+    with pytest.raises(ConfigError, match="select clip: selects by a score embed_part computes"):
+        selection_rules(config)
+    with pytest.raises(ValueError, match="give one of column"):
+        SelectRule.of({"name": "x", "column": "similarity", "manifest_column": "y", "min": 1}, MODEL)

@@ -129,3 +129,18 @@ def test_exclusions_are_written_a_part_at_a_time_and_parts_with_none_below_add_n
     n = embed_stats.exclude_low_similarity(part_scores, NAME, threshold, str(out))
     got = pd.read_parquet(out)
     assert n == len(got) >= len(first) and list(got["key"][: len(first)]) == list(first["key"])  # in part order
+
+
+def test_parts_scored_by_other_heads_cannot_be_pooled_and_each_heads_scores_are_described():
+    from shardsmith.embed.stats import head_stats, merge_provenance
+
+    head = {"name": "aesthetic", "kind": "aesthetic", "column": "aesthetic_score", "weights_sha256": "a" * 64}
+    infos = [{"part": f"p{i}", "provenance": {"model": "m", "heads": [head]}} for i in range(2)]
+    assert merge_provenance(infos)["heads"] == [head]
+    infos[1]["provenance"]["heads"] = [{**head, "weights_sha256": "b" * 64}]
+    with pytest.raises(ValueError, match="different heads"):
+        merge_provenance(infos)
+    scores = pd.DataFrame({"aesthetic_score": [4.0, 5.0, 6.0, np.nan]})
+    described = head_stats(scores, [head])["aesthetic"]
+    assert described["n"] == 3 and described["mean"] == 5.0 and described["min"] == 4.0
+    assert sum(described["histogram"]["counts"]) == 3 and described["histogram"]["edges"][0] == 4.0

@@ -101,8 +101,26 @@ def test_plot_embeddings_marks_each_selections_cut_on_its_columns_histogram(tmp_
     plots.plot_embeddings(scores, stats, str(tmp_path / "clip.png"), selection=selection)
     legends = [[t.get_text() for t in ax.get_legend().get_texts()] if ax.get_legend() else [] for ax in drawn[0].axes]
     assert "select/top30: top 0.3, from 0.3261" in legends[0]
-    assert "select/norm: min, from 9.5000" in legends[1]
+    assert "select/norm: min 9.5, from 9.5000" in legends[1]
     assert not any("select/none" in t for texts in legends for t in texts)  # nothing kept: no cut to mark
+
+
+def test_plot_embeddings_draws_each_score_heads_histogram_with_its_cut(tmp_path, monkeypatch):
+    rng = np.random.default_rng(3)
+    columns = {"similarity": "clip_l14_similarity_score", "image_norm": "clip_l14_image_norm",
+               "text_norm": "clip_l14_text_norm"}  # fmt: skip
+    scores = pd.DataFrame({c: rng.normal(0.3, 0.05, 200) for c in columns.values()})
+    scores["aesthetic_score"], scores["nsfw_score"] = rng.normal(5, 1, 200), rng.uniform(0, 1, 200)
+    heads = {n: {"column": f"{n}_score", "kind": n} for n in ("aesthetic", "nsfw")}
+    stats = {"model": "ViT-L-14", "columns": columns, "min_similarity": None, "provenance": {}, "heads": heads}
+    selection = {"safe": {"column": "nsfw_score", "max": 0.5, "threshold": 0.5, "model": "x"}}
+    drawn = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.append(fig) or path)
+    plots.plot_embeddings(scores, stats, str(tmp_path / "clip.png"), selection=selection)
+    axes = drawn[0].axes
+    assert [ax.get_title().split("\n")[1] for ax in axes[3:]] == ["aesthetic_score", "nsfw_score"]
+    assert sum(p.get_height() for p in axes[3].patches) == 200  # every published sample in the histogram
+    assert [t.get_text() for t in axes[4].get_legend().get_texts()] == ["select/safe: max 0.5, from 0.5000"]
 
 
 def test_plots_are_written_atomically(tmp_path, monkeypatch):

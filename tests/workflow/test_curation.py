@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,8 +17,8 @@ from httpserver import Reply
 from PIL import Image
 from workflow_helpers import REPO, run_workflow
 
+from shardsmith.cli.tinyclip import CONFIG, write_tiny_clip
 from shardsmith.cli.tinyclip import NAME as TINY
-from shardsmith.cli.tinyclip import write_tiny_clip
 from tests.workflow.test_download import FAST, web_config
 from tests.workflow.test_repro import files
 
@@ -48,6 +49,7 @@ LAION_ROWS = [
     ("a green tree standing alone in a wide field", 0.2, 0.3, 0.4, [], "small", "published, passed through"),
     (EN, 0.1, 0.1, 0.35, [], "gone", "download/not_found"),
     ("two people walking a dog on the beach", 0.1, 0.1, 0.31, [], "photo", "published"),
+    ("a yellow kite flying high over green hills", 0.1, 0.1, 0.4, [], "photo", "filter/takedowns"),
 ]
 LAION_CURATION = {
     "filters": [
@@ -98,9 +100,13 @@ def test_a_laion_style_manifest_through_every_filter_adds_up_and_rebuilds_byte_i
     data.mkdir()
     pd.DataFrame(manifest).to_parquet(data / "laion.parquet", index=False)
     source = {"name": "laion", "type": "manifest", "path": str(data / "laion.parquet"), "blur_boxes": "face_bboxes"}
+    takedowns = [m["url"] for m, (*_, end) in zip(manifest, LAION_ROWS) if end == "filter/takedowns"]
+    (data / "takedowns.txt").write_text("\n".join([*takedowns, "http://127.0.0.1:9/never-listed.jpg"]) + "\n")
+    curation = {**LAION_CURATION, "filters": [*LAION_CURATION["filters"], {
+        "name": "takedowns", "column": "url", "op": "not_in_file", "value": str(data / "takedowns.txt")}]}  # fmt: skip
     roots = [tmp_path / "a", tmp_path / "b"]
     for root in roots:
-        config = web_config(root, [source], download=FAST, samples_per_shard=2, **LAION_CURATION)
+        config = web_config(root, [source], download=FAST, samples_per_shard=2, **curation)
         run_workflow(root, config, "all", str(root / "output" / "web" / "build.json"))
     out = roots[0] / "output" / "web"
     stats = json.loads((out / "stats.json").read_text())
@@ -121,6 +127,9 @@ def test_a_laion_style_manifest_through_every_filter_adds_up_and_rebuilds_byte_i
     assert by_reason["filter/clip_similarity"] == "similarity is 0.2; kept: similarity >= 0.28"
     assert re.fullmatch(r"de \(0\.\d\d\), not in languages \[en\]", by_reason["caption/language"])
     assert "box 0" in by_reason["resize/bad_boxes"]
+    assert by_reason["filter/takedowns"] == f"url is {takedowns[0]}; kept: url not_in_file {data / 'takedowns.txt'}"
+    id_lists = json.loads((roots[0] / "work" / "web" / "plan" / "parts" / "id_lists.json").read_text())
+    assert id_lists["takedowns"]["unknown_examples"] == ["http://127.0.0.1:9/never-listed.jpg"]
 
     manifest_table = pd.read_parquet(out / "manifest.parquet")
     assert list(manifest_table["language"]) == ["en"] * len(published)
@@ -152,9 +161,26 @@ def recipes() -> list[dict]:
     return [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", text, re.S)]
 
 
-def test_docs_curation_has_the_four_recipes():
+def test_docs_curation_has_the_seven_recipes():
     names = [r["sources"][0]["name"] for r in recipes()]
-    assert names == ["laion", "datacomp", "datacomp_clip", "aesthetics"]
+    assert names == [
+        "laion", "datacomp", "datacomp_clip", "datacomp_metadata", "aesthetics", "aesthetics_scored", "datacomp_subset"
+    ]  # fmt: skip
+
+
+def random_aesthetic_head(path) -> str:
+    """LAION's aesthetic MLP at the tiny model's embedding size, randomly initialised, its last layer scaled so
+    that its scores on the test's photos spread around the recipe's cut of 6 (unscaled, they differ by 0.005)."""
+    import torch  # here: collecting the workflow tests imports no torch
+
+    from shardsmith.embed.heads import write_random_head
+
+    write_random_head(path, "aesthetic", CONFIG["embed_dim"], seed=5)
+    state = torch.load(path, weights_only=True)
+    state["layers.7.weight"] *= 1000
+    state["layers.7.bias"] = torch.tensor([1.5])
+    torch.save(state, path)
+    return str(path)
 
 
 @pytest.mark.parametrize("recipe", recipes(), ids=lambda r: r["sources"][0]["name"])
@@ -177,14 +203,21 @@ def test_each_curation_recipe_runs_as_written(recipe, tmp_path, http_server):
         manifest.append(
             {"URL": url, "TEXT": caption, "url": url, "text": caption, "uid": f"{i:032x}", "similarity": sim,
              "punsafe": unsafe, "pwatermark": mark, "aesthetic": aesthetic, "original_width": w,
+             "clip_l14_similarity_score": sim,
              "original_height": h, "face_bboxes": boxes}
         )  # fmt: skip
     pd.DataFrame(manifest).to_parquet(tmp_path / "metadata.parquet", index=False)
     recipe["sources"][0]["path"] = str(tmp_path / "metadata.parquet")
+    for f in recipe.get("filters", []):  # an id list: rows 0, 2 and 3 of the manifest, and one uid it lacks
+        if f["op"].endswith("_file"):
+            f["value"] = str(tmp_path / Path(f["value"]).name)
+            Path(f["value"]).write_text("".join(f"{i:032x}\n" for i in (0, 2, 3, 99)))
     if "embed" in recipe:
         model_config, ckpt = write_tiny_clip(tmp_path / "models")
         tiny = {"model": TINY, "pretrained": str(ckpt), "model_config": str(model_config), "workers": 1}
         recipe["embed"] = {**recipe["embed"], **tiny}
+        for head in recipe["embed"].get("heads", []):
+            head["weights"] = random_aesthetic_head(tmp_path / "models" / Path(head["weights"]).name)
     root = tmp_path / "run"
     config = web_config(root, recipe["sources"], download=FAST, samples_per_shard=2)
     config.update({k: v for k, v in recipe.items() if k != "sources"})
@@ -195,6 +228,23 @@ def test_each_curation_recipe_runs_as_written(recipe, tmp_path, http_server):
         "laion": {"filter/clip_similarity": 1, "caption/language": 1},
         "datacomp": {"filter/short_width": 1, "caption/language": 1, "caption/too_few_words": 1},
         "datacomp_clip": {"select/clip_score_top30": 4},  # 2 of the 6 scored kept: round(0.3 x 6)
+        "datacomp_metadata": {"select/clip_score_top30": 4},  # of the four tied at 0.35, the earliest two kept
         "aesthetics": {"filter/aesthetic": 1, "filter/unsafe": 1},
+        "aesthetics_scored": {"filter/watermark": 1, "filter/unsafe": 1, "select/aesthetic_6": None},
+        "datacomp_subset": {"filter/subset": 3},
     }[recipe["sources"][0]["name"]]
+    if "select/aesthetic_6" in expected:  # the samples the random head scores below 6, from the part score tables
+        scored = pd.concat(pd.read_parquet(p) for p in sorted(root.glob("**/embed/*.parquet")))
+        assert len(scored) == 4 and "aesthetic_score" in scored
+        expected["select/aesthetic_6"] = int((scored["aesthetic_score"] < 6).sum())
+        assert 0 < expected["select/aesthetic_6"] < 4  # the cut falls between the samples
+        published = pd.read_parquet(root / "output" / "web" / "manifest.parquet", columns=["key"])["key"]
+        kept = scored.set_index("key").loc[published, "aesthetic_score"]
+        assert (kept >= 6).all() and len(kept) == 4 - expected["select/aesthetic_6"]
     assert stats["rejected_by_reason"] == expected
+    if recipe["sources"][0]["name"] == "datacomp_metadata":
+        kept = pd.read_parquet(root / "output" / "web" / "manifest.parquet", columns=["source_id"])["source_id"]
+        assert sorted(int(s.rsplit(":", 1)[1]) for s in kept) == [1, 3]  # manifest rows 0 and 2, counted from 1
+    if "filter/subset" in expected:
+        report = json.loads((root / "work" / "web" / "plan" / "parts" / "id_lists.json").read_text())["subset"]
+        assert report["matched"] == 3 and report["unknown_examples"] == [f"{99:032x}"]

@@ -1,37 +1,52 @@
-"""Selection over the whole dataset inside the real workflow (the generated demo, a tiny random CLIP model): the
-count kept is the fraction asked, the ledger names each rule with the score it saw, the card and build.json state
-the selection, and another part size selects the same samples."""
+"""Selection over the whole dataset and score heads inside the real workflow (the generated demo, a tiny random
+CLIP model and random heads of LAION's layouts): the count kept is the fraction asked, the ledger names each rule
+with the score it saw, the card and build.json state the selection, the heads' scores are published and
+described, another part size selects the same samples, and a rebuild elsewhere is byte-identical."""
 
 import json
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # inherited by snakemake and its jobs: nothing is downloaded
 
 import pandas as pd
 import pytest
 import yaml
-from workflow_helpers import demo_config, run_workflow
+from workflow_helpers import demo_config, run_workflow, sha256
 
 from shardsmith.cli.demo import make_demo
 from shardsmith.cli.tinyclip import NAME, write_tiny_clip
 from shardsmith.embed.select import kept_count
 from shardsmith.embed.stats import score_columns
+from tests.workflow.test_cluster import file_hashes
 
 pytestmark = pytest.mark.workflow
 COLUMNS = score_columns(NAME)
 SELECT = [
     {"name": "clip_top", "column": "similarity", "top_fraction": 0.6},
     {"name": "image_norm", "column": "image_norm", "top_fraction": 0.9},
+    {"name": "aesthetic_top", "column": "aesthetic", "top_fraction": 0.9},  # a score head's, by its name
 ]
 
 
-def build(base, data, models, part_size, **embed_settings):
+def heads(models_dir) -> list[dict]:
+    """Random heads of LAION's aesthetic and NSFW layouts at the tiny model's embedding size, written once (a
+    newer file is an input changed: its parts are embedded again)."""
+    from shardsmith.embed.heads import write_random_head  # torch: only where a test embeds
+
+    for i, kind in enumerate(("aesthetic", "nsfw")):
+        if not (models_dir / f"{kind}.pth").exists():
+            write_random_head(models_dir / f"{kind}.pth", kind, 32, seed=i)
+    return [{"name": k, "kind": k, "weights": str(models_dir / f"{k}.pth")} for k in ("aesthetic", "nsfw")]
+
+
+def build(base, data, models, part_size, name=None, **embed_settings):
     model_config, ckpt = models
     embed = {
         "enabled": True, "model": NAME, "pretrained": str(ckpt), "model_config": str(model_config),
-        "batch_size": 16, "workers": 1, **embed_settings,
+        "batch_size": 16, "workers": 1, "heads": heads(model_config.parent), **embed_settings,
     }  # fmt: skip
-    root = base / f"build-{part_size}"
+    root = base / (name or f"build-{part_size}")
     config = demo_config(data, root, embed=embed, select=SELECT, part_size=part_size)
     run_workflow(root, config)
     latest = root / "fast-storage" / "demo"
@@ -80,7 +95,7 @@ def test_the_fraction_asked_is_kept_and_the_ledger_names_each_rule_with_its_scor
 def test_the_card_and_build_json_state_the_selection(builds):
     _, version = builds[0]
     build_json = json.loads((version / "build.json").read_text())
-    assert set(build_json["selection"]) == {"clip_top", "image_norm"}
+    assert set(build_json["selection"]) == {"clip_top", "image_norm", "aesthetic_top"}
     top = build_json["selection"]["clip_top"]
     assert top["top_fraction"] == 0.6 and top["model"] == NAME and top["column"] == COLUMNS["similarity"]
     assert abs(top["fraction_kept"] - 0.6) < 1 / top["scored"]
@@ -124,3 +139,29 @@ def test_with_min_similarity_too_each_sample_left_out_is_in_the_ledger_once_and_
     assert counts["excluded_by_selection"] == int((rejected["stage"] == "select").sum())
     others = counts["excluded_low_similarity"] + counts["excluded_by_selection"] + counts["not_published_other"]
     assert counts["embedded"] == counts["published"] + others
+
+
+def test_the_heads_scores_are_published_described_and_shown(builds):
+    root, version = builds[0]
+    scores = scores_of(root)
+    published = pd.concat(pd.read_parquet(p) for p in sorted(version.glob("*.scores.parquet")))
+    assert {"aesthetic_score", "nsfw_score"} <= set(published.columns)
+    assert set(published["key"]) == set(pd.read_parquet(version / "manifest.parquet", columns=["key"])["key"])
+    by_key = scores.set_index("key")
+    assert (published.set_index("key")["nsfw_score"] == by_key.loc[published["key"], "nsfw_score"]).all()
+    stats = json.loads((version / "embedding_stats.json").read_text())
+    assert stats["heads"]["aesthetic"]["n"] == len(published) == sum(stats["heads"]["nsfw"]["histogram"]["counts"])
+    assert stats["heads"]["nsfw"]["mean"] == pytest.approx(published["nsfw_score"].mean(), rel=1e-6)
+    prov = {h["name"]: h for h in stats["provenance"]["heads"]}
+    assert prov["aesthetic"]["weights_sha256"] == sha256(Path(prov["aesthetic"]["weights"]))
+    card = (version / "README.md").read_text()
+    assert "| `aesthetic` | aesthetic | `aesthetic_score` | `aesthetic.pth` |" in card
+    aesthetic = json.loads((root / "work" / "demo" / "select" / "selection.json").read_text())["rules"]["aesthetic_top"]
+    assert aesthetic["column"] == "aesthetic_score" and aesthetic["scored"] == len(scores)
+
+
+def test_a_rebuild_elsewhere_with_heads_and_selection_is_byte_identical(builds, tmp_path):
+    root, version = builds[0]
+    models = (root.parent / "models" / f"{NAME}.json", root.parent / "models" / f"{NAME}.pt")
+    _, again = build(tmp_path, root.parent / "data", models, 16, name="again")
+    assert file_hashes(again) == file_hashes(version)  # every file, the publish marker but its time

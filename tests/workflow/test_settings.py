@@ -84,6 +84,24 @@ def test_local_model_files_are_inputs_and_tags_are_not(pretrained, model_config,
     assert settings(embed={"pretrained": pretrained, "model_config": model_config}).embed_model_files == files
 
 
+def test_score_heads_are_embed_settings_and_their_files_inputs_only_where_configured():
+    head = {"name": "aesthetic", "kind": "aesthetic", "weights": "models/aesthetic.pth"}
+    assert "heads" not in settings(embed={"enabled": True}).embed  # parts embedded without heads are kept
+    headed = settings(embed={"enabled": True, "pretrained": "models/clip.pt", "heads": [head]})
+    assert headed.embed["heads"] == [head]
+    assert headed.embed_model_files == ["models/clip.pt", "models/aesthetic.pth"]
+
+
+def test_id_lists_of_filters_are_inputs_of_the_part_plan():
+    filters = [
+        {"column": "uid", "op": "in_file", "value": "subset.txt"},
+        {"column": "punsafe", "op": "<", "value": 0.5},
+        {"column": "url", "op": "not_in_file", "value": "takedowns.parquet"},
+    ]
+    assert settings(filters=filters).id_list_files == ["subset.txt", "takedowns.parquet"]
+    assert settings().id_list_files == []
+
+
 def test_published_dir_is_the_mounted_version_folder_only():
     assert settings().published_dir is None
     assert settings(publish={"dest": "s3://b/p"}).published_dir is None
