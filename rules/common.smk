@@ -7,6 +7,7 @@ sys.path.insert(0, workflow.basedir)  # the shardsmith package beside this Snake
 from shardsmith.core.config import prepare_config
 from shardsmith.core.leftovers import remove_leftovers_of_killed_runs
 from shardsmith.download.filters import parse_filters
+from shardsmith.download.references import check_evaluation_sets
 from shardsmith.embed.select import selection_reads, selection_rules
 from shardsmith.formats.index import INDEX_FILES
 from shardsmith.shards.layout import PlanLayout
@@ -27,7 +28,11 @@ prepare_config(
     workflow.basedir,
     workflow.configfiles,
     lint="--lint" in sys.argv,
-    checks=[lambda c: parse_filters(c["filters"], c["sources"]), selection_rules],
+    checks=[
+        lambda c: parse_filters(c["filters"], c["sources"]),
+        selection_rules,
+        check_evaluation_sets,
+    ],
 )
 
 # What the rules read from the config (shardsmith.workflow.settings): folders, the optional steps, settings.
@@ -252,6 +257,11 @@ def get_slice_select_inputs(wildcards):
         inputs["samples"] = expand(rules.download_part.output.samples, part=parts)
         inputs["records"] = [f"{checkpoint_dir(checkpoints.plan_parts)}/{p}.parquet" for p in parts]
     return inputs
+
+
+def get_near_references(wildcards):
+    """The evaluation sets' reference images, hashed: entered into the near-duplicate search (none: [])."""
+    return [rules.hash_references.output.table] if SETTINGS.evaluation_sets else []
 
 
 def get_slice_low_similarity(wildcards):

@@ -54,6 +54,24 @@ rule download_part:
         "../scripts/download_part.py"
 
 
+# The evaluation sets' reference images hashed once (shardsmith.download.references), for the near-duplicate
+# search to leave their near copies out (evaluation_sets).
+rule hash_references:
+    input:
+        SETTINGS.evaluation_set_files,
+    output:
+        table=f"{WORK}/references/references.parquet",
+        info=f"{WORK}/references/references.json",
+    log:
+        f"{LOGS}/hash_references.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        sets=SETTINGS.evaluation_sets,
+    script:
+        "../scripts/hash_references.py"
+
+
 # Every part's files, listed once for the jobs that read all of them (PART_FILES in rules/common.smk).
 rule list_parts:
     input:

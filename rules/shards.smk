@@ -273,6 +273,7 @@ rule split_near_entries:
         cells=rules.train_near_cells.output.cells,
         published=slice_published("old"),
         gone=slice_published("gone"),
+        references=get_near_references,
         embeddings=get_slice_near_embeddings,
         parts_plan=PARTS_PLANNED,
     output:
@@ -407,6 +408,7 @@ rule decide_near_duplicates:
         "../envs/shards.yaml"
     params:
         near=config["dedupe"],
+        references=bool(SETTINGS.evaluation_sets),
     script:
         "../scripts/decide_near_duplicates.py"
 

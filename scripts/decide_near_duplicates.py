@@ -18,6 +18,7 @@ def main() -> None:
         NearSettings(**snakemake.params.near),
         sum(entries_samples(p) for p in listed_files(snakemake.input.entries)),
         Path(snakemake.output.table).parent,
+        references=snakemake.params.references,
     )
     print(f"near-duplicates: {counts['near_duplicates']} samples in {counts['groups']} groups")
 

@@ -9,7 +9,7 @@ from shardsmith.core.logs import run_job
 from shardsmith.formats.filelist import by_part
 from shardsmith.formats.slices import run_slice
 from shardsmith.shards.buckets import dropped_ids
-from shardsmith.shards.neardup import split_near_entries
+from shardsmith.shards.neardup import reference_candidates, split_near_entries
 from shardsmith.shards.sampleid import row_of
 
 
@@ -17,6 +17,7 @@ def main() -> None:
     inp = snakemake.input
     samples, embeddings = by_part(inp.samples), by_part(inp.embeddings)
     published, gone = list(inp.published), list(inp.gone)
+    references = reference_candidates(pd.read_parquet(inp.references[0])) if inp.references else None
     groups = {g["group"]: g for g in snakemake.params.groups}
 
     def make(group, folders):
@@ -25,6 +26,8 @@ def main() -> None:
         # each part's rows the exact steps left out, as the group's ledger piece names them
         dropped = [row_of(dropped_ids([piece], first + i)) for i in range(len(parts))]
         gone_here = pd.read_parquet(os.path.join(gone[0], f"{group}.parquet")) if gone else None
+        if references is not None and first == 0:  # the reference images, once, in the first group's entries
+            gone_here = pd.concat([*([gone_here] if gone_here is not None else []), references])
         n = split_near_entries(
             [samples[p] for p in parts],
             first,
@@ -37,7 +40,8 @@ def main() -> None:
             gone_here,
             snakemake.params.parts,
         )
-        extra = f", and {len(gone_here)} published ones no longer in the build" if gone_here is not None else ""
+        kept = len(gone_here) if gone_here is not None else 0
+        extra = f", and {kept} published ones gone from the build or reference images" if kept else ""
         print(f"group {group}: {n} samples split into the near-duplicate buckets{extra}")
 
     run_slice(snakemake, list(groups), make, __file__)

@@ -293,6 +293,16 @@ def test_the_near_duplicate_bench_measures_the_step_and_its_recall(tmp_path):
     assert len(found & planted) >= 0.8 * len(planted) and got["peak_rss_mib"] > 0
 
 
+def test_the_evaluation_set_bench_plants_copies_and_finds_them_through_the_near_jobs(tmp_path):
+    from bench.reference_bench import KINDS, child, generate
+
+    made = generate(tmp_path, 6000, 200, part_size=2000)
+    got = child(str(tmp_path))
+    assert len(made["planted"]) == 50 and {kind for _, kind in made["planted"].values()} == set(KINDS)
+    assert set(got["left_out_keys"]) == set(made["planted"]) and got["near_reference"] == 50
+    assert got["details"][0].startswith("near reference image val/") and got["peak_rss_mib"] > 0
+
+
 def test_the_kill_bench_kills_a_tiny_part_and_checks_its_rerun(tmp_path):
     """bench/kill_part.py at a tiny size: a kill by requests made and one inside a commit of the resize process,
     each rerun counted against the bound and compared with an unkilled run; a pair of runs for the commit cost."""

@@ -11,6 +11,9 @@ turns into ledger rows.
 FILTER, DOWNLOAD, CAPTION, RESIZE, PROCESS = "filter", "download", "caption", "resize", "process"
 EMBED, SELECT, DEDUPE = "embed", "select", "dedupe"  # optional stages
 SHARD = "shard"
+# A training sample near an image of an evaluation set (dedupe.references): its reason under DEDUPE, and the
+# `version` the reference images have in the near-duplicate search (`reference:{set}`).
+NEAR_REFERENCE, REFERENCE_VERSION = "near_reference", "reference:"
 # Pipeline order of the stages every build runs; optional ones (embed, dedupe) go between these and LAST_STAGES.
 STAGE_ORDER = (FILTER, DOWNLOAD, CAPTION, RESIZE, PROCESS)
 LAST_STAGES = (SHARD,)

@@ -164,6 +164,11 @@ def _near_section(near: dict) -> list[str]:
         f"{near['near_duplicates']:,} are {left}.",
         "",
     ]
+    if "near_reference" in near:  # evaluation_sets: their near copies are left out in either mode
+        out[-1:-1] = [
+            f"Of those, {near['near_reference']:,} are near an image of an evaluation set (`evaluation_sets`) and "
+            "are left out whatever `dedupe.near` says (`dedupe/near_reference` in the ledger).",
+        ]
     for signal, hist in near.get("distances", {}).items():
         label = "pHash distance (bits)" if signal == "phash" else "cosine similarity"
         out += _table([label, "samples"], [[k, v] for k, v in hist.items()]) + [""]

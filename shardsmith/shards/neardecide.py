@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_open
-from shardsmith.core.ledger import DEDUPE
+from shardsmith.core.ledger import DEDUPE, NEAR_REFERENCE, REFERENCE_VERSION
 from shardsmith.formats.shuffle import read_all, read_bucket, write_cut
 from shardsmith.formats.tables import ParquetAppender
 from shardsmith.shards.buckets import LEDGER_PIECE
@@ -343,16 +343,27 @@ def _write_parquet(path: str | os.PathLike, frame: pd.DataFrame, schema: pa.Sche
         pq.write_table(table, f, row_group_size=_ROW_GROUP)
 
 
+def is_reference(found: pd.DataFrame) -> np.ndarray:
+    """Which samples left out are near an image of an evaluation set (kept_version `reference:{set}`)."""
+    return found["kept_version"].fillna("").astype(str).str.startswith(REFERENCE_VERSION).to_numpy(bool)
+
+
 def details(found: pd.DataFrame) -> np.ndarray:
-    """The ledger detail of each sample left out (kept_key, kept_version, signal, distance): the kept sample and
-    how near it is. Column at a time: the last job writes one for every sample left out."""
+    """The ledger detail of each sample left out (kept_key, kept_version, signal, distance): the kept sample (or
+    the reference image) and how near it is. Column at a time: the last job writes one for every sample left
+    out."""
     version = found["kept_version"].fillna("").to_numpy(str)
-    where = np.where(version != "", np.char.add(np.char.add(" (published in ", version), ")"), "")
+    reference = is_reference(found)
+    sets = np.char.replace(version, REFERENCE_VERSION, "")
+    published = np.char.add(np.char.add(" (published in ", version), ")")
+    where = np.where(reference, np.char.add(np.char.add(" (evaluation set ", sets), ")"),
+                     np.where(version != "", published, ""))  # fmt: skip
     d = found["distance"].to_numpy(np.float64)
     phash = found["signal"].to_numpy(str) == "phash"
     how = np.where(phash, np.char.add(np.char.add("pHash distance ", d.astype(np.int64).astype(str)), " of 64 bits"),
                    np.char.add("CLIP image cosine similarity ", np.char.mod("%.4f", d)))  # fmt: skip
-    head = np.char.add("near-duplicate of ", found["kept_key"].to_numpy(str))
+    what = np.where(reference, "near reference image ", "near-duplicate of ")
+    head = np.char.add(what, found["kept_key"].to_numpy(str))
     return np.char.add(np.char.add(np.char.add(head, where), ": "), how).astype(object)
 
 
@@ -460,12 +471,14 @@ class DistinctCount:
 def finish(
     found_paths: list[str], pending_paths: list[str], last_messages: list[str], part_ids: list[str],
     exclude: bool, out_table: str | os.PathLike, out_piece: str | os.PathLike, work: str | os.PathLike | None,
+    references: bool = False,
 ) -> dict:  # fmt: skip
     """near_duplicates.parquet (NEAR_COLUMNS, in dataset order of the samples left out) and the near-duplicates'
     ledger piece (its rows with `exclude`; each part's count always), merged from every partition's FOUND rows
     and the pending ones, settled here; returns the counts (near_duplicates; groups, the copy sets: the samples
     kept that others were left out for; distances). "groups" and "samples_in_groups" are near_duplicates.json's
-    public keys."""
+    public keys. A sample near a reference image (`references`: dedupe.references is set) is left out whatever
+    `exclude` says, as near_reference, and counted apart."""
     names = np.asarray([*part_ids, ""], dtype=object)  # the part after the last: published samples gone since
     hist: dict[str, Counter] = {"phash": Counter(), "embedding": Counter()}
     with tempfile.TemporaryDirectory(prefix=".near-", dir=work) as tmp:
@@ -473,10 +486,13 @@ def finish(
         _write_parquet(rest, settle_pending(pending_paths, last_messages), FOUND_SCHEMA)
         tables = merge_steps([*found_paths, rest], tmp)
         dropped = np.zeros(len(part_ids) + 1, np.int64)
-        for chunk in merged(tables, ["id"]):  # each part's count first: the ledger piece carries them in its metadata
-            part = part_of(chunk["id"].to_numpy(np.int64))
+        near_reference = 0
+        for chunk in merged(tables, ["id", "kept_version"]):  # each part's count first: the ledger piece's metadata
+            left = np.full(len(chunk), exclude) | is_reference(chunk)
+            near_reference += int(is_reference(chunk).sum())
+            part = part_of(chunk["id"].to_numpy(np.int64)[left])
             dropped += np.bincount(part, minlength=len(dropped))[: len(dropped)]
-        counts = {p: [0, int(dropped[i]) if exclude else 0] for i, p in enumerate(part_ids)}
+        counts = {p: [0, int(dropped[i])] for i, p in enumerate(part_ids)}
         distinct = DistinctCount(tmp, int(dropped.sum()))
         piece = ParquetAppender(out_piece, LEDGER_PIECE, metadata={"counts": json.dumps(counts)})
         with ParquetAppender(out_table, NEAR_COLUMNS) as table, piece:
@@ -492,8 +508,11 @@ def finish(
                 for sig, rows in chunk.groupby("signal"):
                     d = rows["distance"]
                     hist[str(sig)].update((d.astype(int) if sig == "phash" else (d * 100).round() / 100).tolist())
-                if exclude:
-                    piece.append(chunk.assign(stage=DEDUPE, reason=REASON, detail=details(chunk))[LEDGER_PIECE])
+                reference = is_reference(chunk)
+                left = chunk[reference | exclude]
+                if len(left):
+                    reason = np.where(reference[reference | exclude], NEAR_REFERENCE, REASON)
+                    piece.append(left.assign(stage=DEDUPE, reason=reason, detail=details(left))[LEDGER_PIECE])
             total = table.rows
         copy_sets = distinct.count()
     distances = {s: {str(k): int(v) for k, v in sorted(h.items())} for s, h in hist.items() if h}
@@ -502,4 +521,5 @@ def finish(
         "groups": copy_sets,
         "samples_in_groups": copy_sets + total,
         "distances": distances,
+        **({"near_reference": near_reference} if references else {}),
     }

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from shardsmith.core.atomic import atomic_write_text
 from shardsmith.core.errors import ConfigError
+from shardsmith.core.ledger import REFERENCE_VERSION
 from shardsmith.shards.neardecide import HOME_SCHEMA, finish, write_by_home, write_pairs
 from shardsmith.shards.nearparts import (
     CELL_TRAIN_PER_CENTROID,
@@ -48,7 +49,7 @@ from shardsmith.shards.nearparts import (
     write_cells,
     write_entries,
 )
-from shardsmith.shards.sampleid import gone_ids, sample_ids
+from shardsmith.shards.sampleid import ORDER_BITS, gone_ids, sample_ids
 
 MODES = ("report", "exclude", "off")
 
@@ -108,6 +109,7 @@ def _codes(hexes: pd.Series) -> np.ndarray:
 
 _NO_OLD = pd.DataFrame({"part": [], "row": [], "version": []})  # no samples already published
 GONE_COLUMNS = ["key", "version", "width_before", "height_before", "phash", "phash_mirror", "order"]
+FIRST_REFERENCE_VERSION = 1 << 20  # the version index of the first reference set: after any a dataset can have
 
 
 def part_candidates(
@@ -131,9 +133,22 @@ def part_candidates(
 
 
 def gone_candidates(gone: pd.DataFrame, part: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Published records gone from the build, and reference images, as keepers: a reference comes before any
+    other (its near copies are named near_reference, whatever else they are near)."""
     area = gone["width_before"].to_numpy(np.int64) * gone["height_before"].to_numpy(np.int64)
+    reference = gone["version"].astype(str).str.startswith(REFERENCE_VERSION).to_numpy()
+    area = np.where(reference, np.int64(1) << np.int64(62), area)  # past the largest area priority keeps
     prio = priority(np.ones(len(gone), bool), area, np.zeros(len(gone), np.int64))
     return gone_ids(gone["order"].to_numpy(np.int64), part), prio, _codes(gone["phash"]), _codes(gone["phash_mirror"])
+
+
+def reference_candidates(references: pd.DataFrame) -> pd.DataFrame:
+    """Reference images (shardsmith.download.references' table) as published records gone from the build
+    (GONE_COLUMNS): their `order` after every published version's (FIRST_REFERENCE_VERSION on), in set and file
+    order, so that every job gives a reference the same id."""
+    version = np.int64(FIRST_REFERENCE_VERSION) + references["set"].to_numpy(np.int64)
+    order = (version << np.int64(ORDER_BITS)) | references["row"].to_numpy(np.int64)
+    return references.assign(order=order)[GONE_COLUMNS]
 
 
 def train_part_cells(
@@ -280,13 +295,14 @@ def _part_embeddings(embeddings_path: str, samples_path: str, rows: np.ndarray) 
 
 def decide_near_duplicates(
     found: list[str], pending: list[str], last_messages: list[str], part_ids: list[str], s: NearSettings,
-    compared: int, out_dir: str | Path,
+    compared: int, out_dir: str | Path, references: bool = False,
 ) -> dict:  # fmt: skip
     """near_duplicates.parquet and .json, and near_dropped.parquet (the ledger piece of the samples left out: no
     rows unless exclude), from the partitions' last round (shardsmith.shards.neardecide); returns the counts."""
     out_dir = Path(out_dir)
     counts = finish(found, pending, last_messages, list(part_ids), s.near == "exclude",
-                    out_dir / "near_duplicates.parquet", out_dir / "near_dropped.parquet", out_dir)  # fmt: skip
+                    out_dir / "near_duplicates.parquet", out_dir / "near_dropped.parquet", out_dir,
+                    references)  # fmt: skip
     counts = {"samples_compared": compared, **counts}
     atomic_write_text(out_dir / "near_duplicates.json", json.dumps({**counts, "settings": vars(s)}, indent=1) + "\n")
     return counts

@@ -5,9 +5,11 @@ config alone, so that the rules hold no arithmetic or logic of their own.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardsmith.core.config import expand_paths
 from shardsmith.formats.energon import sqlite_wanted
 
 EMBED_KEYS = ("model", "pretrained", "model_config", "batch_size", "precision", "device", "workers")
@@ -71,6 +73,18 @@ class Settings:
         if embed.get("heads"):
             settings["heads"] = [dict(h) for h in embed["heads"]]
         return settings
+
+    @property
+    def evaluation_sets(self) -> list[dict]:
+        """The evaluation sets whose reference images' near copies are left out (none: [])."""
+        return list(self.config.get("evaluation_sets") or [])
+
+    @property
+    def evaluation_set_files(self) -> list[str]:
+        """The sets' folders and tar shards: hash_references' inputs, so that a changed set is hashed again (a
+        folder's time changes when a file is added or removed, not when one is rewritten)."""
+        paths = [s["path"] for s in self.evaluation_sets]
+        return [f for p in paths for f in ([p] if os.path.isdir(p) else expand_paths(p))]
 
     @property
     def id_list_files(self) -> list[str]:

@@ -206,7 +206,7 @@ def find_published(
 
 def run_near_jobs(
     sample_paths: list[str], part_ids: list[str], s: NearSettings, dropped: list[np.ndarray], pub: Published,
-    embedding_paths: list[str], layout: Layout | None, work: Path, out_dir: Path,
+    embedding_paths: list[str], layout: Layout | None, work: Path, out_dir: Path, references: bool = False,
 ) -> dict:  # fmt: skip
     """The near-duplicate jobs in their order, a group a part, their files under `work`; the tables into
     `out_dir` (decide_near_duplicates); returns the counts. `layout`: cells and buckets as given (default: from
@@ -240,7 +240,7 @@ def run_near_jobs(
         messages = sent
     found = [str(work / f"{p}.found.parquet") for p in range(used.buckets)]
     pending = [str(work / f"{p}.pending.parquet") for p in range(used.buckets)]
-    return decide_near_duplicates(found, pending, messages, part_ids, s, compared, out_dir)
+    return decide_near_duplicates(found, pending, messages, part_ids, s, compared, out_dir, references)
 
 
 def find_near_duplicates(

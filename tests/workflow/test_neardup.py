@@ -4,6 +4,7 @@ ledger adds up, a rebuild keeps the same samples, a refresh finds copies of alre
 report and the card show them, and the semantic path runs with the tiny CLIP model."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -182,3 +183,73 @@ def test_the_semantic_signal_runs_with_the_tiny_model(tmp_path):
     _, rejected, stats = published(tmp_path)
     assert stats["rejected_by_reason"].get("dedupe/near_duplicate", 0) == len(found)
     assert "CLIP image cosine similarity" in " ".join(rejected["detail"])
+
+
+def reference_folder(data: Path, folder: Path) -> None:
+    """The four copies make_data writes (resized, recompressed, cropped, mirrored; photos 0-3), and three photos
+    of other scenes, as an evaluation set's folder."""
+    folder.mkdir(parents=True)
+    for i, kind in enumerate(COPIES):
+        shutil.copy(data / "images" / f"{kind}_{i}.jpg", folder / f"{kind}_{i}.jpg")
+    rng = np.random.default_rng(99)
+    for i in range(3):
+        (folder / f"other_{i}.jpg").write_bytes(jpeg(scene(rng, 640, 480), quality=90))
+
+
+def reference_shards(folder: Path, shard: Path) -> None:
+    import tarfile
+
+    with tarfile.open(shard, "w") as tar:
+        for p in sorted(folder.iterdir()):
+            tar.add(p, arcname=p.name)
+
+
+@pytest.mark.parametrize("near", ["report", "exclude"])
+def test_training_samples_near_an_evaluation_set_are_left_out_naming_the_reference(tmp_path, near):
+    """The originals of the four planted copies are left out as dedupe/near_reference (with near: report too),
+    none of the rest; the set as tar shards leaves out the same samples; an empty set leaves out none."""
+    make_data(tmp_path / "data", copies=False)  # the six originals only; the copies are the evaluation set
+    reference_folder(tmp_path / "data", tmp_path / "eval" / "val")
+    config = config_for(tmp_path / "data", tmp_path / "a", near=near)
+    config["samples_per_shard"] = 1  # two published samples: two shards, as OpenCLIP needs
+    config["evaluation_sets"] = [{"name": "val", "path": str(tmp_path / "eval" / "val")}]
+    if near == "exclude":  # planned by a job a step: two sources, so two parts, two groups and two buckets
+        lines = (tmp_path / "data" / "manifest.tsv").read_text().splitlines(keepends=True)
+        (tmp_path / "data" / "first.tsv").write_text("".join(lines[:3]))
+        (tmp_path / "data" / "second.tsv").write_text("".join(lines[3:]))
+        config["sources"] = [{**config["sources"][0], "name": n, "path": str(tmp_path / "data" / f"{n}.tsv")}
+                             for n in ("first", "second")]  # fmt: skip
+        config["part_size"] = 1000
+        config["dedupe"].update(bucket_samples=1000, buckets=2)
+    run_workflow(tmp_path / "a", config)
+    manifest, rejected, stats = published(tmp_path / "a")
+    assert sorted(captions(tmp_path / "a", manifest).values()) == ["Photo number 4", "Photo number 5"]
+    refs = rejected[rejected["reason"] == "near_reference"]
+    assert set(refs["stage"]) == {"dedupe"} and len(refs) == 4 == len(rejected)
+    by_photo = {Path(u).stem: d for u, d in zip(refs["url"], refs["detail"], strict=True)}
+    for i, kind in enumerate(COPIES):
+        assert re.fullmatch(
+            rf"near reference image val/{kind}_{i}\.jpg \(evaluation set val\): pHash distance \d of 64 bits",
+            by_photo[f"photo_{i}"],
+        )
+    assert stats["input_records"] == stats["published"] + stats["rejected"] == 6
+    one_job = (tmp_path / "a" / "work" / "demo" / "plan" / "one_job").exists()
+    assert one_job == (near == "report")
+    counts = json.loads((tmp_path / "a" / "work" / "demo" / "plan" / "shards" / "near_duplicates.json").read_text())
+    assert counts["near_reference"] == 4
+    card = (tmp_path / "a" / "output" / "demo" / "README.md").read_text()
+    assert "Of those, 4 are near an image of an evaluation set" in card
+    if near == "exclude":
+        return
+    reference_shards(tmp_path / "eval" / "val", tmp_path / "eval" / "val-000000.tar")
+    config = config_for(tmp_path / "data", tmp_path / "b", near=near)
+    config["samples_per_shard"] = 1
+    config["evaluation_sets"] = [{"name": "val", "path": str(tmp_path / "eval" / "val-{000000..000000}.tar")}]
+    run_workflow(tmp_path / "b", config)
+    assert sorted(published(tmp_path / "b")[1]["source_id"]) == sorted(refs["source_id"])
+    (tmp_path / "eval" / "empty").mkdir()
+    config = config_for(tmp_path / "data", tmp_path / "c", near=near)
+    config["samples_per_shard"] = 1
+    config["evaluation_sets"] = [{"name": "val", "path": str(tmp_path / "eval" / "empty")}]
+    run_workflow(tmp_path / "c", config)
+    assert len(published(tmp_path / "c")[0]) == 6

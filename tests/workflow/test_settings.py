@@ -102,6 +102,17 @@ def test_id_lists_of_filters_are_inputs_of_the_part_plan():
     assert settings().id_list_files == []
 
 
+def test_evaluation_sets_files_are_inputs_of_hash_references(tmp_path):
+    (tmp_path / "val").mkdir()
+    for i in range(2):
+        (tmp_path / f"coco-{i:06d}.tar").write_bytes(b"")
+    sets = [{"name": "val", "path": str(tmp_path / "val")}, {"name": "coco", "path": str(tmp_path / "coco-*.tar")}]
+    s = settings(evaluation_sets=sets)
+    assert s.evaluation_sets == sets
+    assert s.evaluation_set_files == [str(tmp_path / "val"), *(str(tmp_path / f"coco-{i:06d}.tar") for i in range(2))]
+    assert settings().evaluation_sets == [] and settings().evaluation_set_files == []
+
+
 def test_published_dir_is_the_mounted_version_folder_only():
     assert settings().published_dir is None
     assert settings(publish={"dest": "s3://b/p"}).published_dir is None

@@ -1,0 +1,100 @@
+"""Evaluation sets kept out of training: their images (reference images) hashed once, for the near-duplicate
+search.
+
+`evaluation_sets` names sets of reference images: a folder of images, or WebDataset tar shards.
+`hash_references` reads every image of every set and writes one table of their pHashes (and their mirrors'),
+each with its set's index and its place in the set. The near-duplicate search enters them as samples already
+published (shardsmith.shards.neardup.reference_candidates), which are never left out and keep every near copy
+of theirs from the build; the decision names such a copy `dedupe/near_reference`, with the reference image
+and the distance (shardsmith.shards.neardecide). A reference's `version` is `reference:{set}`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+from PIL import Image
+
+from shardsmith.core.atomic import atomic_open, atomic_write_text
+from shardsmith.core.config import expand_paths
+from shardsmith.core.errors import ConfigError
+from shardsmith.core.ledger import REFERENCE_VERSION
+from shardsmith.download.process.phash import phash_pair
+from shardsmith.download.sources import DEFAULT_IMAGE_EXTENSIONS
+
+COLUMNS = ["key", "version", "width_before", "height_before", "phash", "phash_mirror", "set", "row"]
+IMAGE_EXTENSIONS = frozenset(DEFAULT_IMAGE_EXTENSIONS)
+
+
+def _ext(name: str) -> str:
+    return name.rsplit(".", 1)[-1].lower() if "." in name else ""
+
+
+def reference_images(path: str) -> Iterator[tuple[str, bytes]]:
+    """(name, bytes) of every image of a set, in a fixed order: a folder's image files by their path under it
+    (hidden ones skipped), or the image members of tar shards (a path, a brace pattern or a glob), shard by
+    shard, a member's name being its shard's file name and its own."""
+    if os.path.isdir(path):
+        for dirpath, dirnames, filenames in os.walk(path):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                if not name.startswith(".") and _ext(name) in IMAGE_EXTENSIONS:
+                    full = os.path.join(dirpath, name)
+                    yield os.path.relpath(full, path), Path(full).read_bytes()
+        return
+    for shard in expand_paths(path):
+        with tarfile.open(shard) as tar:
+            for member in tar:
+                if member.isfile() and _ext(member.name) in IMAGE_EXTENSIONS:
+                    yield f"{os.path.basename(shard)}/{member.name}", tar.extractfile(member).read()
+
+
+def check_evaluation_sets(config: dict) -> None:
+    """`evaluation_sets` checked: the near-duplicate search on, names unique, each path a folder or existing tar
+    shards; a ConfigError names what is wrong."""
+    sets = config.get("evaluation_sets") or []
+    if sets and config["dedupe"]["near"] == "off":
+        raise ConfigError(
+            "evaluation_sets: their near copies are found by the near-duplicate search; set dedupe.near to report "
+            "or exclude"
+        )
+    names = [r["name"] for r in sets]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"evaluation_sets: set names must differ: {', '.join(names)}")
+    for r in sets:
+        if not os.path.isdir(r["path"]) and not [p for p in expand_paths(r["path"]) if os.path.isfile(p)]:
+            raise ConfigError(f"evaluation_sets {r['name']}: {r['path']} is neither a folder of images nor tar shards")
+
+
+def hash_references(references: list[dict], out_table: str, out_info: str) -> dict:
+    """The table of every reference image's hashes (COLUMNS), and per set the images hashed and those that
+    could not be read (named, with why), as JSON; returns that."""
+    rows, info = [], {}
+    for i, ref in enumerate(references):
+        hashed, unreadable = 0, []
+        for n, (name, data) in enumerate(reference_images(ref["path"])):
+            try:
+                with Image.open(io.BytesIO(data)) as im:
+                    im.load()
+                    width, height = im.size
+                    code, mirror = phash_pair(im.convert("RGB"))
+            except Exception as e:  # any undecodable file: named, not hashed
+                unreadable.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                continue
+            version = f"{REFERENCE_VERSION}{ref['name']}"
+            rows.append([f"{ref['name']}/{name}", version, width, height, code, mirror, i, n])
+            hashed += 1
+        info[ref["name"]] = {"path": ref["path"], "images": hashed, "unreadable": unreadable}
+    table = pd.DataFrame(rows, columns=COLUMNS).astype(
+        {"width_before": "int64", "height_before": "int64", "set": "int64", "row": "int64"}
+    )
+    with atomic_open(out_table) as f:
+        table.to_parquet(f, index=False)
+    atomic_write_text(out_info, json.dumps(info, indent=1, sort_keys=True) + "\n")
+    return info
