@@ -122,7 +122,7 @@ def child(folder: str) -> dict:
         "wall_s": round(wall, 1),
         "peak_rss_mib": round(_peak_rss() / 2**20, 1),
         "near_reference": counts.get("near_reference"),
-        "left_out_keys": sorted(left["key"].tolist()),
+        "left_out": dict(zip(left["key"].tolist(), left["detail"].tolist(), strict=True)),
         "details": left["detail"].tolist()[:3],
     }
 
@@ -143,7 +143,8 @@ def main() -> None:
         run = subprocess.run([sys.executable, __file__, "--child", tmp], capture_output=True, text=True, check=True)
         got = json.loads(run.stdout.strip().splitlines()[-1])
     planted = made["planted"]
-    left = set(got.pop("left_out_keys"))
+    details = got.pop("left_out")
+    left = set(details)
     by_kind = {k: [0, 0] for k in KINDS}
     for key, (_, kind) in planted.items():
         by_kind[kind][0] += 1
@@ -157,9 +158,14 @@ def main() -> None:
         "planted_left_out": sum(found for _, found in by_kind.values()),
         "by_kind": {k: {"planted": a, "left_out": b} for k, (a, b) in by_kind.items()},
         "left_out_not_planted": len(left - set(planted)),
+        # random 64-bit hashes lie within the threshold of one another by chance (about 3e-10 of pairs at 8 bits):
+        # such a sample is near a reference by the rule, and its detail says how near
+        "not_planted_details": sorted(details[k] for k in left - set(planted)),
         **got,
     }
-    result["met"] = result["planted_left_out"] == len(planted) and result["left_out_not_planted"] == 0
+    beyond = [d for d in result["not_planted_details"] if int(d.split("pHash distance ")[1].split()[0]) > 8]
+    result["left_out_beyond_the_threshold"] = len(beyond)
+    result["met"] = result["planted_left_out"] == len(planted) and not beyond
     print(json.dumps(result, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

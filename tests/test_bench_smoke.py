@@ -299,7 +299,7 @@ def test_the_evaluation_set_bench_plants_copies_and_finds_them_through_the_near_
     made = generate(tmp_path, 6000, 200, part_size=2000)
     got = child(str(tmp_path))
     assert len(made["planted"]) == 50 and {kind for _, kind in made["planted"].values()} == set(KINDS)
-    assert set(got["left_out_keys"]) == set(made["planted"]) and got["near_reference"] == 50
+    assert set(got["left_out"]) == set(made["planted"]) and got["near_reference"] == 50
     assert got["details"][0].startswith("near reference image val/") and got["peak_rss_mib"] > 0
 
 

@@ -77,6 +77,12 @@ def priority(published: np.ndarray, area: np.ndarray, nbytes: np.ndarray) -> np.
     return np.where(np.asarray(published, bool), prio, prio | PUBLISHED_BIT)
 
 
+def reference_priority() -> np.uint64:
+    """The priority of a reference image (shardsmith.shards.neardup.gone_candidates): published, the largest
+    area, no bytes; before every sample's."""
+    return priority(np.ones(1, bool), np.full(1, 1 << 62), np.zeros(1, np.int64))[0]
+
+
 def is_published(prio: np.ndarray) -> np.ndarray:
     return (np.asarray(prio, np.uint64) & PUBLISHED_BIT) == 0
 
@@ -390,6 +396,28 @@ def _cell_pairs(t: pd.DataFrame, binary: bool, threshold: float, bin_size: int):
     return held_pairs(ids, x, threshold, binary, bin_size)
 
 
+def _reference_pairs(t: pd.DataFrame, references: np.ndarray, threshold: int):
+    """A cell's pairs of a reference image with any other row within the threshold, searched exactly (faiss'
+    binary flat index) whatever the cell's size: the few references against every row of the cell, so that no
+    near copy of one is left to the sampled-bit tables' recall. Pairs of two mirrored hashes are left out, as
+    the search leaves them."""
+    ids, mirrored = t["id"].to_numpy(np.int64), t["mirror"].to_numpy(bool)
+    ref = np.isin(ids, references)
+    if not ref.any() or ref.all():
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64)
+    code, others, queries = t["code"].to_numpy(np.uint64), np.flatnonzero(~ref), np.flatnonzero(ref)
+
+    def as_bytes(rows: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(code[rows]).view(np.uint8).reshape(-1, 8)
+
+    index = faiss.IndexBinaryFlat(64)
+    index.add(as_bytes(others))
+    lims, dist, at = index.range_search(as_bytes(queries), threshold + 1)  # distances below the radius
+    a, b = np.repeat(queries, np.diff(lims.astype(np.int64))), others[at]
+    keep = ~(mirrored[a] & mirrored[b])
+    return ids[a][keep], ids[b][keep], dist[keep].astype(np.int64)
+
+
 def bucket_pairs(
     paths: list[str],
     bucket: int,
@@ -418,7 +446,11 @@ def bucket_pairs(
     found = list(_block_pairs(hashed[hashed["kind"] == BLOCK], phash_max_distance))
     cells = hashed[hashed["kind"] == PHASH_CELL].sort_values("block_or_cell", kind="stable")
     del hashed
-    found.extend(_cell_pairs(cell, True, phash_max_distance, bin_size) for cell in _by_cell(cells))
+    references = ids[prios == reference_priority()]
+    for cell in _by_cell(cells):
+        found.append(_cell_pairs(cell, True, phash_max_distance, bin_size))
+        if len(references):
+            found.append(_reference_pairs(cell, references, phash_max_distance))
     del cells
     if found:
         a, b, d = (np.concatenate([f[i] for f in found]) for i in range(3))

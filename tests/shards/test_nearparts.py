@@ -240,3 +240,28 @@ def test_embeddings_in_several_cells_find_every_copy_at_any_bucket_count(tmp_pat
         assert set(near["signal"]) == {"embedding"}
     for other in results[2:]:
         pd.testing.assert_frame_equal(results[1], other)
+
+
+def test_a_reference_images_copies_in_a_cell_are_searched_exactly_at_any_cell_size():
+    """A cell above bin_size is searched by sampled-bit tables, whose recall at 8 bits is below 1; the pairs of a
+    reference image (its priority nearparts.reference_priority) are searched exactly: every copy at 8 bits."""
+    rng = np.random.default_rng(4)
+    n = 5000
+    code = rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64)
+    ref = code[0]
+    copies = []
+    for i in range(1, 41):  # 40 copies, each 8 bits from the reference (the threshold)
+        flip = rng.choice(64, 8, replace=False).astype(np.uint64)
+        code[i] = ref ^ np.bitwise_or.reduce(np.uint64(1) << flip)
+        copies.append(i)
+    ids = np.arange(n, dtype=np.int64)
+    cell = pd.DataFrame({"id": ids, "mirror": np.zeros(n, bool), "code": code})
+    a, b, d = nearparts._reference_pairs(cell, ids[:1], 8)
+    assert sorted(b.tolist()) == copies and set(a.tolist()) == {0} and set(d.tolist()) == {8}
+    assert nearparts._reference_pairs(cell, np.array([], np.int64), 8)[0].size == 0
+    mirrored = cell.assign(mirror=np.r_[True, np.zeros(n - 1, bool)])
+    assert len(nearparts._reference_pairs(mirrored, ids[:1], 8)[0]) == 40  # a reference's mirror hash meets plain rows
+    both = cell.assign(mirror=np.r_[True, True, np.zeros(n - 2, bool)])
+    assert 1 not in nearparts._reference_pairs(both, ids[:1], 8)[1]  # two mirrored hashes: left to their plain ones
+    largest = nearparts.priority(np.ones(1, bool), np.full(1, 4000 * 3000), np.zeros(1))[0]
+    assert nearparts.reference_priority() < largest  # visited before any published sample
