@@ -16,6 +16,7 @@ from workflow_helpers import demo_config, run_workflow, sha256
 
 from shardsmith.cli.demo import jpeg, scene
 from shardsmith.cli.tinyclip import NAME, write_tiny_clip
+from tests.workflow.test_cluster import file_hashes
 
 pytestmark = pytest.mark.workflow
 
@@ -207,7 +208,8 @@ def reference_shards(folder: Path, shard: Path) -> None:
 @pytest.mark.parametrize("near", ["report", "exclude"])
 def test_training_samples_near_an_evaluation_set_are_left_out_naming_the_reference(tmp_path, near):
     """The originals of the four planted copies are left out as dedupe/near_reference (with near: report too),
-    none of the rest; the set as tar shards leaves out the same samples; an empty set leaves out none."""
+    none of the rest; planned a job a step, a rebuild elsewhere is byte-identical; the set as tar shards leaves
+    out the same samples; an empty set leaves out none."""
     make_data(tmp_path / "data", copies=False)  # the six originals only; the copies are the evaluation set
     reference_folder(tmp_path / "data", tmp_path / "eval" / "val")
     config = config_for(tmp_path / "data", tmp_path / "a", near=near)
@@ -239,7 +241,13 @@ def test_training_samples_near_an_evaluation_set_are_left_out_naming_the_referen
     assert counts["near_reference"] == 4
     card = (tmp_path / "a" / "output" / "demo" / "README.md").read_text()
     assert "Of those, 4 are near an image of an evaluation set" in card
-    if near == "exclude":
+    if near == "exclude":  # a rebuild elsewhere, planned a job a step: every published file the same
+        again = tmp_path / "again"
+        config["paths"] = {k: str(again / k) for k in ("raw", "work", "output", "logs")}
+        config["publish"] = {"dest": str(again / "fast-storage")}
+        run_workflow(again, config)
+        versions = [root / "fast-storage" / "demo" / "v1" for root in (tmp_path / "a", again)]
+        assert file_hashes(versions[0]) == file_hashes(versions[1])
         return
     reference_shards(tmp_path / "eval" / "val", tmp_path / "eval" / "val-000000.tar")
     config = config_for(tmp_path / "data", tmp_path / "b", near=near)
