@@ -9,8 +9,10 @@ from shardsmith.core.leftovers import remove_leftovers_of_killed_runs
 from shardsmith.download.filters import parse_filters
 from shardsmith.download.references import check_evaluation_sets
 from shardsmith.embed.select import selection_reads, selection_rules
+from shardsmith.embed.stats import score_columns
 from shardsmith.formats.index import INDEX_FILES
 from shardsmith.shards.layout import PlanLayout
+from shardsmith.shards.neardup import check_keep_rule
 from shardsmith.shards.onejob import one_job_path, outside_inputs, step_jobs, step_spec
 from shardsmith.formats.batches import (
     batch_count,
@@ -32,6 +34,7 @@ prepare_config(
         lambda c: parse_filters(c["filters"], c["sources"]),
         selection_rules,
         check_evaluation_sets,
+        check_keep_rule,
     ],
 )
 
@@ -293,6 +296,19 @@ def get_slice_near_embeddings(wildcards):
     if not SETTINGS.near_embeddings:
         return []
     return expand(rules.embed_part.output.embeddings, part=get_slice_parts(wildcards))
+
+
+# The score tables' similarity column, which dedupe.keep: best_caption compares.
+NEAR_CAPTION_COLUMN = (
+    score_columns(config["embed"]["model"])["similarity"] if SETTINGS.near_captions else ""
+)
+
+
+def get_slice_near_scores(wildcards):
+    """The slice's parts' CLIP score tables, when the near-duplicate keep rule compares captions."""
+    if not SETTINGS.near_captions:
+        return []
+    return expand(rules.embed_part.output.scores, part=get_slice_parts(wildcards))
 
 
 def get_near_embeddings(wildcards):

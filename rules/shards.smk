@@ -275,6 +275,7 @@ rule split_near_entries:
         gone=slice_published("gone"),
         references=get_near_references,
         embeddings=get_slice_near_embeddings,
+        scores=get_slice_near_scores,
         parts_plan=PARTS_PLANNED,
     output:
         entries=directory(f"{WORK}/plan/near/entries/{{slice}}"),
@@ -288,6 +289,7 @@ rule split_near_entries:
     params:
         groups=get_slice_groups,
         parts=layout_value("parts"),
+        similarity=NEAR_CAPTION_COLUMN,
     script:
         "../scripts/split_near_entries.py"
 

@@ -15,7 +15,7 @@ from shardsmith.shards.sampleid import row_of
 
 def main() -> None:
     inp = snakemake.input
-    samples, embeddings = by_part(inp.samples), by_part(inp.embeddings)
+    samples, embeddings, scores = by_part(inp.samples), by_part(inp.embeddings), by_part(inp.scores)
     published, gone = list(inp.published), list(inp.gone)
     references = reference_candidates(pd.read_parquet(inp.references[0])) if inp.references else None
     groups = {g["group"]: g for g in snakemake.params.groups}
@@ -39,6 +39,8 @@ def main() -> None:
             [embeddings[p] for p in parts] if embeddings else [],
             gone_here,
             snakemake.params.parts,
+            [scores[p] for p in parts] if scores else [],
+            snakemake.params.similarity,
         )
         kept = len(gone_here) if gone_here is not None else 0
         extra = f", and {kept} published ones gone from the build or reference images" if kept else ""

@@ -8,9 +8,12 @@ per bucket), then decided by jobs that each settle the samples of one partition 
 Each copy set (the copies of one image) keeps one sample by a fixed rule, so a rebuild keeps the same one:
 
 1. a sample already published (its source_id is in a published version) is always kept;
-2. then the largest image (pixels before resizing);
-3. then, at equal pixels, the largest file as fetched (the copy compressed least);
-4. then the earliest record (part order, record order within the part).
+2. with `keep: best_caption` (embed.enabled), the caption that matches its image best (the CLIP image-caption
+   similarity embed_part scored, in steps of nearparts.CAPTION_STEP);
+3. then the largest image (pixels before resizing);
+4. then, at equal pixels, the largest file as fetched (the copy compressed least; with best_caption, the most
+   bytes a pixel, the same order);
+5. then the earliest record (part order, record order within the part).
 
 Samples are visited in that order; each one not yet taken keeps its near neighbours that are not taken yet,
 so every sample left out is within the threshold of the sample it names (no chains). With `near: exclude`
@@ -37,6 +40,7 @@ from shardsmith.shards.neardecide import HOME_SCHEMA, finish, write_by_home, wri
 from shardsmith.shards.nearparts import (
     CELL_TRAIN_PER_CENTROID,
     EMBEDDING_PROBES,
+    REFERENCE_PRIORITY,
     Cells,
     Layout,
     bucket_count,
@@ -53,6 +57,7 @@ from shardsmith.shards.nearparts import (
 from shardsmith.shards.sampleid import ORDER_BITS, gone_ids, sample_ids
 
 MODES = ("report", "exclude", "off")
+KEEP_RULES = ("largest_source", "best_caption")
 
 
 @dataclass(frozen=True)
@@ -70,10 +75,13 @@ class NearSettings:
     decision_rounds: int = 3  # rounds of the partitions' decision before one job settles what still waits
     buckets_per_job: int | str = "auto"  # buckets (and decision partitions) a planning job takes, in turn
     groups_per_job: int | str = "auto"  # groups of parts a planning job takes, one after another
+    keep: str = KEEP_RULES[0]  # which copy a copy set keeps: largest_source, or best_caption first
 
     def __post_init__(self) -> None:
         if self.near not in MODES:
             raise ConfigError(f"dedupe.near must be one of {', '.join(MODES)}, got {self.near!r}")
+        if self.keep not in KEEP_RULES:
+            raise ConfigError(f"dedupe.keep must be one of {', '.join(KEEP_RULES)}, got {self.keep!r}")
         if not 0 <= self.phash_max_distance <= 32:
             raise ConfigError(f"dedupe.phash_max_distance must be in 0..32, got {self.phash_max_distance}")
         s = self.embedding_min_similarity
@@ -92,6 +100,13 @@ class NearSettings:
             if value != "auto" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"dedupe.{key} must be a positive number or auto, got {value!r}")
 
+    def recorded(self) -> dict:
+        """The settings as near_duplicates.json records them: `keep` named where it is not the default."""
+        settings = vars(self).copy()
+        if settings["keep"] == KEEP_RULES[0]:
+            del settings["keep"]
+        return settings
+
     def layout(self, samples: int) -> Layout:
         """Cells and bucket jobs for a dataset of this many samples."""
         cells, probes = cell_count(samples, self.cell_samples, self.cell_probes)
@@ -101,6 +116,15 @@ class NearSettings:
     def rounds_for(self, layout: Layout) -> int:
         """Decision rounds (shardsmith.shards.neardecide): one settles everything when one partition holds it."""
         return 1 if layout.buckets == 1 else self.decision_rounds
+
+
+def check_keep_rule(config: dict) -> None:
+    """dedupe.keep: best_caption reads each copy's CLIP similarity, so it needs the embedding stage."""
+    if config["dedupe"].get("keep") == "best_caption" and not config["embed"]["enabled"]:
+        raise ConfigError(
+            "dedupe.keep: best_caption compares the CLIP similarity of each copy's caption; set embed.enabled, "
+            "or keep: largest_source"
+        )
 
 
 def _codes(hexes: pd.Series) -> np.ndarray:
@@ -117,10 +141,12 @@ REFERENCE_PROBES = 4
 
 
 def part_candidates(
-    samples_path: str, part: int, dropped_rows: np.ndarray, old_rows: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    samples_path: str, part: int, dropped_rows: np.ndarray, old_rows: np.ndarray,
+    captions: tuple[str, str] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """(ids, priorities, hashes, mirror hashes, rows) of a part's samples that no other step left out (its
-    rows `dropped_rows`)."""
+    rows `dropped_rows`); `captions`: the part's CLIP score table and its similarity column, first in the keep
+    order (best_caption)."""
     present = set(pq.read_schema(samples_path).names)
     cols = ["width_before", "height_before", "phash", "phash_mirror"]
     t = pd.read_parquet(samples_path, columns=cols + [c for c in ("bytes_before", "bytes") if c in present])
@@ -132,17 +158,22 @@ def part_candidates(
     # the file as fetched: parts processed before its column was recorded have the published file's size
     size = next((c for c in ("bytes_before", "bytes") if c in t), None)
     nbytes = t[size].fillna(0).to_numpy(np.int64) if size else np.zeros(len(t), np.int64)
-    prio = priority(np.isin(rows, old_rows), area, nbytes)
+    caption = _part_similarity(*captions, samples_path)[rows] if captions else None
+    prio = priority(np.isin(rows, old_rows), area, nbytes, caption)
     return sample_ids(part, rows), prio, _codes(t["phash"]), _codes(t["phash_mirror"]), rows
 
 
-def gone_candidates(gone: pd.DataFrame, part: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def gone_candidates(
+    gone: pd.DataFrame, part: int, captions: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Published records gone from the build, and reference images, as keepers: a reference comes before any
-    other (its near copies are named near_reference, whatever else they are near)."""
+    other (its near copies are named near_reference, whatever else they are near). `captions`: the keep rule
+    compares captions (best_caption), which gone records have no score of."""
     area = gone["width_before"].to_numpy(np.int64) * gone["height_before"].to_numpy(np.int64)
     reference = gone["version"].astype(str).str.startswith(REFERENCE_VERSION).to_numpy()
-    area = np.where(reference, np.int64(1) << np.int64(62), area)  # past the largest: nearparts.reference_priority
-    prio = priority(np.ones(len(gone), bool), area, np.zeros(len(gone), np.int64))
+    caption = np.full(len(gone), np.nan) if captions else None
+    prio = priority(np.ones(len(gone), bool), area, np.zeros(len(gone), np.int64), caption)
+    prio = np.where(reference, REFERENCE_PRIORITY, prio)
     return gone_ids(gone["order"].to_numpy(np.int64), part), prio, _codes(gone["phash"]), _codes(gone["phash_mirror"])
 
 
@@ -215,11 +246,14 @@ SPLIT_CHUNK = 50_000  # samples whose entries are made and sorted at once (4 + p
 def split_near_entries(
     samples: list[str], first_part: int, dropped: list[np.ndarray], old_path: str | None, cells_path: str, out: str,
     out_homes: str, embeddings: list[str], gone: pd.DataFrame | None = None, parts: int = 0,
+    scores: list[str] = (), similarity: str = "",
 ) -> int:  # fmt: skip
     """The near-duplicate entries of a group's parts, of their samples that the steps before kept (`dropped`: each
     part's rows left out), in one file, one batch per bucket, and their home rows (key, version, ledger fields),
     one batch per partition; returns the samples compared. `gone`: published records no longer in the build
-    (its share of them, GONE_COLUMNS), entered too, as keepers only, after every one of the `parts` parts. Entries
+    (its share of them, GONE_COLUMNS), entered too, as keepers only, after every one of the `parts` parts.
+    `scores` (keep: best_caption): the parts' CLIP score tables, their column `similarity` first in the keep
+    order. Entries
     are made SPLIT_CHUNK samples at a time into chunk files beside `out` (a `.spill-*` folder, removed after) and
     merged a bucket at a time: the job's memory follows the chunk, not the group, at any probes."""
     layout, phash, embedding = read_cells(cells_path)
@@ -229,7 +263,8 @@ def split_near_entries(
             part = first_part + i
             old = pd.read_parquet(old_path, filters=[("part", "=", part)]) if old_path else _NO_OLD
             old_rows = old["row"].to_numpy() if len(old) else np.empty(0, np.int64)
-            ids, prio, code, mirror, rows = part_candidates(path, part, dropped[i], old_rows)
+            captions = (scores[i], similarity) if scores else None
+            ids, prio, code, mirror, rows = part_candidates(path, part, dropped[i], old_rows, captions)
             emb = _part_embeddings(embeddings[i], path, rows) if embeddings else None
             for at in range(0, len(ids), SPLIT_CHUNK):
                 take = slice(at, at + SPLIT_CHUNK)
@@ -243,7 +278,7 @@ def split_near_entries(
             homes.append(_home_fields(path, ids, rows, old))
             n += len(ids)
         if gone is not None and len(gone):
-            ids, prio, code, mirror = gone_candidates(gone, parts)
+            ids, prio, code, mirror = gone_candidates(gone, parts, bool(scores))
             reference = gone["version"].astype(str).str.startswith(REFERENCE_VERSION).to_numpy()
             wide = replace(layout, probes=min(layout.cells, layout.probes * REFERENCE_PROBES))
             for at in range(0, len(ids), SPLIT_CHUNK):
@@ -305,6 +340,15 @@ def _part_embeddings(embeddings_path: str, samples_path: str, rows: np.ndarray) 
     return image[rows]
 
 
+def _part_similarity(scores_path: str, column: str, samples_path: str) -> np.ndarray:
+    t = pd.read_parquet(scores_path, columns=["key", column])
+    if not np.array_equal(
+        t["key"].to_numpy(dtype=str), pd.read_parquet(samples_path, columns=["key"])["key"].to_numpy(dtype=str)
+    ):
+        raise ValueError(f"{scores_path} does not hold the rows of {samples_path}: run embed_part for it again")
+    return t[column].to_numpy(np.float64)
+
+
 def decide_near_duplicates(
     found: list[str], pending: list[str], last_messages: list[str], part_ids: list[str], s: NearSettings,
     compared: int, out_dir: str | Path, references: bool = False,
@@ -316,5 +360,7 @@ def decide_near_duplicates(
                     out_dir / "near_duplicates.parquet", out_dir / "near_dropped.parquet", out_dir,
                     references)  # fmt: skip
     counts = {"samples_compared": compared, **counts}
-    atomic_write_text(out_dir / "near_duplicates.json", json.dumps({**counts, "settings": vars(s)}, indent=1) + "\n")
+    atomic_write_text(
+        out_dir / "near_duplicates.json", json.dumps({**counts, "settings": s.recorded()}, indent=1) + "\n"
+    )
     return counts

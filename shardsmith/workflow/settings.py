@@ -52,6 +52,13 @@ class Settings:
         return self.near and dedupe["embedding_min_similarity"] is not None and bool(self.config["embed"]["enabled"])
 
     @property
+    def near_captions(self) -> bool:
+        """Whether the near-duplicate keep rule reads the parts' CLIP similarities (dedupe.keep: best_caption)."""
+        return (
+            self.near and self.config["dedupe"].get("keep") == "best_caption" and bool(self.config["embed"]["enabled"])
+        )
+
+    @property
     def published(self) -> dict | None:
         """Where planning reads the published versions (scheduled refreshes: records already published, and
         near-duplicates of published images), or None when it does not."""

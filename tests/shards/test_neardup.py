@@ -13,7 +13,13 @@ import pytest
 from shardsmith.core.errors import ConfigError
 from shardsmith.shards.buckets import LEDGER_PIECE, piece_counts
 from shardsmith.shards.neardecide import NEAR_COLUMNS, decide_near_round, describe, write_pairs
-from shardsmith.shards.neardup import NearSettings, decide_near_duplicates, split_near_entries, train_near_cells
+from shardsmith.shards.neardup import (
+    NearSettings,
+    check_keep_rule,
+    decide_near_duplicates,
+    split_near_entries,
+    train_near_cells,
+)
 from shardsmith.shards.nearparts import Layout, bucket_pairs
 from shardsmith.shards.sampleid import published_order
 from tests.shards.reference import find_near_duplicates
@@ -131,11 +137,21 @@ def test_exclusion_rows_and_counts(tmp_path):
         ({"near": "drop"}, "dedupe.near must be one of report, exclude, off"),
         ({"phash_max_distance": 40}, "dedupe.phash_max_distance must be in 0..32"),
         ({"embedding_min_similarity": 1.5}, "dedupe.embedding_min_similarity must be in (0, 1]"),
+        ({"keep": "first"}, "dedupe.keep must be one of largest_source, best_caption"),
     ],
 )
 def test_bad_settings_are_one_line_config_errors(kw, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         NearSettings(**kw)
+
+
+def test_best_caption_needs_the_embedding_stage_and_is_recorded_only_where_chosen():
+    with pytest.raises(ConfigError, match="dedupe.keep: best_caption compares the CLIP similarity"):
+        check_keep_rule({"dedupe": {"keep": "best_caption"}, "embed": {"enabled": False}})
+    check_keep_rule({"dedupe": {"keep": "best_caption"}, "embed": {"enabled": True}})
+    check_keep_rule({"dedupe": {}, "embed": {"enabled": False}})
+    assert "keep" not in NearSettings().recorded()  # near_duplicates.json as before the rule could be chosen
+    assert NearSettings(keep="best_caption").recorded()["keep"] == "best_caption"
 
 
 def test_no_samples_no_pairs(tmp_path):
@@ -206,7 +222,8 @@ def is_near(a: dict, b: dict, threshold: int) -> bool:
 
 
 def keep_order(c: dict) -> tuple:
-    return (not c["published"], -c["area"], -c["bytes"], c["order"])
+    caption = c.get("caption", 0.0)  # best_caption: NaN (no score) after every score
+    return (not c["published"], np.inf if np.isnan(caption) else -caption, -c["area"], -c["bytes"], c["order"])
 
 
 def plain_left_out(candidates: list[dict], threshold: int) -> dict[str, str]:
@@ -273,6 +290,9 @@ def planted_dataset(
             code[w], mirror[w] = (g["code"], g["mirror"]) if i < 2 else (flipped(g["code"], half), mirror[w])
             if i == 0 and j == 0:
                 published.add(w)
+    first_mirror = {}
+    for w in where:  # one image, one mirror hash: samples planted with the same hash get the first one's mirror
+        mirror[w] = first_mirror.setdefault(code[w], mirror[w])
     tables = [
         pd.DataFrame({
             "key": [f"k{p}-{r}" for r in range(n[p])], "source_id": [f"s{p}-{r}" for r in range(n[p])],
@@ -295,16 +315,19 @@ def planted_dataset(
 
 def workflow_left_out(
     tmp_path, tables: list[pd.DataFrame], dropped: list[np.ndarray], old: pd.DataFrame, gone: pd.DataFrame,
-    s: NearSettings, layout: Layout, parts_per_group: int,
+    s: NearSettings, layout: Layout, parts_per_group: int, captions: list[np.ndarray] | None = None,
 ) -> tuple[dict[str, str], list[int]]:  # fmt: skip
     """{left out: kept} as the workflow's jobs decide it (rules/shards.smk): train_near_cells, split_near_entries
     per group of parts (each with its share of the published records gone), find_near_pairs per bucket,
     decide_near_round per round and partition, decide_near_duplicates; and how many samples each round left
     waiting."""
-    paths = []
+    paths, scores = [], []
     for p, t in enumerate(tables):
         paths.append(str(tmp_path / f"p{p}.samples.parquet"))
         t.to_parquet(paths[-1], index=False)
+        if captions is not None:  # embed_part's score table: the CLIP similarity of each sample's caption
+            scores.append(str(tmp_path / f"p{p}.scores.parquet"))
+            pd.DataFrame({"key": t["key"], "clip_similarity_score": captions[p]}).to_parquet(scores[-1], index=False)
     cells = str(tmp_path / "cells.npz")
     train_near_cells(paths, s, sum(map(len, tables)), [], cells, layout)
     firsts = range(0, len(paths), parts_per_group)
@@ -316,7 +339,8 @@ def workflow_left_out(
         entries.append(str(tmp_path / f"{g}.entries.arrow"))
         homes.append(str(tmp_path / f"{g}.homes.arrow"))
         compared += split_near_entries([paths[p] for p in group], first, [dropped[p] for p in group], old_path, cells,
-                                     entries[-1], homes[-1], [], gone.iloc[g :: len(firsts)], len(paths))  # fmt: skip
+                                     entries[-1], homes[-1], [], gone.iloc[g :: len(firsts)], len(paths),
+                                     [scores[p] for p in group] if scores else [], "clip_similarity_score")  # fmt: skip
     ins = [str(tmp_path / f"{b}.in.arrow") for b in range(layout.buckets)]
     outs = [str(tmp_path / f"{b}.out.arrow") for b in range(layout.buckets)]
     for b in range(layout.buckets):
@@ -339,32 +363,40 @@ def workflow_left_out(
 
 
 @pytest.mark.parametrize(
-    ("seed", "threshold", "cells", "buckets", "rounds"),
-    [(1, 3, 6, 4, 1), (2, 3, 6, 4, 3), (3, 8, 1, 5, 2), (4, 8, 1, 3, 3)],
-)
+    ("seed", "threshold", "cells", "buckets", "rounds", "keep"),
+    [(1, 3, 6, 4, 1, "largest_source"), (2, 3, 6, 4, 3, "largest_source"), (3, 8, 1, 5, 2, "largest_source"),
+     (4, 8, 1, 3, 3, "largest_source"), (7, 8, 1, 4, 2, "best_caption"), (6, 3, 6, 3, 3, "best_caption")],
+)  # fmt: skip
 def test_the_partitioned_decision_leaves_out_what_a_plain_loop_over_every_pair_does(
-    tmp_path, seed, threshold, cells, buckets, rounds
+    tmp_path, seed, threshold, cells, buckets, rounds, keep
 ):
     """Random parts with planted near copies, some samples left out by other steps and some published, decided
     by the workflow's jobs in several buckets, partitions and rounds: the same samples left out, each for the
     same kept sample, as the rule applied one sample at a time. Pairs at most 3 bits apart are all found
-    whatever the cells, and one cell is searched exactly, so the jobs see the plain loop's pairs."""
+    whatever the cells, and one cell is searched exactly, so the jobs see the plain loop's pairs. best_caption:
+    each sample's caption similarity (a few values, each in a step of its own, and some missing) comes first."""
     rng = np.random.default_rng(seed)
     tables, gone, published = planted_dataset(rng, 6, threshold)
+    captions = None
+    if keep == "best_caption":
+        captions = [rng.choice([0.205, 0.255, 0.305, np.nan], len(t), p=[0.3, 0.3, 0.3, 0.1]) for t in tables]
     dropped = [np.flatnonzero(rng.random(len(t)) < 0.05) for t in tables]  # other steps' exclusions
     published -= {(p, int(r)) for p, rows in enumerate(dropped) for r in rows}
     old = pd.DataFrame(sorted(published), columns=["part", "row"]).assign(version="v0")
-    s = NearSettings(near="exclude", phash_max_distance=threshold, decision_rounds=rounds)
-    got, waiting = workflow_left_out(tmp_path, tables, dropped, old, gone, s, Layout(cells=cells, buckets=buckets), 2)
+    s = NearSettings(near="exclude", phash_max_distance=threshold, decision_rounds=rounds, keep=keep)
+    layout = Layout(cells=cells, buckets=buckets)
+    got, waiting = workflow_left_out(tmp_path, tables, dropped, old, gone, s, layout, 2, captions)
 
     candidates = [
         {"key": t["key"][r], "code": int(t["phash"][r], 16), "mirror": int(t["phash_mirror"][r], 16),
          "published": (p, r) in published, "area": int(t["width_before"][r]) * 100,
-         "bytes": int(t["bytes_before"][r]), "order": (p, r)}
+         "bytes": int(t["bytes_before"][r]), "order": (p, r),
+         "caption": captions[p][r] if captions else 0.0}
         for p, t in enumerate(tables) for r in range(len(t)) if r not in dropped[p]
     ] + [
         {"key": g["key"], "code": int(g["phash"], 16), "mirror": int(g["phash_mirror"], 16), "published": True,
-         "area": int(g["width_before"]) * 100, "bytes": 0, "order": (len(tables), int(g["order"]))}
+         "area": int(g["width_before"]) * 100, "bytes": 0, "order": (len(tables), int(g["order"])),
+         "caption": np.nan if captions else 0.0}
         for g in gone.to_dict("records")
     ]  # fmt: skip
     want = plain_left_out(candidates, threshold)
@@ -379,3 +411,7 @@ def test_the_partitioned_decision_leaves_out_what_a_plain_loop_over_every_pair_d
     assert any(is_near(a, b, threshold) and a is not b and a["published"] and b["published"]
                for a in kept for b in kept if keep_order(a) < keep_order(b))  # fmt: skip
     assert waiting[0] > 0 or cells > 1  # one cell: homes by id, so most copies have another home
+    if captions:  # the caption decided over the size: a smaller image kept for a larger one's worse caption
+        by_key = {c["key"]: c for c in candidates}
+        assert any(by_key[k]["area"] < by_key[o]["area"] and by_key[k]["caption"] > by_key[o]["caption"]
+                   for o, k in want.items())  # fmt: skip

@@ -35,6 +35,22 @@ def test_priority_orders_published_then_pixels_then_file_size():
     assert is_published(prio).tolist() == [True, False, False, False]
 
 
+def test_best_caption_orders_published_then_caption_steps_then_pixels_then_bytes_a_pixel():
+    # published, no score; then by caption: 0.33 (small image), 0.30 and 0.305 in one step (the larger image
+    # first), at equal pixels the most bytes a pixel; NaN (no score) after every score, even -1
+    published = np.array([True, False, False, False, False, False, False])
+    caption = np.array([np.nan, 0.33, 0.305, 0.30, 0.30, -1.0, np.nan])
+    area = np.array([10, 100, 400, 900, 900, 4000, 9000])
+    nbytes = np.array([1, 10, 10, 900, 100, 5, 5])
+    prio = priority(published, area, nbytes, caption)
+    assert list(np.argsort(prio, kind="stable")) == [0, 1, 3, 4, 2, 5, 6]
+    assert is_published(prio).tolist() == published.tolist()
+    assert prio.min() > nearparts.REFERENCE_PRIORITY
+    # bytes a pixel over 16, and areas over 2^35, count as those; a similarity outside [-1, 1] as its end
+    capped = priority(np.zeros(3, bool), np.array([1, 1, 2**40]), np.array([2**30, 17, 1]), np.array([2.0, 1.0, 1.0]))
+    assert capped[0] == capped[1] and capped[2] < capped[0]
+
+
 def write_parts(tmp_path, codes: np.ndarray, mirrors: np.ndarray, parts: int, **columns) -> list[str]:
     paths = []
     for p, idx in enumerate(np.array_split(np.arange(len(codes)), parts)):
@@ -244,7 +260,7 @@ def test_embeddings_in_several_cells_find_every_copy_at_any_bucket_count(tmp_pat
 
 def test_a_reference_images_copies_in_a_cell_are_searched_exactly_at_any_cell_size():
     """A cell above bin_size is searched by sampled-bit tables, whose recall at 8 bits is below 1; the pairs of a
-    reference image (its priority nearparts.reference_priority) are searched exactly: every copy at 8 bits."""
+    reference image (its priority nearparts.REFERENCE_PRIORITY) are searched exactly: every copy at 8 bits."""
     rng = np.random.default_rng(4)
     n = 5000
     code = rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64)
@@ -264,4 +280,4 @@ def test_a_reference_images_copies_in_a_cell_are_searched_exactly_at_any_cell_si
     both = cell.assign(mirror=np.r_[True, True, np.zeros(n - 2, bool)])
     assert 1 not in nearparts._reference_pairs(both, ids[:1], 8)[1]  # two mirrored hashes: left to their plain ones
     largest = nearparts.priority(np.ones(1, bool), np.full(1, 4000 * 3000), np.zeros(1))[0]
-    assert nearparts.reference_priority() < largest  # visited before any published sample
+    assert largest > nearparts.REFERENCE_PRIORITY  # visited before any published sample

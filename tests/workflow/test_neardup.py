@@ -16,6 +16,7 @@ from workflow_helpers import demo_config, run_workflow, sha256
 
 from shardsmith.cli.demo import jpeg, scene
 from shardsmith.cli.tinyclip import NAME, write_tiny_clip
+from shardsmith.shards.nearparts import CAPTION_STEP
 from tests.workflow.test_cluster import file_hashes
 
 pytestmark = pytest.mark.workflow
@@ -163,11 +164,13 @@ def test_a_refresh_finds_copies_of_photos_published_before(tmp_path):
     assert stats["input_records"] == len(manifest) + len(rejected) == 6
 
 
-def test_the_semantic_signal_runs_with_the_tiny_model(tmp_path):
+def test_the_semantic_signal_runs_with_the_tiny_model_and_best_caption_keeps_the_caption_that_matches(tmp_path):
+    """Both signals, keep: best_caption: each copy set keeps its sample whose caption scored highest (in steps
+    of CAPTION_STEP; within a step, the larger image), as embed_part's score tables say."""
     data = tmp_path / "data"
     make_data(data)
     model_config, checkpoint = write_tiny_clip(tmp_path / "models")
-    config = config_for(data, tmp_path, phash_max_distance=0, embedding_min_similarity=0.995)
+    config = config_for(data, tmp_path, phash_max_distance=0, embedding_min_similarity=0.995, keep="best_caption")
     config["embed"] = {"enabled": True, "model": NAME, "pretrained": str(checkpoint), "model_config": str(model_config),
                        "device": "cpu", "workers": 0, "batch_size": 8}  # fmt: skip
     run_workflow(tmp_path, config)
@@ -181,8 +184,22 @@ def test_the_semantic_signal_runs_with_the_tiny_model(tmp_path):
     for r in semantic.to_dict("records"):
         assert float(emb[r["key"]] @ emb[r["kept_key"]]) == pytest.approx(r["distance"], abs=2e-3)
         assert r["distance"] >= 0.995
+    scores = pd.concat(pd.read_parquet(f) for f in sorted((tmp_path / "work" / "demo" / "embed").glob("*.parquet")))
+    similarity = dict(zip(scores["key"], scores.filter(like="similarity_score").iloc[:, 0], strict=True))
+    samples = pd.concat(
+        pd.read_parquet(f) for f in sorted((tmp_path / "work" / "demo").glob("processed/*.samples.parquet"))
+    )
+    area = dict(zip(samples["key"], samples["width_before"] * samples["height_before"], strict=True))
+    step = {k: np.floor((v + 1) / CAPTION_STEP + 1e-9) for k, v in similarity.items()}
+    for r in found.to_dict("records"):
+        assert (step[r["kept_key"]], area[r["kept_key"]]) >= (step[r["key"]], area[r["key"]])
+    assert any(step[r["kept_key"]] > step[r["key"]] and area[r["kept_key"]] < area[r["key"]]
+               for r in found.to_dict("records")) or len(set(step.values())) == 1  # fmt: skip
+    settings = json.loads((tmp_path / "work" / "demo" / "plan" / "shards" / "near_duplicates.json").read_text())
+    assert settings["settings"]["keep"] == "best_caption"
     _, rejected, stats = published(tmp_path)
     assert stats["rejected_by_reason"].get("dedupe/near_duplicate", 0) == len(found)
+    assert stats["input_records"] == stats["published"] + stats["rejected"] == 10
     assert "CLIP image cosine similarity" in " ".join(rejected["detail"])
 
 
