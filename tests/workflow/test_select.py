@@ -1,7 +1,8 @@
 """Selection over the whole dataset and score heads inside the real workflow (the generated demo, a tiny random
 CLIP model and random heads of LAION's layouts): the count kept is the fraction asked, the ledger names each rule
 with the score it saw, the card and build.json state the selection, the heads' scores are published and
-described, another part size selects the same samples, and a rebuild elsewhere is byte-identical."""
+described, another part size selects the same samples, a takedown list and an evaluation set leave their records
+out, and a rebuild elsewhere with all of these (and near-duplicates keeping the best caption) is byte-identical."""
 
 import json
 import os
@@ -12,6 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # inherited by snakemake and its j
 import pandas as pd
 import pytest
 import yaml
+from PIL import Image
 from workflow_helpers import demo_config, run_workflow, sha256
 
 from shardsmith.cli.demo import make_demo
@@ -48,15 +50,34 @@ def build(base, data, models, part_size, name=None, **embed_settings):
     }  # fmt: skip
     root = base / (name or f"build-{part_size}")
     config = demo_config(data, root, embed=embed, select=SELECT, part_size=part_size)
+    # every curation option at once: a takedown list, an evaluation set, near-duplicates left out keeping the
+    # best caption (a rebuild of all of them is byte-identical: the last test)
+    config["filters"] = [
+        {"name": "takedowns", "column": "url", "op": "not_in_file", "value": str(data / "takedowns.txt")}
+    ]
+    config["evaluation_sets"] = [{"name": "val", "path": str(data / "eval")}]
+    config["dedupe"] = {"near": "exclude", "keep": "best_caption"}
     run_workflow(root, config)
     latest = root / "fast-storage" / "demo"
     return root, latest / (latest / "latest").read_text().strip()
+
+
+def curation_inputs(data: Path) -> None:
+    """A takedown list of two of the demo manifest's URLs (one listed twice, and one no record has) and an
+    evaluation set of recompressed copies of three other manifest images."""
+    urls = [line.split("\t")[1].strip() for line in (data / "manifest.tsv").read_text().splitlines()]
+    (data / "takedowns.txt").write_text(f"{urls[1]}\n{urls[3]}\n{urls[3]}\nhttps://gone.example/x.jpg\n")
+    (data / "eval").mkdir()
+    for url in urls[5:8]:
+        with Image.open(url) as im:
+            im.convert("RGB").save(data / "eval" / Path(url).name, quality=60)
 
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     base = tmp_path_factory.mktemp("select")
     make_demo(base / "data")
+    curation_inputs(base / "data")
     models = write_tiny_clip(base / "models")
     return [build(base, base / "data", models, part_size) for part_size in (16, 5)]
 
@@ -160,7 +181,24 @@ def test_the_heads_scores_are_published_described_and_shown(builds):
     assert aesthetic["column"] == "aesthetic_score" and aesthetic["scored"] == len(scores)
 
 
-def test_a_rebuild_elsewhere_with_heads_and_selection_is_byte_identical(builds, tmp_path):
+def test_the_takedown_list_and_the_evaluation_set_leave_their_records_out(builds):
+    root, version = builds[0]
+    data = root.parent / "data"
+    rejected = pd.read_parquet(version / "rejected.parquet")
+    taken_down = rejected[rejected["reason"] == "takedowns"]
+    assert sorted(taken_down["url"]) == sorted((data / "takedowns.txt").read_text().splitlines()[:2])
+    lists = json.loads((root / "work" / "demo" / "plan" / "parts" / "id_lists.json").read_text())
+    assert "https://gone.example/x.jpg" in json.dumps(lists)
+    evaluation = {p.name for p in (data / "eval").iterdir()}
+    manifest = pd.read_parquet(version / "manifest.parquet", columns=["url"])
+    assert not {Path(u).name for u in manifest["url"]} & evaluation  # none published, whichever step left it out
+    near = rejected[rejected["reason"] == "near_reference"]
+    assert len(near) and all(d.startswith("near reference image val/") for d in near["detail"])
+    stats = json.loads((version / "stats.json").read_text())
+    assert stats["published"] + stats["rejected"] == stats["input_records"] == len(manifest) + len(rejected)
+
+
+def test_a_rebuild_elsewhere_with_every_curation_option_is_byte_identical(builds, tmp_path):
     root, version = builds[0]
     models = (root.parent / "models" / f"{NAME}.json", root.parent / "models" / f"{NAME}.pt")
     _, again = build(tmp_path, root.parent / "data", models, 16, name="again")
