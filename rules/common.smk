@@ -415,6 +415,7 @@ def get_shard_score_lists(wildcards):
         "scores": every_shard(SCORE_PATHS["scores"]),
         "sums": every_shard(SCORE_PATHS["sums"]),
         "embeddings": every_shard(SCORE_PATHS["embeddings"]) if save else [],
+        "manifest": every_shard(SCORE_PATHS["manifest"]),
     }
 
 
@@ -511,6 +512,13 @@ def get_shard_file_lists(wildcards):
 def shard_files(kind):
     """Input function: the list (list_shards) of every shard's `kind` file of SHARD_PATHS."""
     return lambda wildcards: getattr(rules.list_shards.output, kind)
+
+
+def get_manifest_pieces(wildcards):
+    """The list of every shard's manifest piece: with embeddings, the pieces with the scores (write_shard_scores)."""
+    if config["embed"]["enabled"]:
+        return shard_scores("manifest")(wildcards)
+    return shard_files("manifest")(wildcards)
 
 
 def get_loader_files(wildcards):

@@ -134,7 +134,7 @@ rule select_samples:
 
 
 # A batch of shards a job, as write_shard's (shardsmith.formats.batches): each shard's scores and sums (and
-# embeddings) at SCORE_PATHS, from only the parts it draws from.
+# embeddings) at SCORE_PATHS, from only the parts it draws from, and its manifest piece with the scores.
 rule write_shard_scores:
     input:
         unpack(get_batch_embed_inputs),
@@ -179,6 +179,7 @@ rule list_shard_scores:
         scores=f"{WORK}/shards/lists/scores.list",
         sums=f"{WORK}/shards/lists/sums.list",
         embeddings=f"{WORK}/shards/lists/embeddings.list",
+        manifest=f"{WORK}/shards/lists/scored_manifest.list",
     log:
         f"{LOGS}/list_shard_scores.log",
     localrule: True

@@ -504,7 +504,7 @@ rule index_shards:
     input:
         unpack(get_ledger_inputs),
         infos=shard_files("info"),
-        manifests=shard_files("manifest"),
+        manifests=get_manifest_pieces,
         plan_dir=rules.plan_shards.output[0],
     output:
         sizes=f"{OUT}/{INDEX_FILES['sizes']}",

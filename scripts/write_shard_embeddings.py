@@ -15,8 +15,8 @@ def main() -> None:
 
     def work():
         for shard in snakemake.params.shards:
-            plan, out = batches.scored_shard(layout, shard["shard"])
-            parts = [embeddings[p] for p in shard["parts"]]
+            written, out = batches.scored_shard(layout, shard["shard"])
+            plan, parts = written["plan"], [embeddings[p] for p in shard["parts"]]
             yield batches.ShardWork(
                 shard["shard"],
                 out["embeddings_written"],

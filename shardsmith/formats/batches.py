@@ -61,7 +61,8 @@ def shard_paths(work: str, out: str, dataset: str, shard: str) -> dict[str, str]
 
 
 def score_paths(work: str, out: str, dataset: str, shard: str) -> dict[str, str]:
-    """What write_shard_scores (scores, sums) and write_shard_embeddings (embeddings) write for each shard."""
+    """What write_shard_scores (scores, sums, the scored manifest piece) and write_shard_embeddings (embeddings)
+    write for each shard."""
     stem = f"{dataset}-{shard}"
     return {
         "scores": f"{out}/{stem}.scores.parquet",
@@ -69,13 +70,15 @@ def score_paths(work: str, out: str, dataset: str, shard: str) -> dict[str, str]
         "scores_written": f"{work}/embed/shards/{stem}.written",
         "embeddings": f"{out}/{stem}.embeddings.npz",
         "embeddings_written": f"{work}/embed/shards/{stem}.embeddings.written",
+        "manifest": f"{work}/embed/shards/{stem}.manifest.parquet",  # the shard's manifest piece with its scores
     }
 
 
-def scored_shard(layout: dict[str, str], shard: str) -> tuple[str, dict[str, str]]:
-    """(the shard's plan, what the embedding jobs write for it), for a rule's `layout` param."""
-    plan = shard_paths(layout["work"], layout["out"], layout["dataset"], shard)["plan"]
-    return plan, score_paths(layout["work"], layout["out"], layout["dataset"], shard)
+def scored_shard(layout: dict[str, str], shard: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(what write_shard writes for the shard, what the embedding jobs write for it), for a rule's `layout`
+    param."""
+    where = (layout["work"], layout["out"], layout["dataset"], shard)
+    return shard_paths(*where), score_paths(*where)
 
 
 def code_digest(scripts: Iterable[str | os.PathLike] = ()) -> str:

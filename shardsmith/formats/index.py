@@ -88,6 +88,35 @@ def write_manifest_piece(plan: pa.Table, shard: str, path: str | os.PathLike) ->
     return {"published_by_source": dict(sorted(by_source.items())), "passthrough": passthrough, "blurred": blurred}
 
 
+def write_scored_manifest_piece(piece: str | os.PathLike, scores: str | os.PathLike, path: str | os.PathLike) -> int:
+    """A shard's manifest piece with its score table's columns (CLIP similarity, norms, score heads) after the
+    manifest's, as float32 in the score table's order of columns, matched by key (a sample without a score row
+    gets nulls); returns the rows."""
+    table = pq.read_table(piece)
+    scored = pq.read_table(scores)
+    columns = [c for c in scored.column_names if c != "key"]
+    clash = sorted(set(columns) & set(table.column_names))
+    if clash:
+        raise ValueError(f"{scores}: score columns {clash} are manifest columns already")
+    keys = scored.column("key").to_pylist()
+    at = dict(zip(keys, range(len(keys)), strict=True))
+    rows = pa.array([at.get(k) for k in table.column("key").to_pylist()], pa.int64())
+    for c in columns:
+        table = table.append_column(pa.field(c, pa.float32()), scored.column(c).cast(pa.float32()).take(rows))
+    with atomic_open(path) as f:
+        pq.write_table(table.replace_schema_metadata(None), f)
+    return table.num_rows
+
+
+def manifest_schema(pieces: list[str]) -> pa.Schema:
+    """The manifest's columns: MANIFEST_SCHEMA's, then any score columns the first piece adds (scored pieces:
+    write_scored_manifest_piece), as float32."""
+    if not pieces:
+        return MANIFEST_SCHEMA
+    extra = [n for n in pq.read_schema(pieces[0]).names if n not in MANIFEST_COLUMNS]
+    return pa.schema([*MANIFEST_SCHEMA, *(pa.field(n, pa.float32()) for n in extra)])
+
+
 def wids_index(dataset: str, infos: list[dict]) -> dict:
     """wids' shard index (wids-shard-index-v1): url, nsamples, md5sum and filesize of every shard."""
     return {
@@ -111,7 +140,8 @@ def build_index(
 ) -> dict:
     """Write the index files into out_dir; returns the stats. Raises LedgerMismatch if counts do not add up.
 
-    `manifest_pieces`: each shard's (write_manifest_piece), in shard order; `rejected_paths`: the ledger's
+    `manifest_pieces`: each shard's (write_manifest_piece, or write_scored_manifest_piece with embeddings), in
+    shard order; `rejected_paths`: the ledger's
     pieces in ledger order (the parts', then planning's). Rows are counted from the pieces' footers; only the
     ledger's source, stage and reason columns are read, for its counts by reason.
     """
@@ -143,7 +173,7 @@ def build_index(
             f"ledger does not add up: {inputs} input records != {published} published + {rejected} rejected"
         )
     manifest = [(Path(i["shard"]).with_suffix(".parquet").name, p) for i, p in zip(infos, manifest_pieces, strict=True)]
-    assemble_folder(manifest, out_dir / INDEX_FILES["manifest"], MANIFEST_SCHEMA)
+    assemble_folder(manifest, out_dir / INDEX_FILES["manifest"], manifest_schema(manifest_pieces))
     # pieces without rows are left out (one kept when all are empty, for the columns): the ledger's files do
     # not depend on which steps ran with nothing to reject
     kept = [p for p in rejected_paths if ledger_rows[p]] or rejected_paths[:1]

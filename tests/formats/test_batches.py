@@ -43,8 +43,9 @@ def test_paths_are_those_of_a_job_per_shard():
     assert paths["tar"] == "o/ds-000007.tar" and paths["dali_index"] == "o/ds-000007.idx"
     assert paths["energon_index"] == "o/ds-000007.tar.idx" and paths["report"] == "w/validate/ds-000007.json"
     assert batches.score_paths("w", "o", "ds", "000007")["scores"] == "o/ds-000007.scores.parquet"
-    plan, scored = batches.scored_shard({"work": "w", "out": "o", "dataset": "ds"}, "000007")
-    assert plan == paths["plan"] and scored == batches.score_paths("w", "o", "ds", "000007")
+    written, scored = batches.scored_shard({"work": "w", "out": "o", "dataset": "ds"}, "000007")
+    assert written == paths and scored == batches.score_paths("w", "o", "ds", "000007")
+    assert scored["manifest"] == "w/embed/shards/ds-000007.manifest.parquet" != paths["manifest"]
 
 
 def test_the_fingerprint_follows_contents_part_files_settings_and_code(tmp_path):

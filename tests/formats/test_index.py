@@ -10,7 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardsmith.core.ledger import REJECT_COLUMNS
-from shardsmith.formats.index import MANIFEST_COLUMNS, LedgerMismatch, build_index, rejected_by_source
+from shardsmith.formats.index import (
+    MANIFEST_COLUMNS,
+    LedgerMismatch,
+    build_index,
+    rejected_by_source,
+    write_scored_manifest_piece,
+)
 from tests.shards.test_plan import EXPECTED_KEYS, index_args, make_built
 
 
@@ -48,6 +54,37 @@ def test_build_index_writes_index_files_that_add_up(built):
     assert stats["rejected_by_source"] == {"src": 4}  # the card's per-source table, without reading the ledger
     assert rejected_by_source(out / "rejected.parquet") == stats["rejected_by_source"]  # for an older stats.json
     assert stats["bytes"] == sum(i["filesize"] for i in built["infos"])
+
+
+def test_scored_pieces_give_a_manifest_with_the_score_columns_matched_by_key(built, tmp_path):
+    """Each shard's score table (in another order, one sample without a row) joined to its piece by key; the
+    manifest folder keeps the scored pieces' bytes (hard-linked) and reads as one table."""
+    args = index_args(built)
+    scored = []
+    for i, piece in enumerate(args["manifest_pieces"]):
+        keys = pq.read_table(piece, columns=["key"]).column("key").to_pylist()
+        table = pd.DataFrame({"key": keys[::-1], "clip_similarity_score": [0.1 * k for k in range(len(keys))],
+                              "aesthetic_score": [5.0 + k for k in range(len(keys))]})  # fmt: skip
+        if i == 1:
+            table = table.iloc[1:]  # the last sample of the shard has no score row
+        table.to_parquet(tmp_path / f"{i}.scores.parquet", index=False)
+        scored.append(str(tmp_path / f"{i}.manifest.parquet"))
+        assert write_scored_manifest_piece(piece, tmp_path / f"{i}.scores.parquet", scored[-1]) == len(keys)
+    build_index(**{**args, "manifest_pieces": scored})
+    manifest = pd.read_parquet(built["out"] / "manifest.parquet")
+    assert list(manifest.columns) == [*MANIFEST_COLUMNS, "clip_similarity_score", "aesthetic_score"]
+    assert list(manifest["key"]) == EXPECTED_KEYS
+    first = manifest[manifest["shard"] == "ds-000000.tar"]
+    assert first["aesthetic_score"].tolist() == [8.0, 7.0, 6.0, 5.0]  # matched by key, not by position
+    second = manifest[manifest["shard"] == "ds-000001.tar"]
+    assert second["aesthetic_score"].isna().tolist() == [False, False, False, True]
+    assert str(manifest["clip_similarity_score"].dtype) == "float32"
+    piece = built["out"] / "manifest.parquet" / "ds-000000.parquet"
+    assert os.stat(piece).st_ino == os.stat(scored[0]).st_ino  # linked, not rewritten
+    pd.DataFrame({"key": ["a"], "url": [0.5]}).to_parquet(tmp_path / "clash.parquet", index=False)
+    with pytest.raises(ValueError, match=r"score columns \['url'\] are manifest columns already"):
+        write_scored_manifest_piece(args["manifest_pieces"][0], tmp_path / "clash.parquet", tmp_path / "x.parquet")
+    assert not (tmp_path / "x.parquet").exists()
 
 
 def test_build_index_refuses_a_status_row_without_outcome(built, tmp_path):

@@ -9,7 +9,8 @@ rows after them. Each layout's second build (v2), once with BEFORE's Snakefile a
 tree's, runs in a folder of its own against a copy of the same v1: near-duplicates excluded (pHash and the
 tiny random CLIP model's embeddings), low CLIP similarity excluded, records already published left out. Then
 every published file of v2 and every plan file (shard ranges and parts, the ledger's dropped pieces, the
-near-duplicate table) must be byte-identical between the two.
+near-duplicate table) must be byte-identical between the two; the manifest pieces, which carry the score columns
+since, must equal BEFORE's in every column of BEFORE's.
 """
 
 import json
@@ -22,6 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # inherited by snakemake and its j
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from PIL import Image
@@ -215,11 +217,26 @@ def comparable_build(version: Path) -> dict:
 
 
 def comparable_marker(version: Path) -> dict:
-    """_COMPLETE.json less `published_at` (the publish time, the one time a version keeps) and build.json's
-    sha256 and size (the code's hashes in it differ, above); every other file's sha256 and size stay."""
+    """_COMPLETE.json less `published_at` (the publish time, the one time a version keeps), build.json's sha256
+    and size (the code's hashes in it differ, above) and the manifest pieces' (their score columns came after
+    BEFORE: compared by same_manifest_piece); every other file's sha256 and size stay."""
     marker = json.loads((version / MARKER).read_text())
     assert marker.pop("published_at") and marker["files"].pop("build.json")
+    for name in [n for n in marker["files"] if n.startswith("manifest.parquet/")]:
+        del marker["files"][name]
     return marker
+
+
+def same_manifest_piece(before: Path, after: Path) -> bool:
+    """The working tree's manifest piece is BEFORE's with the shard's score columns after its own (the score
+    tables' columns, equal to the published score table's values)."""
+    a, b = pd.read_parquet(before), pd.read_parquet(after)
+    scores = pd.read_parquet(after.parent.parent / after.name.replace(".parquet", ".scores.parquet"))
+    extra = [c for c in b.columns if c not in a.columns]
+    assert extra == [c for c in scores.columns if c != "key"], (extra, list(scores.columns))
+    got = b.set_index("key").loc[scores["key"], extra].to_numpy(np.float64)
+    assert np.array_equal(got, scores[extra].to_numpy(np.float64), equal_nan=True)
+    return b[list(a.columns)].equals(a) and pq.read_schema(after).names[: len(a.columns)] == list(a.columns)
 
 
 def equal(x, y) -> bool:
@@ -266,6 +283,9 @@ def test_published_files_are_byte_identical(builds, layout):
             "rejected.parquet/000000.parquet", ".nv-meta/index.sqlite", "demo-000000.scores.parquet",
             "demo-000000.embeddings.npz", "demo-000000.idx", "demo-000000.tar.idx"} <= set(fa)  # fmt: skip
     differ = sorted(name for name in fa if fa[name] != fb[name])
+    scored = [n for n in differ if n.startswith("manifest.parquet/")]
+    assert scored and all(same_manifest_piece(a / n, b / n) for n in scored)
+    differ = [n for n in differ if n not in scored]
     # the code's hashes, and the publish time: compared below
     assert differ == ["_COMPLETE.json", "build.json"], explain(
         a, b, [n for n in differ if n not in ("_COMPLETE.json", "build.json")]

@@ -162,12 +162,17 @@ def test_with_min_similarity_too_each_sample_left_out_is_in_the_ledger_once_and_
     assert counts["embedded"] == counts["published"] + others
 
 
-def test_the_heads_scores_are_published_described_and_shown(builds):
+def test_the_heads_scores_are_published_in_the_score_tables_and_the_manifest_described_and_shown(builds):
     root, version = builds[0]
     scores = scores_of(root)
     published = pd.concat(pd.read_parquet(p) for p in sorted(version.glob("*.scores.parquet")))
     assert {"aesthetic_score", "nsfw_score"} <= set(published.columns)
-    assert set(published["key"]) == set(pd.read_parquet(version / "manifest.parquet", columns=["key"])["key"])
+    manifest = pd.read_parquet(version / "manifest.parquet").set_index("key")
+    assert set(published["key"]) == set(manifest.index)
+    score_columns_ = [c for c in published.columns if c != "key"]  # the similarity, norms and heads' scores
+    assert list(manifest.columns[-len(score_columns_) :]) == score_columns_
+    pd.testing.assert_frame_equal(manifest.loc[published["key"], score_columns_], published.set_index("key"),
+                                  check_dtype=False)  # fmt: skip
     by_key = scores.set_index("key")
     assert (published.set_index("key")["nsfw_score"] == by_key.loc[published["key"], "nsfw_score"]).all()
     stats = json.loads((version / "embedding_stats.json").read_text())
