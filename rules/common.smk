@@ -267,6 +267,11 @@ def get_near_references(wildcards):
     return [rules.hash_references.output.table] if SETTINGS.evaluation_sets else []
 
 
+def get_near_reference_embeddings(wildcards):
+    """The reference images' CLIP embeddings, where the near-duplicate search compares embeddings (none: [])."""
+    return [rules.embed_references.output.embeddings] if SETTINGS.reference_embeddings else []
+
+
 def get_slice_low_similarity(wildcards):
     """The slice's groups' tables of embed.min_similarity (a folder), where it is set."""
     low = rules.exclude_low_similarity.output[0]

@@ -72,6 +72,25 @@ rule hash_references:
         "../scripts/hash_references.py"
 
 
+# The reference images hashed, copied into a part for embed_references, where the near-duplicate search
+# compares CLIP embeddings too.
+rule pack_references:
+    input:
+        SETTINGS.evaluation_set_files,
+        table=rules.hash_references.output.table,
+    output:
+        tar=f"{WORK}/references/images.tar",
+        samples=f"{WORK}/references/images.samples.parquet",
+    log:
+        f"{LOGS}/pack_references.log",
+    conda:
+        "../envs/shards.yaml"
+    params:
+        sets=SETTINGS.evaluation_sets,
+    script:
+        "../scripts/pack_references.py"
+
+
 # Every part's files, listed once for the jobs that read all of them (PART_FILES in rules/common.smk).
 rule list_parts:
     input:

@@ -25,6 +25,20 @@ rule embed_part:
         "../scripts/embed_part.py"
 
 
+# The evaluation sets' reference images embedded as a part is, for the near-duplicate search's embedding signal.
+use rule embed_part as embed_references with:
+    input:
+        tar=rules.pack_references.output.tar,
+        samples=rules.pack_references.output.samples,
+        model=SETTINGS.embed_model_files,
+    output:
+        scores=f"{WORK}/references/embed.parquet",
+        embeddings=f"{WORK}/references/embed.npz",
+        info=f"{WORK}/references/embed.json",
+    log:
+        f"{LOGS}/embed_references.log",
+
+
 # Every part's embedding outputs, listed once for the jobs that read all of them.
 rule list_part_embeddings:
     input:

@@ -274,6 +274,7 @@ rule split_near_entries:
         published=slice_published("old"),
         gone=slice_published("gone"),
         references=get_near_references,
+        reference_embeddings=get_near_reference_embeddings,
         embeddings=get_slice_near_embeddings,
         scores=get_slice_near_scores,
         parts_plan=PARTS_PLANNED,

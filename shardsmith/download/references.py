@@ -3,7 +3,9 @@ search.
 
 `evaluation_sets` names sets of reference images: a folder of images, or WebDataset tar shards.
 `hash_references` reads every image of every set and writes one table of their pHashes (and their mirrors'),
-each with its set's index and its place in the set. The near-duplicate search enters them as samples already
+each with its set's index and its place in the set; with CLIP embeddings as a near-duplicate signal,
+`pack_references` copies them into a part that `embed_references` embeds as embed_part embeds a part. The
+near-duplicate search enters them as samples already
 published (shardsmith.shards.neardup.reference_candidates), which are never left out and keep every near copy
 of theirs from the build; the decision names such a copy `dedupe/near_reference`, with the reference image
 and the distance (shardsmith.shards.neardecide). A reference's `version` is `reference:{set}`.
@@ -27,6 +29,8 @@ from shardsmith.core.errors import ConfigError
 from shardsmith.core.ledger import REFERENCE_VERSION
 from shardsmith.download.process.phash import phash_pair
 from shardsmith.download.sources import DEFAULT_IMAGE_EXTENSIONS
+from shardsmith.formats.parts import member_columns, placed_columns
+from shardsmith.formats.tario import ShardWriter
 
 COLUMNS = ["key", "version", "width_before", "height_before", "phash", "phash_mirror", "set", "row"]
 IMAGE_EXTENSIONS = frozenset(DEFAULT_IMAGE_EXTENSIONS)
@@ -70,6 +74,28 @@ def check_evaluation_sets(config: dict) -> None:
     for r in sets:
         if not os.path.isdir(r["path"]) and not [p for p in expand_paths(r["path"]) if os.path.isfile(p)]:
             raise ConfigError(f"evaluation_sets {r['name']}: {r['path']} is neither a folder of images nor tar shards")
+
+
+def pack_references(references: list[dict], table_path: str, out_tar: str, out_samples: str) -> int:
+    """The reference images the table holds (those hashed), as a part that embed_part reads (embed_references):
+    each image's bytes as they are in its set and an empty caption, in the table's order; the samples table's
+    `key` is the reference image's (`{set}/{name}`). Returns the images packed."""
+    keys = pd.read_parquet(table_path, columns=["key"])["key"].tolist()
+    wanted = set(keys)
+    rows = {}
+    with atomic_open(out_tar) as f, ShardWriter(f) as tar:
+        for ref in references:
+            for name, data in reference_images(ref["path"]):
+                key = f"{ref['name']}/{name}"
+                if key in wanted and key not in rows:
+                    placed = tar.write(f"{len(rows):09d}", {"jpg": data, "txt": b""})
+                    rows[key] = {"key": key, **placed_columns(placed)}
+        missing = [k for k in keys if k not in rows]
+        if missing:  # raised within: the tar is not put in place
+            raise ValueError(f"evaluation set images changed since they were hashed: {missing[0]} is gone")
+    with atomic_open(out_samples) as f:
+        pd.DataFrame([rows[k] for k in keys], columns=["key", *member_columns("jpg", "txt")]).to_parquet(f, index=False)
+    return len(rows)
 
 
 def hash_references(references: list[dict], out_table: str, out_info: str) -> dict:

@@ -246,14 +246,15 @@ SPLIT_CHUNK = 50_000  # samples whose entries are made and sorted at once (4 + p
 def split_near_entries(
     samples: list[str], first_part: int, dropped: list[np.ndarray], old_path: str | None, cells_path: str, out: str,
     out_homes: str, embeddings: list[str], gone: pd.DataFrame | None = None, parts: int = 0,
-    scores: list[str] = (), similarity: str = "",
+    scores: list[str] = (), similarity: str = "", reference_embeddings: np.ndarray | None = None,
 ) -> int:  # fmt: skip
     """The near-duplicate entries of a group's parts, of their samples that the steps before kept (`dropped`: each
     part's rows left out), in one file, one batch per bucket, and their home rows (key, version, ledger fields),
     one batch per partition; returns the samples compared. `gone`: published records no longer in the build
     (its share of them, GONE_COLUMNS), entered too, as keepers only, after every one of the `parts` parts.
     `scores` (keep: best_caption): the parts' CLIP score tables, their column `similarity` first in the keep
-    order. Entries
+    order. `reference_embeddings`: the CLIP image embeddings of `gone`'s reference images, in their order, entered
+    into the embedding cells too (REFERENCE_PROBES times a sample's). Entries
     are made SPLIT_CHUNK samples at a time into chunk files beside `out` (a `.spill-*` folder, removed after) and
     merged a bucket at a time: the job's memory follows the chunk, not the group, at any probes."""
     layout, phash, embedding = read_cells(cells_path)
@@ -281,15 +282,21 @@ def split_near_entries(
             ids, prio, code, mirror = gone_candidates(gone, parts, bool(scores))
             reference = gone["version"].astype(str).str.startswith(REFERENCE_VERSION).to_numpy()
             wide = replace(layout, probes=min(layout.cells, layout.probes * REFERENCE_PROBES))
+            emb = None
+            if reference_embeddings is not None:
+                emb = np.zeros((len(gone), reference_embeddings.shape[1]), np.float16)
+                emb[reference] = reference_embeddings
             for at in range(0, len(ids), SPLIT_CHUNK):
                 take = slice(at, at + SPLIT_CHUNK)
-                table = pa.concat_tables(
-                    [
-                        part_entries(ids[take][m], prio[take][m], code[take][m], mirror[take][m], lay, phash)
-                        for m, lay in ((~reference[take], layout), (reference[take], wide))
-                        if m.any()
-                    ]
-                )
+                tables = []
+                for m, lay in ((~reference[take], layout), (reference[take], wide)):
+                    if not m.any():
+                        continue
+                    with_emb = emb is not None and lay is wide
+                    tables.append(part_entries(ids[take][m], prio[take][m], code[take][m], mirror[take][m], lay, phash,
+                                               emb[take][m] if with_emb else None, embedding if with_emb else None,
+                                               EMBEDDING_PROBES * REFERENCE_PROBES))  # fmt: skip
+                table = pa.concat_tables(tables)
                 chunk_files.append(str(Path(tmp) / f"{len(chunk_files)}.arrow"))
                 write_entries(chunk_files[-1], table, layout)
                 first_ids, first = np.unique(table["id"].to_numpy(), return_index=True)

@@ -307,9 +307,10 @@ def part_entries(
     phash_cells: Cells | None,
     embeddings: np.ndarray | None = None,
     embedding_cells: Cells | None = None,
+    embedding_probes: int = EMBEDDING_PROBES,
 ) -> pa.Table:
     """Every entry of some samples (see the module), with its bucket and its sample's home partition (one per
-    bucket)."""
+    bucket); their embeddings go to `embedding_probes` cells (more for reference images)."""
     tables = []
     both = np.concatenate([code, mirror])
     both_ids, both_prio = np.concatenate([ids, ids]), np.concatenate([prio, prio])
@@ -329,7 +330,8 @@ def part_entries(
                                both, None, both_home))  # fmt: skip
     if embeddings is not None:
         x = np.ascontiguousarray(embeddings, np.float16)
-        cells = nearest_cells(x.astype(np.float32), embedding_cells, EMBEDDING_PROBES)
+        probes = min(embedding_probes, len(embedding_cells)) if embedding_cells is not None else 1
+        cells = nearest_cells(x.astype(np.float32), embedding_cells, probes)
         vec = pa.array([bytes(v) for v in x.view(np.uint8).reshape(len(x), -1)], pa.binary())
         zeros = np.zeros(len(x), np.uint64)
         for p in range(cells.shape[1]):
@@ -444,6 +446,29 @@ def _reference_pairs(t: pd.DataFrame, references: np.ndarray, threshold: int):
     return ids[a][keep], ids[b][keep], dist[keep].astype(np.int64)
 
 
+_REFERENCE_CHUNK = 65_536  # a cell's rows whose embeddings are compared with the references at once
+
+
+def _reference_embedding_pairs(t: pd.DataFrame, references: np.ndarray, threshold: float):
+    """A cell's pairs of a reference image's embedding with any other row's at or over the threshold, exactly
+    (every row against the few references, a chunk of rows at a time) whatever the cell's size, as
+    _reference_pairs does for the hashes."""
+    ids = t["id"].to_numpy(np.int64)
+    ref = np.isin(ids, references)
+    if not ref.any() or ref.all():
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32)
+    vec = t["vec"].to_numpy()
+    queries = np.stack([np.frombuffer(v, np.float16) for v in vec[ref]]).astype(np.float32)
+    others = np.flatnonzero(~ref)
+    found = []
+    for at in range(0, len(others), _REFERENCE_CHUNK):
+        rows = others[at : at + _REFERENCE_CHUNK]
+        x = np.stack([np.frombuffer(v, np.float16) for v in vec[rows]]).astype(np.float32)
+        q, r = np.nonzero(queries @ x.T >= threshold)
+        found.append((ids[ref][q], ids[rows][r], np.einsum("ij,ij->i", queries[q], x[r])))
+    return tuple(np.concatenate([f[i] for f in found]) for i in range(3))
+
+
 def bucket_pairs(
     paths: list[str],
     bucket: int,
@@ -484,7 +509,11 @@ def bucket_pairs(
         frames.append(pd.DataFrame({"a": a, "b": b, "signal": "phash", "score": d.astype(np.float64)}))
     if embedded is not None:
         embedded = embedded.to_pandas().sort_values("block_or_cell", kind="stable")
-        found = [_cell_pairs(cell, False, embedding_min_similarity, bin_size) for cell in _by_cell(embedded)]
+        found = []
+        for cell in _by_cell(embedded):
+            found.append(_cell_pairs(cell, False, embedding_min_similarity, bin_size))
+            if len(references):
+                found.append(_reference_embedding_pairs(cell, references, embedding_min_similarity))
         del embedded
         if found:
             a, b, s = (np.concatenate([f[i] for f in found]) for i in range(3))

@@ -87,6 +87,12 @@ class Settings:
         return list(self.config.get("evaluation_sets") or [])
 
     @property
+    def reference_embeddings(self) -> bool:
+        """Whether the reference images are embedded too (embed_references): the near-duplicate search compares
+        CLIP image embeddings."""
+        return bool(self.evaluation_sets) and self.near_embeddings
+
+    @property
     def evaluation_set_files(self) -> list[str]:
         """The sets' folders and tar shards: hash_references' inputs, so that a changed set is hashed again (a
         folder's time changes when a file is added or removed, not when one is rewritten)."""

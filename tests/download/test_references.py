@@ -1,5 +1,6 @@
 """Evaluation sets' reference images hashed (shardsmith.download.references): a folder and tar shards give the
-same hashes, an unreadable file is named and skipped, an empty set hashes nothing; the config checks."""
+same hashes, an unreadable file is named and skipped, an empty set hashes nothing; the images hashed are packed
+into a part for embedding, in the table's order; the config checks."""
 
 import io
 import json
@@ -13,7 +14,8 @@ from PIL import Image
 from shardsmith.cli.demo import jpeg, scene
 from shardsmith.core.errors import ConfigError
 from shardsmith.download.process.phash import phash_pair
-from shardsmith.download.references import check_evaluation_sets, hash_references
+from shardsmith.download.references import check_evaluation_sets, hash_references, pack_references
+from shardsmith.formats.tario import read_member
 
 
 def images(n: int = 3) -> dict[str, bytes]:
@@ -53,6 +55,31 @@ def test_a_folder_and_tar_shards_of_the_same_images_hash_alike_and_an_unreadable
     assert (folder_rows["phash"].iloc[0], folder_rows["phash_mirror"].iloc[0]) == phash_pair(first)
     assert (folder_rows["width_before"].iloc[2], folder_rows["height_before"].iloc[2]) == (192, 120)
     assert list(shard_rows["row"]) == [0, 1, 2]
+
+
+def test_the_hashed_images_are_packed_as_a_part_in_the_tables_order_and_a_changed_set_is_refused(tmp_path):
+    made = images(4)
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    for name, data in made.items():
+        (folder / name).write_bytes(data)
+    (folder / "broken.jpg").write_bytes(b"not an image")
+    sets = [{"name": "val", "path": str(folder)}]
+    hash_references(sets, str(tmp_path / "refs.parquet"), str(tmp_path / "refs.json"))
+    tar, samples = str(tmp_path / "images.tar"), str(tmp_path / "images.samples.parquet")
+    assert pack_references(sets, str(tmp_path / "refs.parquet"), tar, samples) == 4
+    table = pd.read_parquet(samples)
+    assert table["key"].tolist() == pd.read_parquet(tmp_path / "refs.parquet")["key"].tolist()
+    assert table["key"].tolist() == [f"val/{n}" for n in sorted(made)]  # the unreadable file is not packed
+    for key, row in zip(table["key"], table.to_dict("records"), strict=True):
+        assert read_member(tar, row["jpg_offset"], row["jpg_size"]) == made[key.split("/", 1)[1]]
+        assert row["txt_size"] == 0  # no caption
+    with tarfile.open(tar) as t:  # a tar any reader takes
+        assert len(t.getnames()) == 8
+    (folder / "img_2.jpg").unlink()
+    with pytest.raises(ValueError, match="evaluation set images changed since they were hashed: val/img_2.jpg"):
+        pack_references(sets, str(tmp_path / "refs.parquet"), str(tmp_path / "x.tar"), str(tmp_path / "x.parquet"))
+    assert not (tmp_path / "x.parquet").exists() and not (tmp_path / "x.tar").exists()
 
 
 def test_an_empty_set_hashes_nothing(tmp_path):

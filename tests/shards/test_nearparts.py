@@ -258,6 +258,30 @@ def test_embeddings_in_several_cells_find_every_copy_at_any_bucket_count(tmp_pat
         pd.testing.assert_frame_equal(results[1], other)
 
 
+def test_a_reference_images_embedding_copies_in_a_cell_are_found_exactly_chunk_by_chunk(monkeypatch):
+    """Every row at or over the threshold with a reference's embedding, none under, across chunk boundaries;
+    pairs of two references left out; no reference, or only references, no pairs."""
+    monkeypatch.setattr(nearparts, "_REFERENCE_CHUNK", 7)
+    rng = np.random.default_rng(8)
+    n, d = 60, 32
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    refs = [0, 1]
+    for i in range(2, 20):  # copies of reference 0 or 1, some just under the threshold
+        noise = rng.normal(size=d).astype(np.float32)
+        x[i] = x[refs[i % 2]] / np.linalg.norm(x[refs[i % 2]]) + (0.05 + 0.02 * (i % 5)) * noise / np.linalg.norm(noise)
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
+    ids = np.arange(100, 100 + n, dtype=np.int64)
+    cell = pd.DataFrame({"id": ids, "vec": [bytes(v) for v in x.view(np.uint8).reshape(n, -1)]})
+    a, b, sim = nearparts._reference_embedding_pairs(cell, ids[refs], 0.995)
+    xf = x.astype(np.float32)
+    want = {(int(ids[r]), int(ids[j])) for r in refs for j in range(n) if j not in refs and xf[r] @ xf[j] >= 0.995}
+    assert set(zip(a.tolist(), b.tolist(), strict=True)) == want and len(want) >= 4
+    assert len(want) < 18  # some planted copies under the threshold are not pairs
+    assert np.allclose(sim, [xf[i - 100] @ xf[j - 100] for i, j in zip(a, b, strict=True)], atol=1e-5)
+    assert nearparts._reference_embedding_pairs(cell, np.array([], np.int64), 0.9)[0].size == 0
+    assert nearparts._reference_embedding_pairs(cell.iloc[:2], ids[refs], 0.9)[0].size == 0
+
+
 def test_a_reference_images_copies_in_a_cell_are_searched_exactly_at_any_cell_size():
     """A cell above bin_size is searched by sampled-bit tables, whose recall at 8 bits is below 1; the pairs of a
     reference image (its priority nearparts.REFERENCE_PRIORITY) are searched exactly: every copy at 8 bits."""

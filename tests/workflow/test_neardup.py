@@ -278,3 +278,41 @@ def test_training_samples_near_an_evaluation_set_are_left_out_naming_the_referen
     config["evaluation_sets"] = [{"name": "val", "path": str(tmp_path / "eval" / "empty")}]
     run_workflow(tmp_path / "c", config)
     assert len(published(tmp_path / "c")[0]) == 6
+
+
+def test_with_embeddings_an_evaluation_sets_reshot_images_are_found_by_their_clip_embedding(tmp_path):
+    """Crops of a quarter a side (no pHash near) of three photos as the evaluation set, the tiny model's
+    embeddings as a signal: the references are embedded as a part is (embed_references), and exactly the
+    samples whose embedding is at or over the threshold with a reference's (computed here from both tables)
+    are left out as near_reference naming it and the similarity; none of the rest."""
+    make_data(tmp_path / "data", copies=False)
+    rng = np.random.default_rng(21)
+    photos = [scene(rng, 640, 480) for _ in range(3)]  # make_data's first three, drawn alike
+    (tmp_path / "eval").mkdir()
+    for i, im in enumerate(photos):
+        (tmp_path / "eval" / f"crop_{i}.jpg").write_bytes(jpeg(im.crop((160, 120, 480, 360)), quality=95))
+    model_config, checkpoint = write_tiny_clip(tmp_path / "models")
+    threshold = 0.99
+    config = config_for(tmp_path / "data", tmp_path, phash_max_distance=0, embedding_min_similarity=threshold)
+    config["embed"] = {"enabled": True, "model": NAME, "pretrained": str(checkpoint), "model_config": str(model_config),
+                       "device": "cpu", "workers": 0, "batch_size": 8}  # fmt: skip
+    config["evaluation_sets"] = [{"name": "val", "path": str(tmp_path / "eval")}]
+    run_workflow(tmp_path, config)
+    work = tmp_path / "work" / "demo"
+    with np.load(work / "references" / "embed.npz") as z:
+        refs = dict(zip(z["key"], z["image"].astype(np.float32), strict=True))
+    assert sorted(refs) == [f"val/crop_{i}.jpg" for i in range(3)]
+    emb = {}
+    for f in sorted((work / "embed").glob("*.npz")):
+        with np.load(f) as z:
+            emb.update(zip(z["key"], z["image"].astype(np.float32), strict=True))
+    best = {k: max(refs, key=lambda r: float(v @ refs[r])) for k, v in emb.items()}
+    near = {k: r for k, r in best.items() if float(emb[k] @ refs[r]) >= threshold - 2e-3}
+    _, rejected, stats = published(tmp_path)
+    left = rejected[rejected["reason"] == "near_reference"]
+    assert 0 < len(near) < len(emb) and set(left["key"]) == set(near)
+    for key, detail in zip(left["key"], left["detail"], strict=True):
+        m = re.fullmatch(r"near reference image (\S+) \(evaluation set val\): CLIP image cosine similarity ([\d.]+)",
+                         detail)  # fmt: skip
+        assert m and float(m[2]) == pytest.approx(float(emb[key] @ refs[m[1]]), abs=2e-3) and float(m[2]) >= threshold
+    assert stats["input_records"] == stats["published"] + stats["rejected"] == 6
