@@ -233,3 +233,14 @@ def test_demo_on_slurm_matches_local_run(slurm, tmp_path, http_server):
             assert re.fullmatch(rf"rule_{rule}_wildcards_\d{{5}}", comment.group(1)), comment.group(1)
         if want["gpu"]:
             assert "gpu" in shown.split("TresPerJob=")[-1].split()[0], shown
+
+
+def test_every_gpu_rule_asks_the_profile_for_a_gpu_as_embed_part_does():
+    """embed_part and the rules made from it (`use rule embed_part as ...`: embed_references) run on the GPU
+    partition with a GPU and the same CPUs: a rule missing from set-resources would run on a CPU node."""
+    derived = re.findall(r"^use rule embed_part as (\w+)", (REPO / "rules" / "embed.smk").read_text(), re.M)
+    assert derived == ["embed_references"]
+    want = expected_request("embed_part")
+    assert want["gpu"] and want["partition"] != expected_request("download_part")["partition"]
+    for rule in derived:
+        assert expected_request(rule) == want, rule
