@@ -238,7 +238,9 @@ def test_the_workflow_side_of_the_benchmark_runs_and_measures_a_tiny_set(tmp_pat
     assert e2e.check_quality(data / "images", rows, base, samples, ours=True)["ok"]
     # what the results file reports: a peak per job kind, where the time went, each job's share
     peaks = run["peak_rss_mib"]
-    assert {"snakemake", "download_part", "download_part (child)", "write_shard", "publish_dataset"} <= set(peaks)
+    # the jobs that live seconds are always sampled; one of a fraction of a second (publish_dataset, write_shard)
+    # can fall between two samples of a loaded machine
+    assert {"snakemake", "download_part", "download_part (child)"} <= set(peaks)
     assert all(0 < mib < 1024 for mib in peaks.values())
     o = run["overhead"]
     # each download_part forks a resize process: its CPU is the job's, it is not a job of its own
