@@ -92,6 +92,7 @@ class _State:
     n: int = 0
     aborted: BaseException | None = None
     refused: Refused | None = None
+    opened: list[socket.socket] = field(default_factory=list)  # sockets handed to curl, which keeps a dup of each
 
 
 def ca_file() -> str | None:
@@ -187,7 +188,9 @@ class Curl:
                     f"{named}{ip} ({why}); not fetched (download.allow_networks or allow_hosts allows it)",
                 )
                 return pycurl.SOCKET_BAD
-        return socket.socket(family, socktype, protocol)
+        sock = socket.socket(family, socktype, protocol)
+        state.opened.append(sock)  # closed once curl has its dup (_perform), not left to the collector's warning
+        return sock
 
     def _head_done(self, state: _State) -> bool:
         """Parse the response's head from the header lines curl collected, and run on_head; False when on_head
@@ -282,7 +285,7 @@ class Curl:
         c.setopt(pycurl.TIMEOUT_MS, max(1, int(timeout_s * 1000)))
         c.setopt(pycurl.LOW_SPEED_LIMIT, 1)  # silence: under a byte a second for silence_s
         c.setopt(pycurl.LOW_SPEED_TIME, max(1, round(silence_s)))
-        error, ignored = _perform(c), False
+        error, ignored = _perform(c, state), False
         if error and error[0] == 8 and "Content-Length" in error[1] and state.aborted is None:
             # a length that is no length (-1, text): asked again and read to the end, as without one
             state.__init__(host=host, check_sockets=not proxy, on_head=on_head, max_bytes=max_bytes)
@@ -290,7 +293,7 @@ class Curl:
             c.setopt(pycurl.IGNORE_CONTENT_LENGTH, 1)
             ignored = True
             try:
-                error = _perform(c)
+                error = _perform(c, state)
             finally:
                 c.setopt(pycurl.IGNORE_CONTENT_LENGTH, 0)
         if state.head is None and state.lines and state.aborted is None:  # no body came (or not yet)
@@ -337,11 +340,15 @@ def parse_head(lines: list[bytes]) -> Head | None:
     return head
 
 
-def _perform(c: pycurl.Curl) -> tuple[int, str] | None:
+def _perform(c: pycurl.Curl, state: _State) -> tuple[int, str] | None:
     try:
         c.perform()
     except pycurl.error as e:
         return e.args if len(e.args) == 2 else (0, str(e))
+    finally:
+        for sock in state.opened:  # curl holds its own dup of each: ours closed now, without a ResourceWarning
+            sock.close()
+        state.opened.clear()
     return None
 
 
