@@ -412,6 +412,11 @@ def _by_cell(t: pd.DataFrame) -> Iterator[pd.DataFrame]:
             yield t.iloc[start:end]
 
 
+def _vectors(vec: np.ndarray) -> np.ndarray:
+    """Entries' embeddings (fp16 bytes, one length) as one (n, d) array: joined in C, not a view a row."""
+    return np.frombuffer(b"".join(vec), np.float16).reshape(len(vec), -1)
+
+
 def _cell_pairs(t: pd.DataFrame, binary: bool, threshold: float, bin_size: int):
     """The near pairs of one cell, its hashes before its mirror hashes, each in dataset order (embeddings' k-means
     trains on a strided sample of that order; the hashes' tables find the same pairs in any order)."""
@@ -420,7 +425,7 @@ def _cell_pairs(t: pd.DataFrame, binary: bool, threshold: float, bin_size: int):
     if binary:
         x = t["code"].to_numpy(np.uint64)
     else:
-        x = np.stack([np.frombuffer(v, np.float16) for v in t["vec"]]) if len(t) else np.empty((0, 1), np.float16)
+        x = _vectors(t["vec"].to_numpy()) if len(t) else np.empty((0, 1), np.float16)
     return held_pairs(ids, x, threshold, binary, bin_size)
 
 
@@ -458,12 +463,12 @@ def _reference_embedding_pairs(t: pd.DataFrame, references: np.ndarray, threshol
     if not ref.any() or ref.all():
         return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32)
     vec = t["vec"].to_numpy()
-    queries = np.stack([np.frombuffer(v, np.float16) for v in vec[ref]]).astype(np.float32)
+    queries = _vectors(vec[ref]).astype(np.float32)
     others = np.flatnonzero(~ref)
     found = []
     for at in range(0, len(others), _REFERENCE_CHUNK):
         rows = others[at : at + _REFERENCE_CHUNK]
-        x = np.stack([np.frombuffer(v, np.float16) for v in vec[rows]]).astype(np.float32)
+        x = _vectors(vec[rows]).astype(np.float32)
         q, r = np.nonzero(queries @ x.T >= threshold)
         found.append((ids[ref][q], ids[rows][r], np.einsum("ij,ij->i", queries[q], x[r])))
     return tuple(np.concatenate([f[i] for f in found]) for i in range(3))
