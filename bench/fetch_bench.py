@@ -81,10 +81,8 @@ def worker(client: str, urls_file: Path, parts: int, in_flight: int) -> None:
     settings = FetchSettings(
         concurrency=in_flight,
         max_concurrency=in_flight,
-        per_host_concurrency=32,
-        retries=0,
-        allow_networks=("127.0.0.0/8",),
-        **json.loads(os.environ.get("FETCH_BENCH_SETTINGS", "{}")),  # exploring: other download settings
+        **{"per_host_concurrency": 32, "retries": 0, "allow_networks": ("127.0.0.0/8",)}
+        | json.loads(os.environ.get("FETCH_BENCH_SETTINGS", "{}")),  # exploring: other download settings
     )
     cls = _urllib3_fetcher() if client == "urllib3" else Fetcher
     ok = failed = 0

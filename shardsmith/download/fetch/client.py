@@ -3,7 +3,8 @@
 Used by download_part for one part. Worker threads each run one attempt at a time; the calling thread
 is the dispatcher and decides what runs when: at most `concurrency` attempts in all (grown toward
 `max_concurrency` while the cores have idle time, see dispatch.InFlight) and
-`per_host_concurrency` per host, at most `per_host_rate` starts per second per host, backoff with jitter
+at most `per_host_concurrency` per host (fewer for a host with few records: see dispatch.REQUESTS_PER_CONNECTION),
+at most `per_host_rate` starts per second per host, backoff with jitter
 between attempts, and a Retry-After from a 429/503 pauses every request of this job to that host, not just
 the one URL (other download jobs know nothing of it). It stops at the part deadline: what is not done by
 then is reported as `deadline`, and the workers (daemon threads, bounded by their own timeouts) are left
@@ -128,15 +129,15 @@ class Fetcher:
         self.guard = Guard(
             settings.allow_networks, settings.allow_hosts, (*local_folders, *settings.allow_local_folders)
         )
-        # robots.txt and tdmrep.json asked for together, unless the host takes one request at a time
-        together = settings.per_host_concurrency > 1 and not settings.per_host_rate
+        # hosts whose robots.txt and tdmrep.json are asked for at once (see _together)
+        self.busy_hosts: set[str] = set()
         self.optouts = OptOuts(
             self._get_small,
             settings.ua_token,
             settings.respect_robots_txt,
             settings.respect_tdm_reservation,
             cache=policy_cache,
-            together=together,
+            together=self._together,
         )
         pool_args = {"num_pools": 256, "maxsize": settings.per_host_concurrency, "block": False}
         self.curl = Curl(self.guard, self.headers)
@@ -285,6 +286,12 @@ class Fetcher:
             preload_content=False,
             timeout=self._timeout(),
         )
+
+    def _together(self, host: str) -> bool:
+        """A host's policy files are asked for at once (two connections) only where its images will use two
+        connections anyway: the dispatcher names the hosts with records enough for that (`busy_hosts`), and the
+        host takes more than one request at a time, with no rate."""
+        return self.s.per_host_concurrency > 1 and not self.s.per_host_rate and host.lower() in self.busy_hosts
 
     def optout_requests(self, key: str) -> int:
         """Requests for opt-out files before a host's first image (an http(s) host; s3 buckets have none)."""

@@ -18,6 +18,16 @@ from typing import Protocol
 from shardsmith.download.fetch.responses import AttemptError, Outcome, host_key
 from shardsmith.download.fetch.settings import FetchSettings, backoff_wait
 
+# A host gets another request in flight (and so, over HTTP/1.1, another connection) only for every this many
+# requests it has waiting or in flight: a host's few records go one after the other over one kept-alive
+# connection, a request a round trip, where at once each would cost a connection, a TLS handshake (the client's
+# and the server's largest CPU cost a request) and two more round trips. Hosts with many records still get
+# per_host_concurrency.
+REQUESTS_PER_CONNECTION = 4
+# A host none of whose requests has started or ended for this long gets another request in flight (up to
+# per_host_concurrency): one slow response does not hold the records queued behind it.
+STALLED_S = 2.0
+
 
 class Budget(Protocol):
     limit: int
@@ -35,6 +45,7 @@ class Client(Protocol):
     deadline: float  # time.monotonic() at which the part stops starting attempts
     log: Callable[[str], None]
     cpu_pids: list[int]  # the job's other processes (its resize process), whose CPU counts as the job's
+    busy_hosts: set[str]  # filled here: hosts with records for more than one connection (REQUESTS_PER_CONNECTION)
 
     def retryable(self, reason: str) -> bool: ...
 
@@ -54,6 +65,7 @@ class _Host:
     not_before: float = 0.0  # rate slot or a Retry-After pause
     listed: bool = False  # in the dispatcher's round-robin list
     started: bool = False  # an attempt to it has been dispatched
+    moved: float = 0.0  # when an attempt to it last started or ended
 
 
 def _cpu_of(pid: int) -> float:
@@ -148,6 +160,7 @@ class Dispatcher:
         self.attempts = dict.fromkeys(self.jobs, 0)
         self.hosts: dict[str, _Host] = {}
         self.ring: deque[str] = deque()
+        self.freed: deque[str] = deque()  # hosts whose request just ended, in that order
         self.waiting: list[tuple[float, int, int]] = []  # (due, seq, job id): retries in backoff
         self.inflight: dict[int, str] = {}
         self.finished: set[int] = set()
@@ -160,6 +173,7 @@ class Dispatcher:
         self.limit = InFlight(f, label)
         for jid, url, _ in self.jobs.values():
             self._enqueue(jid, url, front=False)
+        f.busy_hosts.update(k for k, h in self.hosts.items() if k and len(h.pending) > REQUESTS_PER_CONNECTION)
 
     def _enqueue(self, jid: int, url: str, front: bool) -> None:
         key = host_key(url)
@@ -169,14 +183,43 @@ class Dispatcher:
             host.listed = True
             self.ring.append(key)
 
-    def _limit(self, key: str) -> int:
-        return self.limit.value if key == "" else self.s.per_host_concurrency
+    def _limit(self, key: str, host: _Host, now: float) -> int:
+        """Requests that may be in flight to a host now: one per REQUESTS_PER_CONNECTION it has waiting or in
+        flight, one more where it has stalled for STALLED_S, within per_host_concurrency (the job's limit for
+        local files, key "")."""
+        if key == "":
+            return self.limit.value
+        wanted = -(-(len(host.pending) + host.inflight) // REQUESTS_PER_CONNECTION)
+        if host.inflight and now - host.moved >= STALLED_S:
+            wanted = host.inflight + 1
+        return max(1, min(self.s.per_host_concurrency, wanted))
+
+    def _start(self, key: str, host: _Host, now: float, work: queue.SimpleQueue) -> None:
+        jid = host.pending.popleft()
+        host.inflight += 1
+        host.moved = now
+        if self.s.per_host_rate and key:
+            # the host's first attempt also asks for robots.txt and tdmrep.json (Fetcher._get_small)
+            slots = 1 + (0 if host.started else self.f.optout_requests(key))
+            host.not_before = max(now, host.not_before) + slots / self.s.per_host_rate
+        host.started = True
+        self.inflight[jid] = key
+        self.attempts[jid] += 1
+        work.put(self.jobs[jid])
 
     def _dispatch(self, work: queue.SimpleQueue, now: float) -> float:
-        """Start what may start now; returns when something held back by time may start."""
+        """Start what may start now; returns when something held back by time may start. Hosts whose request
+        just ended go first: the connection it used is open and idle now, where the host's turn in the round
+        robin could come after the connection has been dropped (from the client's connection cache, or by the
+        server's keep-alive timeout, often a few seconds)."""
         wake = float("inf")
         progress = True
         limit = self.limit.value
+        while self.freed and len(self.inflight) < limit:
+            key = self.freed.popleft()
+            host = self.hosts[key]
+            if host.pending and host.inflight < self._limit(key, host, now) and host.not_before <= now:
+                self._start(key, host, now, work)
         while progress and len(self.inflight) < limit and self.ring:
             progress = False
             for _ in range(len(self.ring)):
@@ -188,21 +231,14 @@ class Dispatcher:
                     host.listed = False
                     continue
                 self.ring.append(key)
-                if host.inflight >= self._limit(key):
+                if host.inflight >= self._limit(key, host, now):
+                    if host.inflight < self.s.per_host_concurrency and key:
+                        wake = min(wake, host.moved + STALLED_S)
                     continue
                 if host.not_before > now:
                     wake = min(wake, host.not_before)
                     continue
-                jid = host.pending.popleft()
-                host.inflight += 1
-                if self.s.per_host_rate and key:
-                    # the host's first attempt also asks for robots.txt and tdmrep.json (Fetcher._get_small)
-                    slots = 1 + (0 if host.started else self.f.optout_requests(key))
-                    host.not_before = max(now, host.not_before) + slots / self.s.per_host_rate
-                host.started = True
-                self.inflight[jid] = key
-                self.attempts[jid] += 1
-                work.put(self.jobs[jid])
+                self._start(key, host, now, work)
                 progress = True
         if len(self.inflight) >= limit and self.ring:
             self.limit.held_back = True
@@ -237,6 +273,9 @@ class Dispatcher:
         key = self.inflight.pop(jid)
         host = self.hosts[key]
         host.inflight -= 1
+        host.moved = now
+        if key:
+            self.freed.append(key)
         if isinstance(result, Outcome):
             self._finish(jid, result)
             return

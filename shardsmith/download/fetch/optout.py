@@ -9,9 +9,11 @@ Three signals are honoured, each with its own ledger reason:
   `tdmrep_unavailable`, like robots.txt.
 - `X-Robots-Tag` directives such as `noai` on the response (`opted_out`).
 
-OptOuts reads an origin's two files when a job first needs them, both at once (robots.txt in the asking
-thread, tdmrep.json in a thread of its own), and decides when both are in; a job that may send a host only
-one request at a time (`together=False`) asks for them one after the other, as the decision needs them. The
+OptOuts reads an origin's two files when a job first needs them, one after the other over one connection
+(robots.txt first, tdmrep.json only where robots.txt allows), or, for a host that `together` names, both at
+once (robots.txt in the asking thread, tdmrep.json in a thread of its own), deciding when both are in. At once
+saves a round trip and costs a connection (HTTP/1.1 sends one request at a time on a connection), a TLS
+handshake on both sides: worth it only for a host whose images will use the second connection anyway. The
 job keeps the answers, and its other threads that need the same origin meanwhile wait for them. With a
 PolicyCache (shardsmith.download.fetch.policycache) the jobs of a run share them: a file that another job
 fetched and kept is read from the cache, not fetched again. A host that does not answer at all (connection
@@ -100,8 +102,8 @@ class _Once:
 
 class OptOuts:
     """robots.txt and tdmrep.json per origin, for one job, shared with other jobs through `cache` (see the
-    module docstring). Without `together` the files are asked for one after the other, robots.txt first and
-    tdmrep.json only where robots.txt allows (for a host allowed one request at a time, or a rate).
+    module docstring). `together(host)` says whether a host's two files are asked for at once; else one after
+    the other, robots.txt first and tdmrep.json only where robots.txt allows.
 
     `fetched`: URLs of the files fetched, in the order their requests started (the log and the tests read
     it); `from_cache`: files read from the cache instead."""
@@ -113,7 +115,7 @@ class OptOuts:
         robots: bool = True,
         tdm: bool = True,
         cache: PolicyCache | None = None,
-        together: bool = True,
+        together: Callable[[str], bool] = lambda host: False,
     ) -> None:
         self.get, self.ua_token, self.robots, self.tdm, self.cache = get, ua_token, robots, tdm, cache
         self.together = together
@@ -132,7 +134,7 @@ class OptOuts:
         parts = urlsplit(url)
         origin = f"{parts.scheme.lower()}://{parts.netloc.lower().rsplit('@', 1)[-1]}"
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        ahead = self._answers(origin, wanted) if self.together else {}
+        ahead = self._answers(origin, wanted) if len(wanted) > 1 and self.together(parts.hostname or "") else {}
 
         def answer(file: str, parse: Callable[[str, int, bytes], object]) -> object:
             return _value(ahead.get(file) or self._answers(origin, [(file, parse)])[file])

@@ -7,6 +7,8 @@ from email.utils import formatdate
 from generated import jpeg_bytes
 from httpserver import Reply
 
+from shardsmith.download.fetch.dispatch import REQUESTS_PER_CONNECTION, STALLED_S
+from shardsmith.download.fetch.optout import TDMREP_PATH
 from tests.download.fetch.test_client import fetch, summary
 
 
@@ -16,6 +18,62 @@ def test_per_host_concurrency_is_never_exceeded_but_is_used(http_server):
     out = fetch(urls, concurrency=8, per_host_concurrency=3)
     assert all(o.ok for o in out.values())
     assert http_server.max_in_flight == 3
+
+
+def test_a_hosts_few_records_and_its_policy_files_share_one_connection(https_server):
+    """A host with records for one connection gets one: robots.txt, then tdmrep.json, then its images, one
+    after the other over one TLS connection (at once, each would cost a handshake)."""
+    img = jpeg_bytes()
+    s = https_server
+    urls = {f"i{i}": s.route(f"/few{i}.jpg", Reply(body=img)) for i in range(REQUESTS_PER_CONNECTION)}
+    out = fetch(urls)
+    assert all(o.ok for o in out.values())
+    assert s.handshakes[0] == 1 and s.max_in_flight == 1
+    (robots,), (tdmrep,) = s.times("/robots.txt"), s.times(TDMREP_PATH)
+    assert robots < tdmrep < min(s.times("/few0.jpg"))
+
+
+def test_a_host_with_many_records_gets_a_connection_per_few_and_both_policy_files_at_once(http_server):
+    img = jpeg_bytes()
+    s = http_server
+    s.route("/robots.txt", Reply(404, b"", delay=0.4))
+    s.route(TDMREP_PATH, Reply(404, b"", delay=0.4))
+    n = 5 * REQUESTS_PER_CONNECTION
+    urls = {f"i{i}": s.route(f"/many{i}.jpg", Reply(body=img, delay=0.2)) for i in range(n)}
+    out = fetch(urls, concurrency=16, per_host_concurrency=8)
+    assert all(o.ok for o in out.values())
+    assert s.max_in_flight == 5  # a connection for every REQUESTS_PER_CONNECTION records, within the limit of 8
+    (robots,), (tdmrep,) = s.times("/robots.txt"), s.times(TDMREP_PATH)
+    assert abs(robots - tdmrep) < 0.3  # the second connection is the images' anyway: both files at once
+
+
+def test_a_host_whose_request_ended_goes_next_while_its_connection_is_idle(http_server):
+    """With one request in flight, a host's records follow each other (over the connection the last one
+    left idle) rather than taking turns with another host's."""
+    img = jpeg_bytes()
+    s = http_server
+    urls = {}
+    for i in range(3):  # interleaved, as a manifest mixes hosts
+        urls[f"a{i}"] = s.route(f"/a{i}.jpg", Reply(body=img))
+        urls[f"b{i}"] = s.url(s.route(f"/b{i}.jpg", Reply(body=img))[len(s.url("")) :], host="localhost")
+    out = fetch(urls, concurrency=1, max_concurrency=1)
+    assert all(o.ok for o in out.values())
+    a = [t for i in range(3) for t in s.times(f"/a{i}.jpg")]
+    b = [t for i in range(3) for t in s.times(f"/b{i}.jpg")]
+    assert max(a) < min(b) or max(b) < min(a)
+
+
+def test_a_stalled_host_gets_another_connection_for_what_waits_behind(http_server):
+    img = jpeg_bytes()
+    s = http_server
+    urls = {
+        "slow": s.route("/stalls.jpg", Reply(body=img, delay=STALLED_S + 2)),
+        "next": s.route("/next.jpg", Reply(body=img)),
+    }
+    out = fetch(urls, read_timeout_s=10, request_timeout_s=10)
+    assert all(o.ok for o in out.values())
+    (slow,), (after,) = s.times("/stalls.jpg"), s.times("/next.jpg")
+    assert STALLED_S - 0.1 <= after - slow < STALLED_S + 1.5  # not at once (one connection), not after it
 
 
 def test_per_host_rate_spaces_request_starts(http_server):
@@ -50,7 +108,7 @@ def test_retry_after_is_capped_and_pauses_the_whole_host(http_server):
 
 
 def test_part_deadline_ends_the_job_even_when_every_server_stalls(http_server):
-    urls = {f"i{i}": http_server.route(f"/stall{i}.jpg", Reply(body=b"x", stall=60)) for i in range(12)}
+    urls = {f"i{i}": http_server.route(f"/stall{i}.jpg", Reply(body=b"x", stall=60)) for i in range(16)}
     t0 = time.monotonic()
     out = fetch(urls, concurrency=4, read_timeout_s=60, request_timeout_s=120, part_deadline_s=1.0)
     took = time.monotonic() - t0

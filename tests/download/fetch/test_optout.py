@@ -158,7 +158,7 @@ def test_both_files_are_asked_for_at_once(http_server):
     s = http_server
     s.route("/robots.txt", Reply(body=b"User-agent: *\nAllow: /\n", headers=TEXT, delay=0.5))
     s.route(TDMREP_PATH, Reply(body=b"[]", headers=[("Content-Type", "application/json")], delay=0.5))
-    optouts = OptOuts(urlget, "shardsmith")
+    optouts = OptOuts(urlget, "shardsmith", together=lambda host: True)
     optouts.check(s.url("/a.jpg"))
     (robots,), (tdmrep,) = s.times("/robots.txt"), s.times(TDMREP_PATH)
     assert abs(robots - tdmrep) < 0.3 and s.max_in_flight == 2
@@ -177,15 +177,15 @@ def test_robots_txt_decides_first_and_a_file_without_answer_is_asked_again():
             raise Unreachable("timeout", "read timed out")
         return 200, b"User-agent: *\nDisallow: /private/\n", None
 
-    optouts = OptOuts(get, "shardsmith")
+    optouts = OptOuts(get, "shardsmith", together=lambda host: host == "example.org")
     robots, tdmrep = "https://example.org/robots.txt", "https://example.org" + TDMREP_PATH
     assert reason(optouts, "/private/a.jpg") == "robots_disallowed" and sorted(asked) == [tdmrep, robots]
     assert reason(optouts, "/b.jpg") == "timeout" and asked[2:] == [tdmrep]
     assert reason(optouts, "/private/c.jpg") == "robots_disallowed" and asked[3:] == [tdmrep]
 
 
-def test_a_host_allowed_one_request_at_a_time_is_asked_for_the_files_in_turn():
-    """together=False: robots.txt first, and tdmrep.json only once a path passes it, never both at once."""
+def test_a_host_not_named_together_is_asked_for_the_files_in_turn():
+    """Without `together`: robots.txt first, and tdmrep.json only once a path passes it, never both at once."""
     asked, in_flight, most = [], [0], [0]
     lock = threading.Lock()
 
@@ -201,7 +201,7 @@ def test_a_host_allowed_one_request_at_a_time_is_asked_for_the_files_in_turn():
             return 200, b'[{"location": "/", "tdm-reservation": 1}]', None
         return 200, b"User-agent: *\nDisallow: /private/\n", None
 
-    optouts = OptOuts(get, "shardsmith", together=False)
+    optouts = OptOuts(get, "shardsmith")
     robots, tdmrep = "https://example.org/robots.txt", "https://example.org" + TDMREP_PATH
     assert reason(optouts, "/private/a.jpg") == "robots_disallowed" and asked == [robots]
     assert reason(optouts, "/b.jpg") == "tdm_reserved" and asked == [robots, tdmrep] and most[0] == 1

@@ -49,7 +49,8 @@ class Clock:
 
 
 def job(cache: PolicyCache) -> OptOuts:
-    return OptOuts(urlget, "shardsmith", cache=cache)
+    """A job's opt-outs asking for both files at once (each is then kept, whatever robots.txt says)."""
+    return OptOuts(urlget, "shardsmith", cache=cache, together=lambda host: True)
 
 
 def reason(optouts: OptOuts, url: str) -> str:

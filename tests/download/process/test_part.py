@@ -44,7 +44,7 @@ def test_images_are_resized_while_the_part_still_downloads(tmp_path, http_server
     for i in range(3):
         s.route(f"/f{i}.jpg", Reply(body=jpeg_bytes((100 + i, 80))))
     s.route("/slow.jpg", Reply(body=jpeg_bytes(), delay=3.0))
-    rows = [{"url": s.url(p), "caption": "c"} for p in ("/f0.jpg", "/f1.jpg", "/slow.jpg", "/f2.jpg")]
+    rows = [{"url": s.url(p), "caption": "c"} for p in ("/f0.jpg", "/f1.jpg", "/f2.jpg", "/slow.jpg")]
     records, source = manifest_part(tmp_path, rows)
     done_at: dict[int, float] = {}
 
