@@ -184,14 +184,16 @@ class Dispatcher:
             self.ring.append(key)
 
     def _limit(self, key: str, host: _Host, now: float) -> int:
-        """Requests that may be in flight to a host now: one per REQUESTS_PER_CONNECTION it has waiting or in
-        flight, one more where it has stalled for STALLED_S, within per_host_concurrency (the job's limit for
-        local files, key "")."""
+        """Requests that may be in flight to an http(s) host now: one per REQUESTS_PER_CONNECTION it has waiting
+        or in flight, one more where it has stalled for STALLED_S, within per_host_concurrency (an s3 bucket
+        gets per_host_concurrency; local files, key "", the job's limit)."""
         if key == "":
             return self.limit.value
+        if key.startswith("s3://"):  # each object fetched by a process of its own: no connection to keep
+            return self.s.per_host_concurrency
         wanted = -(-(len(host.pending) + host.inflight) // REQUESTS_PER_CONNECTION)
         if host.inflight and now - host.moved >= STALLED_S:
-            wanted = host.inflight + 1
+            wanted = max(wanted, host.inflight + 1)
         return max(1, min(self.s.per_host_concurrency, wanted))
 
     def _start(self, key: str, host: _Host, now: float, work: queue.SimpleQueue) -> None:
