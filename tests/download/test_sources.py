@@ -10,7 +10,8 @@ from servers import ALLOW_LOOPBACK
 
 from shardsmith.core.errors import ConfigError
 from shardsmith.core.keys import make_key
-from shardsmith.download.sources import RECORD_COLUMNS, plan_parts
+from shardsmith.download import sources
+from shardsmith.download.sources import HOST_RECORDS_TOGETHER, RECORD_COLUMNS, plan_parts, url_host
 
 
 def manifest(name: str, path, **extra) -> dict:
@@ -101,6 +102,63 @@ def test_parts_never_span_two_manifest_files_of_a_glob(tmp_path):
     assert list(parts["two-000000"]["url"]) == ["a0.jpg", "a1.jpg", "a2.jpg"]
     assert list(parts["two-000001"]["url"]) == ["b0.jpg", "b1.jpg", "b2.jpg", "b3.jpg"]
     assert list(parts["two-000001"]["rid"]) == [0, 1, 2, 3]
+
+
+def rows_of(df: pd.DataFrame) -> list[int]:
+    return [int(s.rsplit(":", 1)[1]) for s in df["source_id"]]
+
+
+def test_a_hosts_few_records_share_one_part_in_manifest_order(tmp_path):
+    # 20 hosts of 3 records each, interleaved (row r on host r % 20): consecutive parts of 10 would put every
+    # host in 3 parts, each paying a lookup, a handshake and the policy cache again
+    lines = [f"cap {r}\thttps://h{r % 20}.example:8443/{r}.jpg\n" for r in range(60)]
+    (tmp_path / "m.tsv").write_text("".join(lines))
+    src = manifest("web", tmp_path / "m.tsv", columns=["caption", "url"])
+    ids, parts = plan(tmp_path, src, part_size=10)
+    assert [len(parts[i]) for i in ids] == [10] * 6
+    rows = [r for i in ids for r in rows_of(parts[i])]
+    assert sorted(rows) == list(range(1, 61))  # every record once
+    for i in ids:
+        df = parts[i]
+        assert rows_of(df) == sorted(rows_of(df))  # the manifest's order within a part
+        assert list(df["rid"]) == list(range(10))
+        # the key comes from the row, wherever the record is planned
+        assert list(df["key"]) == [make_key("web", "m", f"{r - 1:09d}") for r in rows_of(df)]
+    parts_of = {}
+    for i in ids:
+        for u in parts[i]["url"]:
+            parts_of.setdefault(url_host(u), set()).add(i)
+    assert len(parts_of) == 20 and all(len(p) <= 2 for p in parts_of.values())
+    assert sum(len(p) for p in parts_of.values()) <= 20 + len(ids) - 1  # only a run cut by a part's end splits
+    _, again = plan(tmp_path / "again", src, part_size=10)
+    assert all(again[i].equals(parts[i]) for i in ids)  # the same manifest, the same parts
+
+
+def test_a_host_with_many_records_keeps_them_where_their_rows_fall(tmp_path):
+    big = HOST_RECORDS_TOGETHER + 8
+    urls = [f"http://big.example/{r}.jpg" if r % 2 == 0 else f"http://s{r}.example/{r}.jpg" for r in range(2 * big)]
+    (tmp_path / "m.tsv").write_text("".join(f"c\t{u}\n" for u in urls))
+    ids, parts = plan(tmp_path, manifest("web", tmp_path / "m.tsv", columns=["caption", "url"]), part_size=10)
+    for n, i in enumerate(ids):
+        big_rows = [r for r, u in zip(rows_of(parts[i]), parts[i]["url"]) if url_host(u) == "big.example"]
+        assert big_rows == [r for r in range(n * 10 + 1, n * 10 + 11) if (r - 1) % 2 == 0]
+
+
+def test_hosts_are_sorted_within_a_window_of_parts_only(tmp_path, monkeypatch):
+    # a window of 2 parts of 10: the host's rows 1 and 21 are in different windows and stay apart; a file that
+    # grows by appended rows plans anew only its last window
+    monkeypatch.setattr(sources, "PLAN_WINDOW_PARTS", 2)
+    urls = [f"http://h{r % 7}.example/{r}.jpg" for r in range(30)]
+    (tmp_path / "m.tsv").write_text("".join(f"c\t{u}\n" for u in urls))
+    ids, parts = plan(tmp_path, manifest("web", tmp_path / "m.tsv", columns=["caption", "url"]), part_size=10)
+    assert sorted(rows_of(parts[ids[0]]) + rows_of(parts[ids[1]])) == list(range(1, 21))
+    assert rows_of(parts[ids[2]]) == list(range(21, 31))
+
+
+def test_url_host_is_the_lowercased_host_and_port():
+    assert url_host("HTTPS://User:pw@Img.Example.com:8443/a/b.jpg?x=1") == "img.example.com:8443"
+    assert url_host("s3://bucket/key.jpg") == "bucket"
+    assert url_host("images/a.jpg") == "" and url_host("") == ""
 
 
 def test_manifest_files_with_dotted_names_get_distinct_keys(tmp_path):
