@@ -6,7 +6,8 @@ Fetcher with urllib3 underneath, same URLs, same threads, alternating.
 Serves the web-size image set of bench/e2e_bench.py through bench/simnet.py (HTTPS, a certificate per host,
 a resolver 20 ms away, round trips of 20-200 ms, a Zipf spread of images over hosts) and runs, in the
 simulated internet's namespace, one process per client and round that fetches `--count` URLs as `--parts`
-download jobs one after the other, sharing one policy cache (robots.txt, tdmrep.json), as a run's parts do.
+download jobs one after the other, cut as planning cuts a manifest and sharing one policy cache (robots.txt,
+tdmrep.json), as a run's parts do.
 Only the fetching is measured: bodies are dropped, nothing is written. Reports the process's CPU per record
 (user and system), wall time, and the server's counters (lookups, handshakes, resumed sessions, requests per
 connection, policy requests per origin); raw figures go to bench/results/fetch-simnet.json.
@@ -14,7 +15,8 @@ connection, policy requests per origin); raw figures go to bench/results/fetch-s
 The urllib3 client is the transport the Fetcher had before libcurl: urllib3's pool manager with the network
 guard's connections (one lookup per host per job through the guard's cache in both), bodies read into a
 buffer of the declared length. Exploring: FETCH_BENCH_SETTINGS (JSON) overrides download settings,
-FETCH_BENCH_NO_CACHE=1 leaves the policy cache out, FETCH_BENCH_PROFILE=FILE writes a yappi profile of every
+FETCH_BENCH_NO_CACHE=1 leaves the policy cache out, FETCH_BENCH_CONSECUTIVE=1 cuts the parts as consecutive
+rows (planning puts a host's few records in one part), FETCH_BENCH_PROFILE=FILE writes a yappi profile of every
 thread (pip install yappi)."""
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def worker(client: str, urls_file: Path, parts: int, in_flight: int) -> None:
     from shardsmith.download.fetch.client import Fetcher
     from shardsmith.download.fetch.policycache import PolicyCache
     from shardsmith.download.fetch.settings import FetchSettings
+    from shardsmith.download.sources import host_sorted
 
     urls = json.loads(urls_file.read_text())
     settings = FetchSettings(
@@ -97,10 +100,13 @@ def worker(client: str, urls_file: Path, parts: int, in_flight: int) -> None:
     t0, r0 = time.monotonic(), resource.getrusage(resource.RUSAGE_SELF)
     with tempfile.TemporaryDirectory() as policy:
         size = -(-len(urls) // parts)
-        for p in range(parts):
+        if os.environ.get("FETCH_BENCH_CONSECUTIVE"):
+            chunks = [urls[p * size : (p + 1) * size] for p in range(parts)]
+        else:  # as planning cuts a manifest into parts: a host's few records in one part
+            chunks = [[r["url"] for r in part] for part in host_sorted([{"url": u} for u in urls], size)]
+        for p, chunk in enumerate(chunks):
             cache = None if os.environ.get("FETCH_BENCH_NO_CACHE") else PolicyCache(policy)
             fetcher = cls(settings, log=logs.append, policy_cache=cache)
-            chunk = urls[p * size : (p + 1) * size]
 
             def done(jid, outcome):
                 nonlocal ok, failed

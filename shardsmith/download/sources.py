@@ -4,8 +4,8 @@ Each part is a small parquet of records (what to fetch and which source fields i
 streamed in chunks; nothing holds a whole manifest in memory. Parts never span two input files, so a
 manifest that grows by a new file only adds parts.
 
-A manifest's records are cut into parts a window of PLAN_WINDOW_PARTS parts at a time, and within a window a
-host with few records has them all in one part (`host_sorted`): a download job pays a DNS lookup, a TLS
+A manifest's records are cut into parts a window of parts at a time (window_parts), and within a window a host
+with few records has them all in one part (`host_sorted`): a download job pays a DNS lookup, a TLS
 handshake and a read of the policy cache per host it contacts, so a host's 3 records in 3 parts cost 3 of each
 where one part costs 1 and then reuses the kept-alive connection. Within a part the records keep the
 manifest's order.
@@ -45,9 +45,9 @@ log = logging.getLogger(__name__)
 # at 4 records a connection (fetch.dispatch) 32 already fill per_host_concurrency's default 8 connections in
 # one part, so putting more together saves no handshake and makes a part wait on one host.
 HOST_RECORDS_TOGETHER = 32
-# Parts a manifest file is sorted by host across: records held in memory at planning (16 x part_size), and
-# the parts a file that grows by appended rows plans anew (those of its last window).
-PLAN_WINDOW_PARTS = 16
+# Records a manifest file is sorted by host across (whole parts of them, at least one): what planning holds in
+# memory (about 1 KB a record), and the rows whose parts a file that grows by appended rows plans anew.
+PLAN_WINDOW_RECORDS = 80_000
 _FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
 
@@ -201,7 +201,7 @@ def iter_manifest_parts(
                         }
                     )
                     row += 1
-                    if len(part) == part_size * PLAN_WINDOW_PARTS:
+                    if len(part) == part_size * window_parts(part_size):
                         yield from host_sorted(part, part_size)
                         part = []
         yield from host_sorted(part, part_size)
@@ -211,6 +211,11 @@ def url_host(url: str) -> str:
     """The host (with port) a URL's record is fetched from, as written; "" for a URL without one."""
     _, sep, rest = url.partition("://")
     return rest.split("/", 1)[0].rpartition("@")[2].lower() if sep else ""
+
+
+def window_parts(part_size: int) -> int:
+    """Parts of a window: 16 at the default part_size of 5000; one (no sorting) from 80,000 records a part."""
+    return max(1, PLAN_WINDOW_RECORDS // part_size)
 
 
 def host_sorted(window: list[dict], part_size: int) -> Iterator[list[dict]]:

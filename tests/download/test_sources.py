@@ -147,12 +147,16 @@ def test_a_host_with_many_records_keeps_them_where_their_rows_fall(tmp_path):
 def test_hosts_are_sorted_within_a_window_of_parts_only(tmp_path, monkeypatch):
     # a window of 2 parts of 10: the host's rows 1 and 21 are in different windows and stay apart; a file that
     # grows by appended rows plans anew only its last window
-    monkeypatch.setattr(sources, "PLAN_WINDOW_PARTS", 2)
+    monkeypatch.setattr(sources, "PLAN_WINDOW_RECORDS", 20)
     urls = [f"http://h{r % 7}.example/{r}.jpg" for r in range(30)]
     (tmp_path / "m.tsv").write_text("".join(f"c\t{u}\n" for u in urls))
     ids, parts = plan(tmp_path, manifest("web", tmp_path / "m.tsv", columns=["caption", "url"]), part_size=10)
     assert sorted(rows_of(parts[ids[0]]) + rows_of(parts[ids[1]])) == list(range(1, 21))
     assert rows_of(parts[ids[2]]) == list(range(21, 31))
+
+
+def test_a_window_holds_whole_parts_up_to_80000_records():
+    assert [sources.window_parts(n) for n in (5000, 10_000, 30_000, 80_000, 2_000_000)] == [16, 8, 2, 1, 1]
 
 
 def test_url_host_is_the_lowercased_host_and_port():
