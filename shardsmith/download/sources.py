@@ -4,8 +4,8 @@ Each part is a small parquet of records (what to fetch and which source fields i
 streamed in chunks; nothing holds a whole manifest in memory. Parts never span two input files, so a
 manifest that grows by a new file only adds parts.
 
-A manifest's records are cut into parts a window of parts at a time (window_parts), and within a window a host
-with few records has them all in one part (`host_sorted`): a download job pays a DNS lookup, a TLS
+A manifest's records are cut into parts a planning window of parts at a time (window_parts), and within it a
+host with few records has them all in one part (`host_sorted`): a download job pays a DNS lookup, a TLS
 handshake and a read of the policy cache per host it contacts, so a host's 3 records in 3 parts cost 3 of each
 where one part costs 1 and then reuses the kept-alive connection. Within a part the records keep the
 manifest's order.
@@ -214,7 +214,7 @@ def url_host(url: str) -> str:
 
 
 def window_parts(part_size: int) -> int:
-    """Parts of a window: 16 at the default part_size of 5000; one (no sorting) from 80,000 records a part."""
+    """Parts of a planning window: 16 at the default part_size of 5000; one (no sorting) from 80,000 records a part."""
     return max(1, PLAN_WINDOW_RECORDS // part_size)
 
 
