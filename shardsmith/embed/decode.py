@@ -19,6 +19,7 @@ import warnings
 import numpy as np
 import torch
 from PIL import Image
+from torchvision.transforms import Compose, Normalize
 
 from shardsmith.core.errors import ConfigError
 
@@ -27,6 +28,7 @@ SPLIT_BITS = 8  # float32 products split a coefficient in a high and a low part 
 FULL_RATE_FP64 = {(6, 0), (7, 0), (8, 0), (9, 0), (10, 0)}  # P100, V100, A100, H100/H200, B200: fp64 at half rate
 CHUNK_VALUES = 48 * 3 * 512 * 512  # padded pixel values resized at once: ~300 MB of float64, whatever the sizes
 JPEG_MAGIC = b"\xff\xd8\xff"
+TO_TENSOR = ("MaybeToTensor", "ToTensor")  # open_clip's, torchvision's: the same conversion of a Pillow image
 SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
@@ -269,16 +271,39 @@ def tensor_preprocess(images: list[torch.Tensor], pp_cfg: dict, kind: str | None
     for chunk in _chunks(images):
         resized = _resize_chunk([images[i] for i in chunk], pp_cfg, kind)
         batch[to_device(torch.tensor(chunk), device)] = resized.to(torch.float32)
-    # ToTensor's division, then Normalize's, in float32 as on the CPU path. By tensors on the device: CUDA
-    # divides by a host scalar as a product with its reciprocal, which moves the last bit.
+    return model_input(batch, pp_cfg)
+
+
+def worker_transform(transform: Compose) -> Compose:
+    """open_clip's inference transform without its last two steps (ToTensor, Normalize): what the DataLoader
+    workers run on a Pillow image with `decode: cpu`; `image_tensor` then makes it a uint8 tensor.
+
+    Those two steps are float arithmetic on every pixel (about 40% of a worker's time a sample, measured in
+    bench/README.md) and make each sample four times the bytes the workers hand over; `model_input` does them on
+    the model's device, with the same float32 operations, so the model's input is the same bit for bit."""
+    steps = list(transform.transforms)
+    if len(steps) < 2 or not isinstance(steps[-1], Normalize) or type(steps[-2]).__name__ not in TO_TENSOR:
+        raise ValueError(f"open_clip's inference transform does not end with ToTensor and Normalize: {transform}")
+    return Compose(steps[:-2])
+
+
+def model_input(batch: torch.Tensor, pp_cfg: dict) -> torch.Tensor:
+    """ToTensor's division by 255, then Normalize's mean and std, over a (B, C, H, W) batch of 0-255 pixels
+    (uint8, or float32 modified in place) on its device: float32, the values open_clip's transform gives.
+
+    By tensors on the device, as torchvision's CPU ops compute them: CUDA divides by a host scalar as a
+    product with its reciprocal, which moves the last bit."""
+    batch = batch.to(torch.float32).contiguous()
     consts = torch.tensor([[255.0] * 3, pp_cfg["mean"], pp_cfg["std"]], dtype=torch.float32)
-    scale, mean, std = to_device(consts, device).view(3, 1, -1, 1, 1)
+    scale, mean, std = to_device(consts, batch.device).view(3, 1, -1, 1, 1)
     return batch.div_(scale).sub_(mean).div_(std)
 
 
 def image_tensor(image: Image.Image) -> torch.Tensor:
-    """An RGB Pillow image as a uint8 (3, H, W) tensor, the input of `tensor_preprocess`."""
-    return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1)
+    """A Pillow image as a uint8 (C, H, W) tensor: an RGB image for `tensor_preprocess`, a `worker_transform`
+    output for `model_input`."""
+    array = np.array(image, dtype=np.uint8)
+    return torch.from_numpy(array[:, :, None] if array.ndim == 2 else array).permute(2, 0, 1)
 
 
 def jpeg_components(data: bytes) -> int | None:

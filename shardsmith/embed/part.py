@@ -1,7 +1,8 @@
 """CLIP embeddings of one processed part: image and caption embeddings, their cosine similarity and norms.
 
 One model per process, loaded once, in the main process. DataLoader workers only read, decode and
-preprocess samples (image transform and tokenizer); they are started before the model is built, so a
+preprocess samples (open_clip's image transform up to its uint8 pixels, and the tokenizer; the transform's
+division by 255 and normalisation run on the model's device); they are started before the model is built, so a
 forked worker never holds a copy of it (per-process model copies are what ran Data-Juicer's CLIP filter
 out of GPU memory). Inference is batched across samples under `torch.inference_mode`, with bf16/fp16
 autocast and pinned memory on CUDA only; when a forward pass runs out of memory the batch is halved and
@@ -60,7 +61,9 @@ from shardsmith.embed.decode import (
     decode_jpeg_batch,
     decode_rgb,
     image_tensor,
+    model_input,
     tensor_preprocess,
+    worker_transform,
 )
 from shardsmith.embed.heads import Heads, head_specs, load_heads
 from shardsmith.embed.model import (
@@ -130,9 +133,11 @@ def on_gpu(i: int, fraction: float) -> bool:
 class PartSamples:
     """Map-style dataset over one processed part tar: reads, decodes and preprocesses one sample.
 
-    Holds only file offsets, the image transform and the tokenizer; never a model. With `decode=False`
-    (GPU decoding) a JPEG whose turn it is (`on_gpu`, `gpu_fraction`) comes back as its bytes, and any other
-    image decoded (a uint8 3 x H x W tensor: libjpeg-turbo for JPEGs, else Pillow), for `device_images`.
+    Holds only file offsets, the image transform and the tokenizer; never a model. With `decode=True` an
+    image comes back as the transform's uint8 pixels (3 x H x W at the model's size) for `model_input`. With
+    `decode=False` (GPU decoding) a JPEG whose turn it is (`on_gpu`, `gpu_fraction`) comes back as its bytes,
+    and any other image decoded (a uint8 3 x H x W tensor: libjpeg-turbo for JPEGs, else Pillow), for
+    `device_images`.
     """
 
     def __init__(
@@ -147,7 +152,7 @@ class PartSamples:
         self.tar_path = str(tar_path)
         self.keys = samples["key"].tolist()
         self.where = samples[["jpg_offset", "jpg_size", "txt_offset", "txt_size"]].to_numpy(np.int64)
-        self.transform = transform
+        self.transform = worker_transform(transform)  # ToTensor and Normalize run on the model's device
         self.tokenizer = tokenizer
         self.decode = decode
         self.gpu_fraction = gpu_fraction
@@ -171,7 +176,7 @@ class PartSamples:
         text = self._read(txt_offset, txt_size).decode("utf-8")
         tokens = self.tokenizer([text])[0]
         if self.decode:
-            return i, self.transform(self.pil_image(i, data)), tokens
+            return i, image_tensor(self.transform(self.pil_image(i, data))), tokens
         if data.startswith(JPEG_MAGIC) and on_gpu(i, self.gpu_fraction):
             return i, data, tokens
         image = decode_rgb(data)
@@ -618,7 +623,9 @@ def _embed_batches(
     try:
         for index, images, *rest in batches:
             tokens = rest[-1]
-            if not dataset.decode:  # decode: gpu
+            if dataset.decode:  # the workers' uint8 pixels: ToTensor and Normalize here
+                images = model_input(images.to(device, non_blocking=True), pp_cfg)
+            else:  # decode: gpu
                 images, on_device, failed = dataset.device_images(index, images, rest[0], device, pp_cfg)
                 counts["jpeg_gpu_decoded"] += on_device
                 counts["jpeg_pillow_fallbacks"] += failed

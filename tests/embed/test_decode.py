@@ -25,9 +25,12 @@ from shardsmith.embed.decode import (
     check_tensor_preprocess,
     decode_jpeg_batch,
     decode_rgb,
+    image_tensor,
     jpeg_components,
+    model_input,
     shortest_side_size,
     tensor_preprocess,
+    worker_transform,
 )
 from shardsmith.embed.model import image_library
 
@@ -260,6 +263,37 @@ def test_the_resize_on_cuda_gives_the_cpus_pixels_exactly(pp_cfg):
         on_cuda = tensor_preprocess([im.cuda() for im in images], pp_cfg, kind).cpu()
         levels = ((on_cuda - on_cpu) * torch.tensor(pp_cfg["std"]).view(1, 3, 1, 1) * 255).abs()
         assert torch.equal(on_cuda, on_cpu), (kind, float(levels.max()), int((levels > 0).sum()))
+
+
+WORKER_PP_CFGS = [
+    *PP_CFGS,
+    {"size": [96, 96], "mean": [0.5] * 3, "std": [0.5] * 3, "interpolation": "bicubic", "resize_mode": "longest",
+     "fill_color": 0},
+    {"size": [80, 64], "mean": [0.5] * 3, "std": [0.5] * 3, "interpolation": "bicubic", "resize_mode": "shortest"},
+]  # fmt: skip
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pp_cfg", WORKER_PP_CFGS, ids=["shortest", "squash", "longest-padded", "shortest-oblong"])
+def test_workers_pixels_made_model_input_on_the_device_are_open_clips_bit_for_bit(pp_cfg, device):
+    """decode: cpu splits open_clip's transform: its Pillow steps in the workers (uint8 pixels), its ToTensor
+    division and Normalize on the model's device. The model's input is the whole transform's, exactly."""
+    transform = open_clip.transform.image_transform_v2(open_clip.transform.PreprocessCfg(**pp_cfg), is_train=False)
+    images = [Image.open(io.BytesIO(b)).convert("RGB") for b in decode_test_images()]  # grey and CMYK too
+    expected = torch.stack([transform(im) for im in images])
+    workers = worker_transform(transform)
+    batch = torch.stack([image_tensor(workers(im)) for im in images])
+    assert batch.dtype == torch.uint8 and batch.shape == expected.shape
+    got = model_input(batch.to(device), pp_cfg)
+    assert got.dtype == torch.float32 and got.device.type == device
+    assert torch.equal(got.cpu(), expected), float((got.cpu() - expected).abs().max())
+
+
+def test_a_transform_not_ending_in_open_clips_tensor_steps_is_refused():
+    resize_only = open_clip.transform.Compose([open_clip.transform.ResizeKeepRatio(64)])
+    with pytest.raises(ValueError, match="does not end with ToTensor and Normalize"):
+        worker_transform(resize_only)
 
 
 def test_squash_resize_matches_the_pil_path():
