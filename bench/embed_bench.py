@@ -12,8 +12,9 @@ Each decode path is named as `embed.decode` with `@` and `gpu_decode_fraction` f
 decodes every JPEG), `gpu@0.5`, `gpu@0` (the workers decode, the GPU only preprocesses).
 
 - feed: the DataLoader side alone, no model, on one core: how many images/s one worker turns into model
-  input (read, decode, open_clip's transform, tokenize; with `decode gpu` read, tokenize and decode the
-  JPEGs nvJPEG does not).
+  input (read, decode, open_clip's transform up to its uint8 pixels, tokenize: the division by 255 and
+  the normalisation run on the model's device; with `decode gpu` read, tokenize and decode the JPEGs nvJPEG
+  does not).
 - on the GPU alone: each gpu path's decode and preprocessing of batches already read, and the
   preprocessing alone with float64 and with split float32 products.
 - forward: the device's own forward-pass rate (images and captions already on the device) per batch size.
