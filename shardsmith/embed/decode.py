@@ -294,7 +294,9 @@ def model_input(batch: torch.Tensor, pp_cfg: dict) -> torch.Tensor:
     By tensors on the device, as torchvision's CPU ops compute them: CUDA divides by a host scalar as a
     product with its reciprocal, which moves the last bit."""
     batch = batch.to(torch.float32).contiguous()
-    consts = torch.tensor([[255.0] * 3, pp_cfg["mean"], pp_cfg["std"]], dtype=torch.float32)
+    channels = batch.shape[1]
+    mean, std = (v if isinstance(v, (list, tuple)) else (v,) * channels for v in (pp_cfg["mean"], pp_cfg["std"]))
+    consts = torch.tensor([[255.0] * channels, mean, std], dtype=torch.float32)  # open_clip's: a value a channel
     scale, mean, std = to_device(consts, batch.device).view(3, 1, -1, 1, 1)
     return batch.div_(scale).sub_(mean).div_(std)
 

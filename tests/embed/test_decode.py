@@ -269,7 +269,7 @@ WORKER_PP_CFGS = [
     *PP_CFGS,
     {"size": [96, 96], "mean": [0.5] * 3, "std": [0.5] * 3, "interpolation": "bicubic", "resize_mode": "longest",
      "fill_color": 0},
-    {"size": [80, 64], "mean": [0.5] * 3, "std": [0.5] * 3, "interpolation": "bicubic", "resize_mode": "shortest"},
+    {"size": [80, 64], "mean": 0.5, "std": 0.5, "interpolation": "bicubic", "resize_mode": "shortest"},  # one value
 ]  # fmt: skip
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU))]
 
