@@ -278,9 +278,9 @@ def worker_transform(transform: Compose) -> Compose:
     """open_clip's inference transform without its last two steps (ToTensor, Normalize): what the DataLoader
     workers run on a Pillow image with `decode: cpu`; `image_tensor` then makes it a uint8 tensor.
 
-    Those two steps are float arithmetic on every pixel (about 40% of a worker's time a sample, measured in
-    bench/README.md) and make each sample four times the bytes the workers hand over; `model_input` does them on
-    the model's device, with the same float32 operations, so the model's input is the same bit for bit."""
+    Those two steps are float arithmetic on every pixel (a fifth to a quarter of a worker's CPU a sample,
+    bench/feed_pair.py) and make each sample four times the bytes the workers hand over; `model_input` does them
+    on the model's device, with the same float32 operations, so the model's input is the same bit for bit."""
     steps = list(transform.transforms)
     if len(steps) < 2 or not isinstance(steps[-1], Normalize) or type(steps[-2]).__name__ not in TO_TENSOR:
         raise ValueError(f"open_clip's inference transform does not end with ToTensor and Normalize: {transform}")
