@@ -78,7 +78,7 @@ for _ in range(3):  # the least of three: the stage's own cost, less what else r
     images, run["decode (Pillow)"] = timed(lambda b: ds.pil_image(0, b[0]), blobs)
     for step in steps:
         images, run[type(step).__name__] = timed(step, images)
-    tensors, run["uint8 tensor"] = timed(eb.decode_ops.image_tensor, images)
+    tensors, run["uint8 tensor"] = timed(eb.decode_ops.image_pixels, images)
     start = time.process_time()
     for k in range(0, len(tensors), 32):
         default_collate(tensors[k : k + 32])

@@ -276,11 +276,12 @@ def tensor_preprocess(images: list[torch.Tensor], pp_cfg: dict, kind: str | None
 
 def worker_transform(transform: Compose) -> Compose:
     """open_clip's inference transform without its last two steps (ToTensor, Normalize): what the DataLoader
-    workers run on a Pillow image with `decode: cpu`; `image_tensor` then makes it a uint8 tensor.
+    workers run on a Pillow image with `decode: cpu`; `image_pixels` then makes it a uint8 tensor.
 
-    Those two steps are float arithmetic on every pixel (a fifth to a quarter of a worker's CPU a sample,
-    bench/feed_pair.py) and make each sample four times the bytes the workers hand over; `model_input` does them
-    on the model's device, with the same float32 operations, so the model's input is the same bit for bit."""
+    Those two steps are float arithmetic on every pixel (with the channels-first copy they need, about a third
+    of a worker's CPU a sample, bench/feed_pair.py) and make each sample four times the bytes the workers hand
+    over; `model_input` does them on the model's device, with the same float32 operations, so the model's input
+    is the same bit for bit."""
     steps = list(transform.transforms)
     if len(steps) < 2 or not isinstance(steps[-1], Normalize) or type(steps[-2]).__name__ not in TO_TENSOR:
         raise ValueError(f"open_clip's inference transform does not end with ToTensor and Normalize: {transform}")
@@ -301,11 +302,17 @@ def model_input(batch: torch.Tensor, pp_cfg: dict) -> torch.Tensor:
     return batch.div_(scale).sub_(mean).div_(std)
 
 
-def image_tensor(image: Image.Image) -> torch.Tensor:
-    """A Pillow image as a uint8 (C, H, W) tensor: an RGB image for `tensor_preprocess`, a `worker_transform`
-    output for `model_input`."""
+def image_pixels(image: Image.Image) -> torch.Tensor:
+    """A Pillow image as uint8 (H, W, C), Pillow's own layout: the workers' `worker_transform` outputs, which a
+    batch then stacks with plain copies (a (C, H, W) view would be transposed image by image, in the workers)
+    and the model's device puts channels first for `model_input`."""
     array = np.array(image, dtype=np.uint8)
-    return torch.from_numpy(array[:, :, None] if array.ndim == 2 else array).permute(2, 0, 1)
+    return torch.from_numpy(array[:, :, None] if array.ndim == 2 else array)
+
+
+def image_tensor(image: Image.Image) -> torch.Tensor:
+    """An RGB Pillow image as a uint8 (3, H, W) tensor, the input of `tensor_preprocess`."""
+    return image_pixels(image).permute(2, 0, 1)
 
 
 def jpeg_components(data: bytes) -> int | None:

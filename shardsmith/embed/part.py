@@ -60,6 +60,7 @@ from shardsmith.embed.decode import (
     check_tensor_preprocess,
     decode_jpeg_batch,
     decode_rgb,
+    image_pixels,
     image_tensor,
     model_input,
     tensor_preprocess,
@@ -134,7 +135,7 @@ class PartSamples:
     """Map-style dataset over one processed part tar: reads, decodes and preprocesses one sample.
 
     Holds only file offsets, the image transform and the tokenizer; never a model. With `decode=True` an
-    image comes back as the transform's uint8 pixels (3 x H x W at the model's size) for `model_input`. With
+    image comes back as the transform's uint8 pixels (H x W x 3 at the model's size) for `model_input`. With
     `decode=False` (GPU decoding) a JPEG whose turn it is (`on_gpu`, `gpu_fraction`) comes back as its bytes,
     and any other image decoded (a uint8 3 x H x W tensor: libjpeg-turbo for JPEGs, else Pillow), for
     `device_images`.
@@ -176,7 +177,7 @@ class PartSamples:
         text = self._read(txt_offset, txt_size).decode("utf-8")
         tokens = self.tokenizer([text])[0]
         if self.decode:
-            return i, image_tensor(self.transform(self.pil_image(i, data))), tokens
+            return i, image_pixels(self.transform(self.pil_image(i, data))), tokens
         if data.startswith(JPEG_MAGIC) and on_gpu(i, self.gpu_fraction):
             return i, data, tokens
         image = decode_rgb(data)
@@ -623,8 +624,8 @@ def _embed_batches(
     try:
         for index, images, *rest in batches:
             tokens = rest[-1]
-            if dataset.decode:  # the workers' uint8 pixels: ToTensor and Normalize here
-                images = model_input(images.to(device, non_blocking=True), pp_cfg)
+            if dataset.decode:  # the workers' uint8 pixels (B, H, W, C): ToTensor and Normalize here
+                images = model_input(images.to(device, non_blocking=True).permute(0, 3, 1, 2), pp_cfg)
             else:  # decode: gpu
                 images, on_device, failed = dataset.device_images(index, images, rest[0], device, pp_cfg)
                 counts["jpeg_gpu_decoded"] += on_device

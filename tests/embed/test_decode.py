@@ -25,7 +25,7 @@ from shardsmith.embed.decode import (
     check_tensor_preprocess,
     decode_jpeg_batch,
     decode_rgb,
-    image_tensor,
+    image_pixels,
     jpeg_components,
     model_input,
     shortest_side_size,
@@ -283,9 +283,9 @@ def test_workers_pixels_made_model_input_on_the_device_are_open_clips_bit_for_bi
     images = [Image.open(io.BytesIO(b)).convert("RGB") for b in decode_test_images()]  # grey and CMYK too
     expected = torch.stack([transform(im) for im in images])
     workers = worker_transform(transform)
-    batch = torch.stack([image_tensor(workers(im)) for im in images])
-    assert batch.dtype == torch.uint8 and batch.shape == expected.shape
-    got = model_input(batch.to(device), pp_cfg)
+    batch = torch.stack([image_pixels(workers(im)) for im in images])  # (B, H, W, C), as a DataLoader batch
+    assert batch.dtype == torch.uint8 and batch.permute(0, 3, 1, 2).shape == expected.shape
+    got = model_input(batch.to(device).permute(0, 3, 1, 2), pp_cfg)  # as embed_part does
     assert got.dtype == torch.float32 and got.device.type == device
     assert torch.equal(got.cpu(), expected), float((got.cpu() - expected).abs().max())
 
