@@ -9,7 +9,8 @@ px on the long side (the processed parts' images with `resize.max_side: 512`, th
 For every model it measures:
 
 Each decode path is named as `embed.decode` with `@` and `gpu_decode_fraction` for gpu: `cpu`, `gpu@1` (nvJPEG
-decodes every JPEG), `gpu@0.5`, `gpu@0` (the workers decode, the GPU only preprocesses).
+decodes every JPEG), `gpu@0.5`, `gpu@0` (the workers decode, the GPU only preprocesses); then `,` and
+`gpu_resize_fraction` where it is below 1: `gpu@0,0.5` (the workers decode all and resize half, the GPU the rest).
 
 - feed: the DataLoader side alone, no model, on one core: how many images/s one worker turns into model
   input (read, decode, open_clip's transform up to its uint8 pixels, tokenize: the division by 255 and
@@ -163,20 +164,22 @@ def model_settings(model: str, folder: Path) -> EmbedSettings:
     return EmbedSettings(model=model, pretrained=str(path))
 
 
-def parse_path(name: str) -> tuple[str, float]:
-    """`cpu`, `gpu` or `gpu@FRACTION` -> (embed.decode, embed.gpu_decode_fraction)."""
-    decode, _, fraction = name.partition("@")
-    if decode not in ("cpu", "gpu") or (fraction and decode == "cpu"):
-        raise ValueError(f"a decode path is cpu, gpu or gpu@FRACTION, not {name!r}")
-    value = float(fraction) if fraction else 1.0
-    if not 0 <= value <= 1:
-        raise ValueError(f"{name}: the fraction is between 0 and 1")
-    return decode, value
+def parse_path(name: str) -> tuple[str, float, float]:
+    """`cpu`, `gpu`, `gpu@FRACTION` or `gpu@FRACTION,RESIZE` -> (embed.decode, embed.gpu_decode_fraction,
+    embed.gpu_resize_fraction)."""
+    decode, _, fractions = name.partition("@")
+    fraction, _, resize = fractions.partition(",")
+    if decode not in ("cpu", "gpu") or (fractions and decode == "cpu"):
+        raise ValueError(f"a decode path is cpu, gpu, gpu@FRACTION or gpu@FRACTION,RESIZE, not {name!r}")
+    values = (float(fraction) if fraction else 1.0, float(resize) if resize else 1.0)
+    if not all(0 <= v <= 1 for v in values):
+        raise ValueError(f"{name}: the fractions are between 0 and 1")
+    return decode, *values
 
 
 def with_path(settings: EmbedSettings, name: str) -> EmbedSettings:
-    decode, fraction = parse_path(name)
-    return replace(settings, decode=decode, gpu_decode_fraction=fraction)
+    decode, fraction, resize = parse_path(name)
+    return replace(settings, decode=decode, gpu_decode_fraction=fraction, gpu_resize_fraction=resize)
 
 
 def loader_for(settings: EmbedSettings, tar: str, samples: str, batch: int, count: int):
@@ -187,7 +190,15 @@ def loader_for(settings: EmbedSettings, tar: str, samples: str, batch: int, coun
     table = pd.read_parquet(samples, columns=embed.SAMPLE_COLUMNS).head(count)
     cpu = settings.decode == "cpu"
     tokenizer = open_clip.get_tokenizer(settings.model)
-    dataset = embed.PartSamples(tar, table, transform, tokenizer, cpu, gpu_fraction=settings.gpu_decode_fraction)
+    dataset = embed.PartSamples(
+        tar,
+        table,
+        transform,
+        tokenizer,
+        cpu,
+        gpu_fraction=settings.gpu_decode_fraction,
+        resize_fraction=settings.gpu_resize_fraction,
+    )
     collate = None if cpu else embed.collate_bytes
     return torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=0, collate_fn=collate), pp_cfg
 
@@ -199,9 +210,9 @@ def feed_rate(settings: EmbedSettings, tar: str, samples: str, path: str, count:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core, as one worker process has
     try:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         n = sum(len(batch[0]) for batch in loader)
-        seconds = time.perf_counter() - start
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
     finally:
         torch.set_num_threads(threads)
     return {
@@ -209,6 +220,7 @@ def feed_rate(settings: EmbedSettings, tar: str, samples: str, path: str, count:
         "images": n,
         "seconds": round(seconds, 3),
         "img_per_s_per_core": round(n / seconds, 1),
+        "img_per_cpu_s": round(n / cpu_seconds, 1),  # what a core feeds where it has the core to itself
         "load_average_1min": load_average(),
     }
 
@@ -220,12 +232,12 @@ def gpu_decode_rate(
     preprocessing, of batches already read (and, for the workers' part, decoded)."""
     loader, pp_cfg = loader_for(with_path(settings, path), tar, samples, 256, count)
     batches = list(loader)
-    for index, images, decoded, _ in batches[:1]:  # warm-up: nvJPEG handles and kernels
-        loader.dataset.device_images(index, images, decoded, device, pp_cfg)
+    for index, images, decoded, finished, _ in batches[:1]:  # warm-up: nvJPEG handles and kernels
+        loader.dataset.device_images(index, images, decoded, finished, device, pp_cfg)
     sync(device)
     start = time.perf_counter()
-    for index, images, decoded, _ in batches:
-        loader.dataset.device_images(index, images, decoded, device, pp_cfg)
+    for index, images, decoded, finished, _ in batches:
+        loader.dataset.device_images(index, images, decoded, finished, device, pp_cfg)
     sync(device)
     n = sum(len(b[0]) for b in batches)
     return {"decode": path, "images": n, "img_per_s": round(n / (time.perf_counter() - start), 1)}
@@ -236,7 +248,7 @@ def preprocess_rates(settings: EmbedSettings, tar: str, samples: str, device: to
     float64 and with split float32 products (both give the same pixels)."""
     loader, pp_cfg = loader_for(with_path(settings, "gpu@0"), tar, samples, 256, count)
     batches = []
-    for _, _, decoded, _ in loader:
+    for _, _, decoded, _, _ in loader:
         batches.append(list(embed.worker_images(decoded, device).values()))
     rates = {"chosen_here": decode_ops.matmul_kind(device)}
     for kind in ("float64", "split32"):
@@ -436,7 +448,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--decode",
         nargs="+",
-        help="decode paths: cpu, gpu, gpu@FRACTION (default: cpu gpu@1 gpu@0.5 gpu@0 on CUDA, cpu on a CPU)",
+        help="decode paths: cpu, gpu, gpu@FRACTION, gpu@FRACTION,RESIZE "
+        "(default: cpu gpu@1 gpu@0.5 gpu@0 on CUDA, cpu on a CPU)",
     )
     ap.add_argument(
         "--feed-count", type=int, default=None, help="images for the per-core feed rate (default 512; 64 on a CPU)"

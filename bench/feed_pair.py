@@ -145,10 +145,14 @@ def main(argv: list[str] | None = None) -> dict:
         "tree_worker_stages_cpu_ms_per_sample": stage_ms,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    save(result, args.out)
     print(f"median {result['ratio_median']}x (range {result['ratio_range']}), {args.out}")
     return result
+
+
+def save(result: dict, out: str) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 # The GPU checks in one run on a GPU node (about 9.5 minutes on an H200), each stage under its own time limit
 # so that a slow one cannot lose the others' figures: the embedding tests (their CUDA variants run where a
 # GPU is; test_stats needs faiss, which GPU nodes lack), then bench/embed_bench.py for ViT-B-32 and ViT-L-14
-# over every decode path, then bench/heads_bench.py (the score heads' cost beside ViT-B-32, the cheapest pass
-# and so the heads' largest share). Python packages the node lacks (open_clip_torch, ftfy, wcwidth) come from wheels
-# in .whl/ when that folder is there: made in the checkout's root (listed in .git/info/exclude, so that git
+# over the decode paths (for ViT-B-32 also with the resize shared by the GPU and the workers: gpu@0,RESIZE),
+# then bench/heads_bench.py (the score heads' cost beside ViT-B-32, the cheapest pass and so the heads' largest
+# share). Python packages the node lacks (open_clip_torch, ftfy, wcwidth) come from wheels in .whl/ when that
+# folder is there: made in the checkout's root (listed in .git/info/exclude, so that git
 # leaves it out, and carried to the node) with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
@@ -38,7 +39,8 @@ timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -rs tests/emb
 echo "tests: exit $? in $(($(date +%s) - start)) s" | tee -a "$OUT/tests.log"
 tail -4 "$OUT/tests.log"
 case " ${MODELS-ViT-B-32 ViT-L-14} " in *" ViT-B-32 "*)
-    bench ViT-B-32 "${B32_S:-215}" --count 16384 --batch 512 --workers 7 11 15 --decode cpu gpu@1 gpu@0.5 gpu@0 ;;
+    bench ViT-B-32 "${B32_S:-215}" --count 16384 --batch 512 --workers 11 15 \
+        --decode cpu gpu@1 gpu@0 gpu@0,0.7 gpu@0,0.5 gpu@0,0.3 ;;
 esac
 case " ${MODELS-ViT-B-32 ViT-L-14} " in *" ViT-L-14 "*)
     bench ViT-L-14 "${L14_S:-170}" --count 8192 --batch 256 --workers 3 7 15 --decode cpu gpu@1 gpu@0 ;;

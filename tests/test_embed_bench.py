@@ -30,6 +30,16 @@ def test_the_grid_is_a_star_around_the_middle_batch_size_and_the_most_workers():
     assert len(eb.grid([8, 16], [0, 1], ["cpu", "gpu"])) == 6
 
 
+def test_decode_paths_are_named_by_decode_and_fractions_and_bad_names_are_refused():
+    assert eb.parse_path("cpu") == ("cpu", 1.0, 1.0) and eb.parse_path("gpu") == ("gpu", 1.0, 1.0)
+    assert eb.parse_path("gpu@0.25") == ("gpu", 0.25, 1.0) and eb.parse_path("gpu@0,0.5") == ("gpu", 0.0, 0.5)
+    s = eb.with_path(eb.EmbedSettings(), "gpu@0,0.5")
+    assert (s.decode, s.gpu_decode_fraction, s.gpu_resize_fraction) == ("gpu", 0.0, 0.5)
+    for bad in ("cpu@0", "gpu@2", "gpu@0,1.5", "dali"):
+        with pytest.raises(ValueError):
+            eb.parse_path(bad)
+
+
 def test_results_are_named_after_the_device(monkeypatch):
     assert eb.device_slug(torch.device("cpu")) == "cpu"
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")

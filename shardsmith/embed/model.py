@@ -38,6 +38,7 @@ class EmbedSettings:
     workers: int = 4
     decode: str = "cpu"
     gpu_decode_fraction: float = 1.0
+    gpu_resize_fraction: float = 1.0
     heads: tuple = ()  # `embed.heads` entries: score heads over the image embeddings (shardsmith.embed.heads)
 
 
@@ -88,8 +89,9 @@ def resolve_decode(settings: EmbedSettings, device: torch.device) -> str:
         return "cpu"
     if settings.decode != "gpu":
         raise ConfigError(f"embed.decode must be cpu or gpu, not {settings.decode!r}")
-    if not 0 <= settings.gpu_decode_fraction <= 1:
-        raise ConfigError(f"embed.gpu_decode_fraction must be between 0 and 1, not {settings.gpu_decode_fraction!r}")
+    for key in ("gpu_decode_fraction", "gpu_resize_fraction"):
+        if not 0 <= getattr(settings, key) <= 1:
+            raise ConfigError(f"embed.{key} must be between 0 and 1, not {getattr(settings, key)!r}")
     if device.type == "cuda":
         return "gpu"
     if settings.device == "cpu":
@@ -98,9 +100,12 @@ def resolve_decode(settings: EmbedSettings, device: torch.device) -> str:
     return "cpu"
 
 
-def decode_path(decode: str, fraction: float) -> str:
-    """The decode path's name: `cpu`, or `gpu@FRACTION` (the fraction of JPEGs nvJPEG decodes)."""
-    return "cpu" if decode == "cpu" else f"gpu@{fraction:g}"
+def decode_path(decode: str, fraction: float, resize: float = 1.0) -> str:
+    """The decode path's name: `cpu`; `gpu@FRACTION` (the fraction of JPEGs nvJPEG decodes), and
+    `gpu@FRACTION,RESIZE` where the GPU resizes only RESIZE of the images the workers decode."""
+    if decode == "cpu":
+        return "cpu"
+    return f"gpu@{fraction:g}" + ("" if resize == 1 else f",{resize:g}")
 
 
 def register_model_config(settings: EmbedSettings) -> None:
@@ -198,18 +203,22 @@ def load_model(settings: EmbedSettings, device: torch.device) -> tuple[torch.nn.
     return model.eval(), dict(model.visual.preprocess_cfg)
 
 
-def tensor_resize_library(device: torch.device) -> dict:
+def tensor_resize_library(device: torch.device, settings: EmbedSettings | None = None) -> dict:
     """`decode: gpu` resizes with Pillow's coefficients and rounding as matrix products on the model's device
-    (shardsmith.embed.decode): Pillow's pixels, not pillow-simd's."""
+    (shardsmith.embed.decode): Pillow's pixels, not pillow-simd's. With `gpu_resize_fraction` below 1 the
+    workers resize the other images with the installed Pillow (`workers`), whose pixels pillow-simd moves."""
     from shardsmith.embed.decode import matmul_kind
 
-    return {
+    library = {
         "name": "shardsmith.embed.decode (Pillow's resampling arithmetic)",
         "version": metadata.version("torchvision"),
         "pillow_simd": False,
         "device": device.type,
         "matmul": matmul_kind(device),
     }
+    if settings is not None and settings.gpu_resize_fraction != 1:  # absent at 1: those parts' commits stay
+        library |= {"gpu_resize_fraction": settings.gpu_resize_fraction, "workers": image_library()}
+    return library
 
 
 def weights_statement(settings: EmbedSettings, weights: dict) -> str:
@@ -260,7 +269,7 @@ def provenance(
             "transform": " ".join(repr(transform).split()),
         },
         "tokenizer": {"class": type(tokenizer).__name__, "context_length": getattr(tokenizer, "context_length", None)},
-        "resize_library": image_library() if decode == "cpu" else tensor_resize_library(device),
+        "resize_library": image_library() if decode == "cpu" else tensor_resize_library(device, settings),
         "image_decode": {
             "libjpeg_turbo": features.version("libjpeg_turbo"),
             "jpeg": "Pillow" if decode == "cpu" else f"torchvision.io.decode_jpeg on {device.type}",

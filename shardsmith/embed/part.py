@@ -12,8 +12,9 @@ With `decode: gpu` (CUDA only) the workers tokenize and decode part of the JPEGs
 of them (every sample whose turn it is, by position, so a rerun splits them alike) stay bytes and are decoded
 in batches by nvJPEG (`torchvision.io.decode_jpeg(..., device="cuda")`); the workers decode the others with
 libjpeg-turbo, and other formats with Pillow, into one buffer a batch. open_clip's inference transform then
-runs on the whole batch on the GPU (`shardsmith.embed.decode`). A JPEG nvJPEG refuses is decoded by Pillow
-in this process, one image at a time.
+runs on the whole batch on the GPU (`shardsmith.embed.decode`), except for the images the workers take to the
+model's size themselves, as with `decode: cpu` (all but `gpu_resize_fraction` of those they decode, by
+position). A JPEG nvJPEG refuses is decoded by Pillow in this process, one image at a time.
 
 The GPU is kept busy: a batch's forward pass and the copy of its results back are queued, and the results
 are read only after the next batch is prepared (preprocessed) and queued behind it. nvJPEG is the exception:
@@ -44,6 +45,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import open_clip
@@ -64,6 +66,7 @@ from shardsmith.embed.decode import (
     image_tensor,
     model_input,
     tensor_preprocess,
+    to_device,
     worker_transform,
 )
 from shardsmith.embed.heads import Heads, head_specs, load_heads
@@ -96,10 +99,19 @@ COMMIT_SAMPLES = 10_000
 COMMIT_SECONDS = 60.0
 
 
-def collate_bytes(batch: list[tuple]) -> tuple[torch.Tensor, list, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Batches of `PartSamples(decode=False)`: JPEG bytes stay in a list (None where the worker decoded the
-    image), and the images the worker decoded go into one uint8 buffer (rows of position, height, width), so
-    that a batch crosses to this process as one shared-memory tensor, not one per image."""
+class ModelPixels(NamedTuple):
+    """An image a worker took to the model's size (`PartSamples` with `gpu_resize_fraction` below 1)."""
+
+    pixels: torch.Tensor  # uint8 (H, W, 3), `image_pixels` of the worker transform's output
+
+
+def collate_bytes(
+    batch: list[tuple],
+) -> tuple[torch.Tensor, list, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Batches of `PartSamples(decode=False)`: JPEG bytes stay in a list (None elsewhere); the images the
+    worker decoded go into one uint8 buffer (rows of position, height, width), and those it took to the
+    model's size into one stack (their positions, then (N, H, W, 3)), so that a batch crosses to this process
+    as a few shared-memory tensors, not one per image."""
     index, images, tokens = zip(*batch, strict=True)
     decoded = [(k, im) for k, im in enumerate(images) if isinstance(im, torch.Tensor)]
     flat = (
@@ -108,8 +120,13 @@ def collate_bytes(batch: list[tuple]) -> tuple[torch.Tensor, list, tuple[torch.T
         else torch.empty(0, dtype=torch.uint8)
     )
     shapes = torch.tensor([[k, im.shape[-2], im.shape[-1]] for k, im in decoded], dtype=torch.int64).view(-1, 3)
+    done = [(k, im.pixels) for k, im in enumerate(images) if isinstance(im, ModelPixels)]
+    finished = (
+        torch.tensor([k for k, _ in done], dtype=torch.int64),
+        torch.stack([px for _, px in done]) if done else torch.empty(0, dtype=torch.uint8),
+    )
     listed = [im if isinstance(im, bytes) else None for im in images]
-    return torch.tensor(index), listed, (flat, shapes), torch.stack(tokens)
+    return torch.tensor(index), listed, (flat, shapes), finished, torch.stack(tokens)
 
 
 def worker_images(decoded: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> dict[int, torch.Tensor]:
@@ -131,14 +148,21 @@ def on_gpu(i: int, fraction: float) -> bool:
     return math.floor((i + 1) * fraction) > math.floor(i * fraction)
 
 
+def resized_on_gpu(i: int, decode_fraction: float, resize_fraction: float) -> bool:
+    """Whether the GPU resizes sample `i` when a worker decodes it: `resize_fraction` of the samples whose turn
+    on nvJPEG it is not (`on_gpu`), evenly spread among them, fixed by position."""
+    return on_gpu(i - math.floor(i * decode_fraction), resize_fraction)  # i's rank among the others
+
+
 class PartSamples:
     """Map-style dataset over one processed part tar: reads, decodes and preprocesses one sample.
 
     Holds only file offsets, the image transform and the tokenizer; never a model. With `decode=True` an
     image comes back as the transform's uint8 pixels (H x W x 3 at the model's size) for `model_input`. With
-    `decode=False` (GPU decoding) a JPEG whose turn it is (`on_gpu`, `gpu_fraction`) comes back as its bytes,
-    and any other image decoded (a uint8 3 x H x W tensor: libjpeg-turbo for JPEGs, else Pillow), for
-    `device_images`.
+    `decode=False` (GPU decoding) a JPEG whose turn it is (`on_gpu`, `gpu_fraction`) comes back as its bytes;
+    any other image decoded (a uint8 3 x H x W tensor: libjpeg-turbo for JPEGs, else Pillow) where the GPU
+    resizes it (`resized_on_gpu`, `resize_fraction`), else as the transform's pixels (`ModelPixels`, as with
+    `decode=True`), for `device_images`.
     """
 
     def __init__(
@@ -149,6 +173,7 @@ class PartSamples:
         tokenizer: Callable,
         decode: bool = True,
         gpu_fraction: float = 1.0,
+        resize_fraction: float = 1.0,
     ) -> None:
         self.tar_path = str(tar_path)
         self.keys = samples["key"].tolist()
@@ -157,6 +182,7 @@ class PartSamples:
         self.tokenizer = tokenizer
         self.decode = decode
         self.gpu_fraction = gpu_fraction
+        self.resize_fraction = resize_fraction
         self._fd: int | None = None
         self._pid: int | None = None
 
@@ -171,7 +197,7 @@ class PartSamples:
             raise OSError(f"{self.tar_path}: short read at offset {offset} ({len(data)} of {size} bytes)")
         return data
 
-    def __getitem__(self, i: int) -> tuple[int, torch.Tensor | bytes, torch.Tensor]:
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor | bytes | ModelPixels, torch.Tensor]:
         jpg_offset, jpg_size, txt_offset, txt_size = self.where[i]
         data = self._read(jpg_offset, jpg_size)
         text = self._read(txt_offset, txt_size).decode("utf-8")
@@ -180,6 +206,8 @@ class PartSamples:
             return i, image_pixels(self.transform(self.pil_image(i, data))), tokens
         if data.startswith(JPEG_MAGIC) and on_gpu(i, self.gpu_fraction):
             return i, data, tokens
+        if not resized_on_gpu(i, self.gpu_fraction, self.resize_fraction):
+            return i, ModelPixels(image_pixels(self.transform(self.pil_image(i, data)))), tokens
         image = decode_rgb(data)
         return i, image_tensor(self.pil_image(i, data)) if image is None else image, tokens
 
@@ -196,11 +224,13 @@ class PartSamples:
         index: torch.Tensor,
         images: list,
         decoded: tuple[torch.Tensor, torch.Tensor],
+        finished: tuple[torch.Tensor, torch.Tensor],
         device: torch.device,
         pp_cfg: dict,
     ) -> tuple[torch.Tensor, int, int]:
         """A `collate_bytes` batch made model input on `device`: JPEG bytes decoded there, the workers' images
-        copied there, all preprocessed there.
+        copied there and preprocessed there, except those the workers took to the model's size (`finished`),
+        which get only `model_input`.
 
         Returns the batch, how many JPEGs were decoded there and how many of those fell back to Pillow here.
         """
@@ -221,7 +251,17 @@ class PartSamples:
                 log.info("%s: sample %s: decoded by Pillow (nvJPEG refused it)", self.tar_path, self.keys[i])
                 image = image_tensor(self.pil_image(i, images[k])).to(device)
             ready[k] = image
-        return tensor_preprocess(ready, pp_cfg), len(jpegs), failed
+        positions, pixels = finished
+        if not len(positions):
+            return tensor_preprocess(ready, pp_cfg), len(jpegs), failed
+        done = model_input(pixels.to(device, non_blocking=True).permute(0, 3, 1, 2), pp_cfg)
+        resize = [k for k, image in enumerate(ready) if image is not None]
+        if not resize:
+            return done, len(jpegs), failed
+        batch = torch.empty(len(images), *done.shape[1:], dtype=done.dtype, device=device)
+        batch[to_device(positions, device)] = done
+        batch[to_device(torch.tensor(resize), device)] = tensor_preprocess([ready[k] for k in resize], pp_cfg)
+        return batch, len(jpegs), failed
 
 
 def row_dtype(dim: int, heads: tuple[str, ...] = ()) -> np.dtype:
@@ -520,7 +560,13 @@ def embed_part(
         )
     workers = min(settings.workers, max(0, threads - 1))  # a job stays within the threads it was given
     dataset = PartSamples(
-        tar_path, samples, transform, tokenizer, decode=decode == "cpu", gpu_fraction=settings.gpu_decode_fraction
+        tar_path,
+        samples,
+        transform,
+        tokenizer,
+        decode=decode == "cpu",
+        gpu_fraction=settings.gpu_decode_fraction,
+        resize_fraction=settings.gpu_resize_fraction,
     )
     loader = torch.utils.data.DataLoader(
         torch.utils.data.Subset(dataset, range(resumed, len(dataset))) if resumed else dataset,
@@ -583,7 +629,7 @@ def embed_part(
         "final_batch_size": batcher.size,
         "oom_halvings": batcher.halvings,
         "decode": decode,
-        "decode_path": decode_path(decode, settings.gpu_decode_fraction),
+        "decode_path": decode_path(decode, settings.gpu_decode_fraction, settings.gpu_resize_fraction),
         **counts,
         "threads": threads,
         "workers": workers,
@@ -627,7 +673,7 @@ def _embed_batches(
             if dataset.decode:  # the workers' uint8 pixels (B, H, W, C): ToTensor and Normalize here
                 images = model_input(images.to(device, non_blocking=True).permute(0, 3, 1, 2), pp_cfg)
             else:  # decode: gpu
-                images, on_device, failed = dataset.device_images(index, images, rest[0], device, pp_cfg)
+                images, on_device, failed = dataset.device_images(index, images, *rest[:2], device, pp_cfg)
                 counts["jpeg_gpu_decoded"] += on_device
                 counts["jpeg_pillow_fallbacks"] += failed
             image, text, scores = batcher.run(

@@ -72,11 +72,13 @@ class Settings:
         """The embed keys that decide the scores; min_similarity is not one: changing it re-embeds nothing."""
         embed = self.config["embed"]
         settings = {k: embed[k] for k in EMBED_KEYS}
-        # the defaults add no param (and gpu_decode_fraction has no schema default, so the validated config and
-        # its fingerprint stay those of a config without it): parts embedded before them are not embedded again
+        # the defaults add no param (and the gpu fractions have no schema default, so the validated config and
+        # its fingerprint stay those of a config without them): parts embedded before them are not embedded again
         if embed["decode"] != "cpu":
             settings["decode"] = embed["decode"]
             settings["gpu_decode_fraction"] = embed.get("gpu_decode_fraction", 1.0)
+            if embed.get("gpu_resize_fraction", 1.0) != 1.0:
+                settings["gpu_resize_fraction"] = embed["gpu_resize_fraction"]
         if embed.get("heads"):
             settings["heads"] = [dict(h) for h in embed["heads"]]
         return settings

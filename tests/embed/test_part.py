@@ -262,13 +262,13 @@ def test_schema_keeps_embedding_off_by_default_and_the_demo_config_turns_it_on()
         "batch_size": 256, "precision": "auto", "device": "auto", "workers": 4, "decode": "cpu",
         "min_similarity": None, "save_embeddings": False,
     }  # fmt: skip
-    # gpu_decode_fraction and heads have no schema default: a config without them keeps its fingerprint
-    assert set(config["embed"]) - {"enabled", "min_similarity", "save_embeddings"} == set(
-        EmbedSettings.__dataclass_fields__
-    ) - {"gpu_decode_fraction", "heads"}
-    assert {"gpu_decode_fraction", "heads"} <= set(
-        yaml.safe_load(Path(schema).read_text())["properties"]["embed"]["properties"]
+    # the gpu fractions and heads have no schema default: a config without them keeps its fingerprint
+    undefaulted = {"gpu_decode_fraction", "gpu_resize_fraction", "heads"}
+    assert (
+        set(config["embed"]) - {"enabled", "min_similarity", "save_embeddings"}
+        == set(EmbedSettings.__dataclass_fields__) - undefaulted
     )
+    assert undefaulted <= set(yaml.safe_load(Path(schema).read_text())["properties"]["embed"]["properties"])
     demo = yaml.safe_load((REPO / "config" / "demo.yaml").read_text())
     validate(demo, schema=schema)
     assert demo["embed"]["enabled"] and demo["embed"]["pretrained"] == f"demo/models/{NAME}.pt"
@@ -493,11 +493,13 @@ def test_commits_come_every_so_many_samples_or_seconds_and_a_rerun_continues_the
 NO_GPU = "no CUDA device visible (the CUDA variant runs where a GPU is)"
 
 
-@pytest.mark.parametrize("fraction", [1.0, 0.5, 0.0])
-def test_gpu_decode_inside_embed_part_gives_the_cpu_scores(tiny, tmp_path, monkeypatch, fraction):
+@pytest.mark.parametrize("fraction, resize", [(1.0, 1.0), (0.5, 1.0), (0.0, 1.0), (0.5, 0.5), (0.0, 0.5)])
+def test_gpu_decode_inside_embed_part_gives_the_cpu_scores(tiny, tmp_path, monkeypatch, fraction, resize):
     """The `decode: gpu` path of embed_part, run on the CPU: `fraction` of the JPEGs (by position) reach this
-    process as bytes and the workers decode the rest, a PNG is decoded by Pillow in the worker, a JPEG the
-    JPEG decoder refuses falls back to Pillow wherever it is decoded, and the scores are the CPU path's."""
+    process as bytes and the workers decode the rest, and take `1 - resize` of those to the model's size
+    themselves; a PNG is decoded by Pillow in the worker, a JPEG the JPEG decoder refuses falls back to Pillow
+    wherever it is decoded, and the scores are the CPU path's: those the workers resized bit for bit (the same
+    pixels, batch size and model), the others within the tolerance of the GPU's resize against pillow-simd's."""
     png = io.BytesIO()
     Image.new("RGB", (70, 50), (10, 200, 90)).save(png, "PNG")
     refused = noise_jpeg(4, (60, 80))
@@ -513,24 +515,65 @@ def test_gpu_decode_inside_embed_part_gives_the_cpu_scores(tiny, tmp_path, monke
 
     monkeypatch.setattr(torchvision.io, "decode_jpeg", picky)
     monkeypatch.setattr(embed, "resolve_decode", lambda settings, device: "gpu")  # the GPU path, on the CPU
-    settings = replace(tiny, workers=1, batch_size=4, decode="gpu", gpu_decode_fraction=fraction)
+    settings = replace(
+        tiny, workers=1, batch_size=4, decode="gpu", gpu_decode_fraction=fraction, gpu_resize_fraction=resize
+    )
     info = embed_part(tar, samples, **outputs(tmp_path, "gpu"), settings=settings, threads=2)
     monkeypatch.undo()
     cpu = embed_part(tar, samples, **outputs(tmp_path, "cpu"), settings=tiny)
     jpegs_here = [i for i in range(6) if i != 1 and embed.on_gpu(i, fraction)]
+    in_workers = [i for i in range(6) if i not in jpegs_here and not embed.resized_on_gpu(i, fraction, resize)]
     assert info["decode"] == "gpu" and cpu["decode"] == "cpu"
+    assert info["decode_path"] == {1.0: f"gpu@{fraction:g}", 0.5: f"gpu@{fraction:g},0.5"}[resize]
     assert info["jpeg_gpu_decoded"] == len(jpegs_here) and info["jpeg_pillow_fallbacks"] == (4 in jpegs_here), info
     assert len(jpegs_here) == {1.0: 5, 0.5: 2, 0.0: 0}[fraction]  # the PNG at 1 is decoded in the worker
+    assert len(in_workers) == {(0.5, 0.5): 2, (0.0, 0.5): 3}.get((fraction, resize), 0)
     prov = info["provenance"]
     assert prov["image_decode"]["jpeg"] == "torchvision.io.decode_jpeg on cpu"
     assert prov["image_decode"]["gpu_decode_fraction"] == fraction
     assert prov["resize_library"]["name"].startswith("shardsmith.embed.decode")
+    if resize == 1:  # the provenance, and so the commits, of parts embedded before the setting existed
+        assert "gpu_resize_fraction" not in prov["resize_library"], prov["resize_library"]
+    else:
+        assert prov["resize_library"]["gpu_resize_fraction"] == resize
+        assert prov["resize_library"]["workers"] == cpu["provenance"]["resize_library"]
     assert cpu["provenance"]["image_decode"]["jpeg"] == "Pillow"
     assert prov["preprocess"] == cpu["provenance"]["preprocess"]  # the same steps: parts of both kinds pool
     a, b = pd.read_parquet(tmp_path / "gpu.parquet"), pd.read_parquet(tmp_path / "cpu.parquet")
     assert list(a["key"]) == list(b["key"])
     np.testing.assert_allclose(a[SIM], b[SIM], atol=5e-4)  # the tolerance of tests/embed/test_decode.py
     np.testing.assert_allclose(a[COLS["image_norm"]], b[COLS["image_norm"]], rtol=5e-4)
+    assert a.iloc[in_workers].equals(b.iloc[in_workers])
+    embeddings = [np.load(tmp_path / f"{name}.npz") for name in ("gpu", "cpu")]
+    assert np.array_equal(embeddings[0]["image"][in_workers], embeddings[1]["image"][in_workers])
+
+
+def test_with_the_workers_resizing_every_image_decode_gpu_writes_the_cpu_paths_bytes(tiny, tmp_path, monkeypatch):
+    """`gpu_decode_fraction: 0` and `gpu_resize_fraction: 0`: the workers do all of the image's preprocessing
+    but ToTensor and Normalize, as with decode cpu, so the scores and embeddings are decode cpu's files."""
+    tar, samples = make_part(tmp_path, "src-000008", 10, seed=8, images=photo_part_images(10, 8))
+    monkeypatch.setattr(embed, "resolve_decode", lambda settings, device: "gpu")  # the GPU path, on the CPU
+    settings = replace(tiny, workers=2, decode="gpu", gpu_decode_fraction=0.0, gpu_resize_fraction=0.0)
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    info = embed_part(tar, samples, **outputs(gpu, "out"), settings=settings, threads=3)
+    monkeypatch.undo()
+    embed_part(tar, samples, **outputs(tmp_path, "out"), settings=replace(tiny, workers=2), threads=3)
+    assert info["decode"] == "gpu" and info["decode_path"] == "gpu@0,0" and info["jpeg_gpu_decoded"] == 0
+    assert same_files(gpu, tmp_path)
+
+
+def test_gpu_resize_fraction_spreads_evenly_over_the_images_the_workers_decode():
+    """Every sample has one place: nvJPEG (`on_gpu`, as without the setting), else the GPU's resize or the
+    workers'; the GPU resizes `resize` of the others, evenly, and every one of them at 1."""
+    for fraction in (0.0, 0.25, 0.5, 1 / 3, 0.9, 1.0):
+        others = [i for i in range(3000) if not embed.on_gpu(i, fraction)]
+        assert all(embed.resized_on_gpu(i, fraction, 1.0) for i in others)
+        for resize in (0.0, 0.3, 0.5, 0.75):
+            gpu = [embed.resized_on_gpu(i, fraction, resize) for i in others]
+            assert sum(gpu) == math.floor(len(others) * resize), (fraction, resize)
+            per_100 = {sum(gpu[s : s + 100]) for s in range(0, len(gpu) - 100, 100)}
+            assert per_100 <= {math.floor(100 * resize), math.ceil(100 * resize)}, (fraction, resize)
 
 
 def test_gpu_decode_fraction_spreads_evenly_and_the_same_way_on_a_rerun():
@@ -553,7 +596,15 @@ def test_a_stopped_gpu_decode_job_resumes_into_the_files_of_one_never_stopped(ti
     for folder in (stopped, reference):
         folder.mkdir()
     inputs = make_part(tmp_path, "src-000023", 24, seed=6, images=photo_part_images(24, 6))
-    settings = replace(tiny, workers=1, decode="gpu", gpu_decode_fraction=0.5, device=device, precision="fp32")
+    settings = replace(
+        tiny,
+        workers=1,
+        decode="gpu",
+        gpu_decode_fraction=0.5,
+        gpu_resize_fraction=0.5,  # a batch holds all three kinds: nvJPEG's, the GPU-resized and the finished
+        device=device,
+        precision="fp32",
+    )
 
     def gpu_path():
         if device == "cpu":
@@ -582,7 +633,7 @@ def photo_part_images(n: int, seed: int) -> dict[int, bytes]:
 
 
 def gpu_decode_on_cuda_against_the_cpu(
-    tiny, tmp_path, device: str, fraction: float = 1.0
+    tiny, tmp_path, device: str, fraction: float = 1.0, resize: float = 1.0
 ) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     tar, samples = make_part(tmp_path, "src-000006", 24, seed=6, images=photo_part_images(24, 6))
     gpu = replace(
@@ -592,6 +643,7 @@ def gpu_decode_on_cuda_against_the_cpu(
         decode="gpu" if device == "cuda" else "cpu",
         workers=2,
         gpu_decode_fraction=fraction,
+        gpu_resize_fraction=resize,
     )
     info = embed_part(tar, samples, **outputs(tmp_path, "gpu"), settings=replace(gpu, batch_size=8), threads=3)
     embed_part(tar, samples, **outputs(tmp_path, "cpu"), settings=tiny)
@@ -599,14 +651,14 @@ def gpu_decode_on_cuda_against_the_cpu(
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
-@pytest.mark.parametrize("fraction", [1.0, 0.5])
-def test_gpu_decode_on_cuda_gives_the_cpu_scores(tiny, tmp_path, fraction):
+@pytest.mark.parametrize("fraction, resize", [(1.0, 1.0), (0.5, 1.0), (0.5, 0.5)])
+def test_gpu_decode_on_cuda_gives_the_cpu_scores(tiny, tmp_path, fraction, resize):
     """embed_part on CUDA with nvJPEG against the CPU path (Pillow, fp32): the same keys and scores; the PNG
     is decoded by Pillow in the worker and the CMYK JPEG, which nvJPEG refuses, by Pillow after it.
 
     4:4:4 JPEGs, so that what is compared is the pipeline (batches, order, fallbacks, CUDA arithmetic), not
     nvJPEG's chroma upsampling, which tests/embed/test_decode.py measures."""
-    info, a, b = gpu_decode_on_cuda_against_the_cpu(tiny, tmp_path, "cuda", fraction)
+    info, a, b = gpu_decode_on_cuda_against_the_cpu(tiny, tmp_path, "cuda", fraction, resize)
     assert info["decode"] == "gpu" and info["samples"] == 24, info
     assert info["jpeg_pillow_fallbacks"] == embed.on_gpu(5, fraction), info  # the CMYK JPEG, where nvJPEG gets it
     assert info["jpeg_gpu_decoded"] == sum(embed.on_gpu(i, fraction) for i in range(24) if i != 3), info

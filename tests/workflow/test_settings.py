@@ -66,6 +66,12 @@ def test_embed_settings_add_no_key_for_the_default_decode_path_so_existing_score
     assert "decode" not in cpu and "gpu_decode_fraction" not in cpu and "min_similarity" not in cpu
     gpu = settings(embed={"enabled": True, "decode": "gpu"}).embed
     assert gpu["decode"] == "gpu" and gpu["gpu_decode_fraction"] == 1.0  # no schema default: the fingerprint stays
+    assert "gpu_resize_fraction" not in gpu
+    assert (
+        "gpu_resize_fraction" not in settings(embed={"enabled": True, "decode": "gpu", "gpu_resize_fraction": 1}).embed
+    )
+    resize = settings(embed={"enabled": True, "decode": "gpu", "gpu_resize_fraction": 0.25}).embed
+    assert resize["gpu_resize_fraction"] == 0.25
     assert (
         settings(embed={"enabled": True, "decode": "gpu", "gpu_decode_fraction": 0.5}).embed["gpu_decode_fraction"]
         == 0.5
