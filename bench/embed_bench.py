@@ -357,6 +357,7 @@ def end_to_end(settings: EmbedSettings, tar: str, samples: str, device: torch.de
         "seconds_inference": info["seconds_inference"],
         "final_batch_size": info["final_batch_size"],
         "oom_halvings": info["oom_halvings"],
+        "loop_seconds": info["loop_seconds"],
         "precision": info["provenance"]["precision"]["used"],
         "load_average_1min": load_average(),
     }

@@ -27,6 +27,7 @@ def main() -> None:
             else ""
         )
     )
+    print(f"{info['part']}: the batch loop's seconds by step (docs/sizing.md): {info['loop_seconds']}")
     if prov["random_weights"]:
         print(prov["weights_statement"])
 

@@ -487,6 +487,30 @@ def encode(
     return image, text.float(), scores
 
 
+class LoopClock:
+    """Wall seconds the batch loop spends in each step, which say what bounds a job's rate: the workers
+    (`waiting_for_workers`), this process's work between batches (`preparing_batches`: copies to the device,
+    nvJPEG and the GPU's resize queued, `model_input`), the model (`running_model`: the forward pass on the
+    CPU, its queuing on CUDA, which waits once the device's queue is full) and the device (`reading_results`:
+    on CUDA, waiting for a batch queued behind the next one)."""
+
+    STEPS = ("waiting_for_workers", "preparing_batches", "running_model", "reading_results")
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(self.STEPS, 0.0)
+
+    @contextlib.contextmanager
+    def __call__(self, step: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[step] += time.perf_counter() - start
+
+    def summary(self) -> dict[str, float]:
+        return {step: round(seconds, 3) for step, seconds in self.seconds.items()}
+
+
 class Queued:
     """A batch whose forward pass is queued on the device, with the copy of its embeddings back to pinned
     memory queued behind it; `rows()` waits for the copy. On the CPU everything is already done."""
@@ -659,27 +683,36 @@ def _embed_batches(
     computed, order, counts = [], [], {"jpeg_gpu_decoded": 0, "jpeg_pillow_fallbacks": 0}
     model, heads, columns = models
     in_flight: Queued | None = None
+    clock = LoopClock()
 
     def finish(queued: Queued) -> None:
-        rows = queued.rows()
+        with clock("reading_results"):
+            rows = queued.rows()
         with deferred():  # a stop lands between batches: each is kept and committed whole, or not at all
             computed.append(rows)
             order.append(queued.index)
             commits.add(rows)
 
     try:
-        for index, images, *rest in batches:
+        while True:
+            with clock("waiting_for_workers"):
+                batch = next(batches, None)
+            if batch is None:
+                break
+            index, images, *rest = batch
             tokens = rest[-1]
-            if dataset.decode:  # the workers' uint8 pixels (B, H, W, C): ToTensor and Normalize here
-                images = model_input(images.to(device, non_blocking=True).permute(0, 3, 1, 2), pp_cfg)
-            else:  # decode: gpu
-                images, on_device, failed = dataset.device_images(index, images, *rest[:2], device, pp_cfg)
-                counts["jpeg_gpu_decoded"] += on_device
-                counts["jpeg_pillow_fallbacks"] += failed
-            image, text, scores = batcher.run(
-                lambda im, tok: encode(model, im, tok, device, precision, heads), images, tokens
-            )
-            queued = Queued(index, image, text, scores, columns)
+            with clock("preparing_batches"):
+                if dataset.decode:  # the workers' uint8 pixels (B, H, W, C): ToTensor and Normalize here
+                    images = model_input(images.to(device, non_blocking=True).permute(0, 3, 1, 2), pp_cfg)
+                else:  # decode: gpu
+                    images, on_device, failed = dataset.device_images(index, images, *rest[:2], device, pp_cfg)
+                    counts["jpeg_gpu_decoded"] += on_device
+                    counts["jpeg_pillow_fallbacks"] += failed
+            with clock("running_model"):
+                image, text, scores = batcher.run(
+                    lambda im, tok: encode(model, im, tok, device, precision, heads), images, tokens
+                )
+                queued = Queued(index, image, text, scores, columns)
             if in_flight is not None:
                 finish(in_flight)
             in_flight = queued
@@ -693,6 +726,7 @@ def _embed_batches(
         raise
     if order and not torch.equal(torch.cat(order), torch.arange(start, len(dataset))):
         raise RuntimeError("the DataLoader returned samples out of order")
+    counts["loop_seconds"] = clock.summary()
     return computed, counts
 
 

@@ -488,6 +488,30 @@ def test_commits_come_every_so_many_samples_or_seconds_and_a_rerun_continues_the
     assert not keep.exists()
 
 
+def test_the_info_says_which_step_of_the_batch_loop_took_the_time(tiny, tmp_path, monkeypatch):
+    """Reading a sample slowed by 50 ms shows as time waiting for the workers (here the loop's own reads, with
+    no worker), a forward pass slowed by 100 ms as time running the model; the steps add up to at most the
+    inference time."""
+    tar, samples = make_part(tmp_path, "src-000009", 24, seed=9)
+    getitem, encode = PartSamples.__getitem__, embed.encode
+
+    def slow_read(self, i):
+        time.sleep(0.05)
+        return getitem(self, i)
+
+    def slow_model(*args):
+        time.sleep(0.1)
+        return encode(*args)
+
+    monkeypatch.setattr(PartSamples, "__getitem__", slow_read)
+    monkeypatch.setattr(embed, "encode", slow_model)
+    info = embed_part(tar, samples, **outputs(tmp_path, "out"), settings=tiny)
+    loop = info["loop_seconds"]
+    assert set(loop) == {"waiting_for_workers", "preparing_batches", "running_model", "reading_results"}, loop
+    assert loop["waiting_for_workers"] >= 24 * 0.05 and loop["running_model"] >= 6 * 0.1, loop
+    assert min(loop.values()) >= 0 and sum(loop.values()) <= info["seconds_inference"] + 0.01, info
+
+
 # --- decode: gpu inside embed_part (the tensor steps themselves: tests/embed/test_decode.py)
 
 NO_GPU = "no CUDA device visible (the CUDA variant runs where a GPU is)"
