@@ -18,6 +18,8 @@ decodes every JPEG), `gpu@0.5`, `gpu@0` (the workers decode, the GPU only prepro
   does not).
 - on the GPU alone: each gpu path's decode and preprocessing of batches already read, and the
   preprocessing alone with float64 and with split float32 products.
+- pin memory (CUDA): each path's batches copied into pinned memory by one thread, as the DataLoader's
+  pin-memory thread does between the workers and the main loop: images/s and kB an image.
 - forward: the device's own forward-pass rate (images and captions already on the device) per batch size.
 - end to end: `shardsmith.embed.part.embed_part` over the part, per batch size, worker count and decode: images/s
   from the loaded model to the written files, the fraction of the forward rate that is, and on CUDA the GPU
@@ -241,6 +243,31 @@ def gpu_decode_rate(
     sync(device)
     n = sum(len(b[0]) for b in batches)
     return {"decode": path, "images": n, "img_per_s": round(n / (time.perf_counter() - start), 1)}
+
+
+def pin_rate(settings: EmbedSettings, tar: str, samples: str, device: torch.device, count: int, path: str) -> dict:
+    """What the DataLoader's pin-memory thread does for a path (CUDA only): copy the batches the workers hand
+    over into pinned memory, one thread, as `pin_memory=True` does between the workers and the main loop."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    loader, _ = loader_for(with_path(settings, path), tar, samples, 256, count)
+    batches = list(loader)
+    pin_memory(batches[0], device)  # warm-up: the pinned allocator's first blocks
+    start = time.perf_counter()
+    for batch in batches:
+        pin_memory(batch, device)
+    seconds = time.perf_counter() - start
+    n = sum(len(b[0]) for b in batches)
+    size = sum(t.numel() * t.element_size() for b in batches for t in _tensors(b))
+    return {"decode": path, "images": n, "img_per_s": round(n / seconds, 1), "kb_per_image": round(size / n / 1e3, 1)}
+
+
+def _tensors(data) -> list[torch.Tensor]:
+    if isinstance(data, torch.Tensor):
+        return [data]
+    if isinstance(data, (list, tuple)):
+        return [t for item in data for t in _tensors(item)]
+    return []
 
 
 def preprocess_rates(settings: EmbedSettings, tar: str, samples: str, device: torch.device, count: int) -> dict:
@@ -482,7 +509,10 @@ def main(argv: list[str] | None = None) -> dict:
             base = replace(model_settings(model, data / "models"), device=a.device)
             feed = [feed_rate(base, tar, samples, path, feed_count) for path in decodes]
             print(model, "feed", feed, flush=True)
-            feed_gpu = preprocess = NOT_MEASURED
+            feed_gpu = preprocess = pinned = NOT_MEASURED
+            if device.type == "cuda":
+                pinned = [pin_rate(base, tar, samples, device, feed_count, p) for p in decodes]
+                print(model, "pin memory", pinned, flush=True)
             if gpu_paths:
                 feed_gpu = [gpu_decode_rate(base, tar, samples, device, feed_count, p) for p in gpu_paths]
                 print(model, "decode on the GPU", feed_gpu, flush=True)
@@ -505,6 +535,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "images": count,
                 "feed_per_core": feed,
                 "gpu_decode": feed_gpu,
+                "pin_memory": pinned,
                 "gpu_preprocess": preprocess,
                 "forward": forward,
                 "runs": runs,

@@ -76,3 +76,23 @@ def test_a_short_cpu_run_writes_every_figure_or_says_it_was_not_measured(tmp_pat
     assert run["img_per_s"] > 0 and run["fraction_of_forward_rate"] > 0
     assert run["gpu_utilisation"] == run["peak_gpu_memory_gib"] == eb.NOT_MEASURED
     assert model["summary"]["cpus_per_task"] == eb.NOT_MEASURED
+    assert model["pin_memory"] == eb.NOT_MEASURED and set(run["loop_seconds"]) == set(eb.embed.LoopClock.STEPS)
+
+
+def test_the_pin_memory_figure_counts_every_image_and_byte_a_path_hands_over(tmp_path, monkeypatch):
+    """The pinning itself needs CUDA; what is pinned and counted is checked here with the copy as identity."""
+    import torch.utils.data._utils.pin_memory as pinning
+
+    pinned = []
+    monkeypatch.setattr(pinning, "pin_memory", lambda batch, device=None: pinned.append(batch) or batch)
+    tar, samples = eb.make_part(tmp_path, 12)
+    settings = eb.model_settings(NAME, tmp_path)
+    cpu = eb.pin_rate(settings, tar, samples, torch.device("cpu"), 12, "cpu")
+    assert cpu["decode"] == "cpu" and cpu["images"] == 12 and cpu["img_per_s"] > 0
+    assert len(pinned) == 1 + 1  # the warm-up batch, then the one batch of 12
+    eb.embed_model.register_model_config(settings)
+    height, width = eb.decode_ops.model_size(eb.embed_model.preprocess_config(settings))
+    tokens = eb.open_clip.get_tokenizer(NAME).context_length * 8  # int64 token ids
+    assert cpu["kb_per_image"] == round((height * width * 3 + tokens + 8) / 1e3, 1)  # pixels, tokens, index
+    gpu = eb.pin_rate(settings, tar, samples, torch.device("cpu"), 12, "gpu@0")
+    assert gpu["images"] == 12 and gpu["kb_per_image"] > cpu["kb_per_image"]  # decoded images, larger than 224

@@ -489,7 +489,8 @@ def encode(
 
 class LoopClock:
     """Wall seconds the batch loop spends in each step, which say what bounds a job's rate: the workers
-    (`waiting_for_workers`), this process's work between batches (`preparing_batches`: copies to the device,
+    (`waiting_for_workers`: for the DataLoader's next batch, and on CUDA its copy into pinned memory by the
+    DataLoader's thread), this process's work between batches (`preparing_batches`: copies to the device,
     nvJPEG and the GPU's resize queued, `model_input`), the model (`running_model`: the forward pass on the
     CPU, its queuing on CUDA, which waits once the device's queue is full) and the device (`reading_results`:
     on CUDA, waiting for a batch queued behind the next one)."""
