@@ -39,7 +39,7 @@ timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider -rs tests/emb
 echo "tests: exit $? in $(($(date +%s) - start)) s" | tee -a "$OUT/tests.log"
 tail -4 "$OUT/tests.log"
 case " ${MODELS-ViT-B-32 ViT-L-14} " in *" ViT-B-32 "*)
-    bench ViT-B-32 "${B32_S:-215}" --count 16384 --batch 512 --workers 11 15 \
+    bench ViT-B-32 "${B32_S:-215}" --count 16384 --batch 512 --workers 15 \
         --decode cpu gpu@1 gpu@0 gpu@0,0.7 gpu@0,0.5 gpu@0,0.3 ;;
 esac
 case " ${MODELS-ViT-B-32 ViT-L-14} " in *" ViT-L-14 "*)
