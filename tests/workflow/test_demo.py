@@ -340,7 +340,9 @@ def test_killed_run_leaves_no_truncated_tar_and_rerun_completes(build, demo_data
     root = tmp_path / "killed"
     config = demo_config(data, root)
     root.mkdir()
-    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    # written as run_workflow writes it (keys in the config's order) for the rerun below: params equal to the
+    # killed run's, so that it reruns only what the kill left unfinished, not every job
+    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile",
            str(root / "config.yaml"), "--workflow-profile", "none", "--cores", "1"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -390,7 +392,9 @@ def test_planning_in_buckets_killed_mid_job_gives_the_one_bucket_build_on_rerun(
     if buckets == 1:
         config["dedupe"] = {"near": "report"}
     root.mkdir()
-    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    # written as run_workflow writes it (keys in the config's order) for the rerun below: params equal to the
+    # killed run's, so that it reruns only what the kill left unfinished, not every job
+    (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--directory", str(root), "--configfile",
            str(root / "config.yaml"), "--workflow-profile", "none", "--cores", "1"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

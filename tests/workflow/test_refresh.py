@@ -22,7 +22,7 @@ from workflow_helpers import REPO, demo_config
 
 from shardsmith.cli.demo import jpeg, make_demo, photo
 from shardsmith.cli.refresh import jobs_run, snakemake_logs
-from shardsmith.storage.s3 import read_object, run
+from shardsmith.storage.s3 import run
 from shardsmith.storage.stores import MARKER, complete_versions, latest_version
 
 pytestmark = pytest.mark.workflow
@@ -145,6 +145,7 @@ def refreshed(s3_server, tmp_path_factory):
     versions = list(complete_versions(dest, "demo", s3_server))
     named, named_jobs, _ = refresh(root, repo, "--config", "version=v2")  # as docs/publishing.md and --help say
     return {
+        "copies": tmp_path_factory.mktemp("fetched"),
         "root": root,
         "dest": dest,
         "s3": s3_server,
@@ -165,15 +166,22 @@ def refreshed(s3_server, tmp_path_factory):
     }
 
 
+def fetched(r, version) -> Path:
+    """Every object of the published version, fetched from the store once (one `aws s3 cp --recursive`, not a
+    CLI call an object) into a folder of its own: the bytes the tests below read."""
+    folder = r["copies"] / version
+    if not folder.exists():
+        run(r["s3"], "s3", "cp", "--recursive", "--only-show-errors", f"{r['dest']}/demo/{version}", str(folder))
+    return folder
+
+
 def published_table(r, version, name) -> pd.DataFrame:
     """A table the version publishes as a folder of parquet pieces, read whole (the pieces in name order)."""
-    marker = json.loads(read_object(f"{r['dest']}/demo/{version}/{MARKER}", r["s3"]))
+    folder = fetched(r, version)
+    marker = json.loads((folder / MARKER).read_text())
     pieces = sorted(n for n in marker["files"] if n.startswith(f"{name}/"))
     assert pieces, f"{version} has no {name}/ pieces"
-    url = f"{r['dest']}/demo/{version}"
-    return pd.concat(
-        [pd.read_parquet(io.BytesIO(read_object(f"{url}/{p}", r["s3"]))) for p in pieces], ignore_index=True
-    )
+    return pd.concat([pd.read_parquet(folder / p) for p in pieces], ignore_index=True)
 
 
 def test_the_refresh_runs_only_the_new_and_grown_parts(refreshed):
@@ -211,7 +219,7 @@ def test_the_new_version_holds_old_plus_new_records_without_duplicates(refreshed
     dedupe = rejected[rejected["stage"] == "dedupe"]
     assert sorted(dedupe["url"]) == sorted(r["added"]["same_url"] + r["added"]["same_image"])
     assert set(dedupe["reason"]) == {"already_published"}
-    stats = json.loads(read_object(f"{r['dest']}/demo/{r['v2']}/stats.json", r["s3"]))
+    stats = json.loads((fetched(r, r["v2"]) / "stats.json").read_text())
     assert stats["input_records"] == stats["published"] + stats["rejected"] == len(new) + len(rejected)
     assert stats["rejected_by_reason"]["dedupe/already_published"] == 2
 
@@ -226,8 +234,8 @@ def test_a_refresh_from_a_fresh_checkout_with_nothing_new_runs_nothing(refreshed
 
 def test_build_metadata_is_published_with_each_version(refreshed):
     r = refreshed
-    build = json.loads(read_object(f"{r['dest']}/demo/{r['v2']}/build.json", r["s3"]))
-    marker = json.loads(read_object(f"{r['dest']}/demo/{r['v2']}/{MARKER}", r["s3"]))
+    build = json.loads((fetched(r, r["v2"]) / "build.json").read_text())
+    marker = json.loads((fetched(r, r["v2"]) / MARKER).read_text())
     assert build["config_fingerprint"].startswith("sha256:") and "paths" not in build["config"]
     assert {"python", "snakemake", "pandas", "pyarrow", "webdataset"} <= set(build["packages"])
     assert {"build.json", "README.md", "sizes.json", "wids-index.json"} <= set(marker["files"])
@@ -245,9 +253,10 @@ def test_credentials_never_appear_in_logs_or_outputs(refreshed):
             and path.stat().st_size < 5_000_000
         ):
             texts.append(path.read_text(errors="replace"))
-    for name in json.loads(read_object(f"{r['dest']}/demo/{r['v2']}/{MARKER}", r["s3"]))["files"]:
+    version = fetched(r, r["v2"])
+    for name in json.loads((version / MARKER).read_text())["files"]:
         if not name.endswith((".tar", ".parquet")):
-            texts.append(read_object(f"{r['dest']}/demo/{r['v2']}/{name}", r["s3"]).decode("utf-8", "replace"))
+            texts.append((version / name).read_bytes().decode("utf-8", "replace"))
     assert len(texts) > 20
     for text in texts:
         assert SECRET not in text and KEY_ID not in text
@@ -258,5 +267,5 @@ def test_config_values_given_to_the_refresh_wrapper_reach_snakemake(refreshed):
     assert r["v_named"] == "v2" and list(complete_versions(r["dest"], "demo", r["s3"])) == [*r["versions"], "v2"]
     assert (r["root"] / "config.yaml").read_text().startswith("dataset: demo")  # the config file is untouched
     assert "publish_dataset" in {rule for rule, _ in r["named_jobs"]} and "jobs ran" in r["named"].stderr
-    card = read_object(f"{r['dest']}/demo/v2/README.md", r["s3"]).decode()
+    card = (fetched(r, "v2") / "README.md").read_bytes().decode()
     assert card.startswith("# demo v2")

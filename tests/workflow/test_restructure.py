@@ -5,9 +5,10 @@ The inputs are built once: the demo's three sources and 176 generated photos, 16
 others (in manifests of their own and at the end of the demo's). A first version (v1) is built and published
 to a mounted path by the working tree's workflow; the sources then grow (new photos, published URLs again, a
 published image under a new name, edited copies of published photos) and lose three rows, which moves the
-rows after them. Each layout's second build (v2), once with BEFORE's Snakefile and once with the working
-tree's, runs in a folder of its own against a copy of the same v1: near-duplicates excluded (pHash and the
-tiny random CLIP model's embeddings), low CLIP similarity excluded, records already published left out. Then
+rows after them. Each code (BEFORE's Snakefile, the working tree's) downloads and embeds v2's parts once,
+which no layout setting changes; each layout's second build (v2) then runs in a folder of its own, from a copy
+of its code's parts and against a copy of the same v1: near-duplicates excluded (pHash and the tiny random
+CLIP model's embeddings), low CLIP similarity excluded, records already published left out. Then
 every published file of v2 and every plan file (shard ranges and parts, the ledger's dropped pieces, the
 near-duplicate table) must be byte-identical between the two; the manifest pieces, which carry the score columns
 since, must equal BEFORE's in every column of BEFORE's.
@@ -148,19 +149,31 @@ def config_for(data: Path, root: Path, model: tuple[Path, Path], layout: dict, v
     return config
 
 
-def build(root: Path, config: dict, checkout: Path) -> None:
+def build(root: Path, config: dict, checkout: Path, *targets: str) -> None:
     """snakemake with `checkout`'s Snakefile; its process and its jobs import `checkout`'s shardsmith (first on
     PYTHONPATH, before the editable install of the working tree)."""
+    root.mkdir(parents=True, exist_ok=True)
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.getenv("PYTHONPATH")]))}
-    cmd = snakemake_cmd(root, "--cores", "2", snakefile=checkout / "Snakefile")
+    cmd = snakemake_cmd(root, "--cores", "2", *targets, snakefile=checkout / "Snakefile")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=root)
     assert proc.returncode == 0, f"{checkout}: {proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
 
+def downloaded_parts(root: Path, config: dict, checkout: Path) -> Path:
+    """`checkout`'s plan of parts, and each part downloaded and embedded, in `root`: what a layout's build starts
+    from (the rules up to embed_part take no dedupe setting, and a copy keeps the files' times)."""
+    work = root / "work" / "demo"
+    build(root, config, checkout, str(work / "plan" / "parts"))
+    parts = sorted(p.stem for p in (work / "plan" / "parts").glob("*.parquet"))
+    build(root, config, checkout, *[str(work / "embed" / f"{p}.parquet") for p in parts])
+    return root
+
+
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    """v1 built once by the working tree; then each layout's v2 by BEFORE and by the working tree."""
+    """v1 built once by the working tree; then each layout's v2 by BEFORE and by the working tree, each code's
+    from its own parts."""
     base = tmp_path_factory.mktemp("restructure")
     before = before_checkout(base / "before")
     data = base / "data"
@@ -173,9 +186,12 @@ def builds(tmp_path_factory):
     grow(data, rows)
     out = {}
     try:
-        for layout, dedupe in LAYOUTS.items():
-            for code, checkout in (("before", before), ("after", REPO)):
+        for code, checkout in (("before", before), ("after", REPO)):
+            parts = base / "parts" / code
+            downloaded_parts(parts, config_for(data, parts, model, {}, "v2"), checkout)
+            for layout, dedupe in LAYOUTS.items():
                 root = base / layout / code
+                shutil.copytree(parts, root, ignore=shutil.ignore_patterns(".snakemake"))
                 shutil.copytree(first / "fast-storage", root / "fast-storage")  # the same v1 to dedupe against
                 build(root, config_for(data, root, model, dedupe, "v2"), checkout)
                 out[layout, code] = root
