@@ -4,6 +4,7 @@ Hugging Face cache, or a local checkpoint, optionally with a model config JSON),
 without building the model, and the provenance written next to the scores: everything that changes a score.
 """
 
+import contextlib
 import difflib
 import logging
 import os
@@ -184,14 +185,15 @@ def preprocess_config(settings: EmbedSettings) -> dict:
 
 
 def image_library() -> dict:
-    """Which Pillow decodes and resizes: pillow-simd resizes give other pixels, hence other scores."""
-    dists = [
-        d
-        for d in metadata.packages_distributions().get("PIL", [])
-        if d.lower().replace("_", "-") in ("pillow", "pillow-simd")
-    ]
-    name = next((d for d in dists if metadata.version(d) == PIL.__version__), dists[0] if dists else "pillow")
-    simd = name.lower() == "pillow-simd"
+    """Which Pillow decodes and resizes: pillow-simd resizes give other pixels, hence other scores. Both
+    distributions install PIL/; the one whose version is PIL's is the one imported. Asked by name, not through
+    packages_distributions(), which reads every installed package's metadata (up to seconds a job)."""
+    installed = {}
+    for dist in ("pillow-simd", "pillow"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            installed[dist] = metadata.version(dist)
+    name = next((d for d, v in installed.items() if v == PIL.__version__), next(iter(installed), "pillow"))
+    simd = name == "pillow-simd"
     return {"name": "pillow-simd" if simd else "pillow", "version": PIL.__version__, "pillow_simd": simd}
 
 

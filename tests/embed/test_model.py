@@ -3,6 +3,7 @@ provenance recorded next to the scores."""
 
 import hashlib
 from dataclasses import replace
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ def test_provenance_is_complete_and_says_the_weights_are_random(parts, tiny):
     lib = prov["resize_library"]
     assert lib["version"] == PIL.__version__ and isinstance(lib["pillow_simd"], bool)
     assert lib["name"] == ("pillow-simd" if lib["pillow_simd"] else "pillow")
+    assert metadata.version(lib["name"]) == PIL.__version__  # the distribution named is the PIL imported
     assert prov["precision"] == {"requested": "auto", "used": "fp32", "autocast": False} and prov["device"] == "cpu"
     assert prov["versions"]["torch"] == torch.__version__ and prov["versions"]["open_clip"] == open_clip.__version__
 
