@@ -34,7 +34,10 @@ from shardsmith.cli.demo import jpeg, make_demo, scene
 from shardsmith.cli.tinyclip import NAME, write_tiny_clip
 from shardsmith.storage.stores import MARKER
 
-pytestmark = pytest.mark.workflow
+# The module's fixture runs seven builds (v1, each code's parts, each layout by each code): about 6 minutes alone on
+# 2 cores, 12 under `make test`; the limit (pytest-timeout's, which counts a fixture's setup) leaves room for a
+# slower machine than this one.
+pytestmark = [pytest.mark.workflow, pytest.mark.timeout(1800)]
 
 BEFORE = "033fd1407824922f8ceea9f218f7dbc660033d05"  # 033fd14, the last commit before the planning restructure
 PHOTOS, COPY_EVERY, NEW_PHOTOS = 160, 10, 12
