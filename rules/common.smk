@@ -7,6 +7,7 @@ sys.path.insert(0, workflow.basedir)  # the shardsmith package beside this Snake
 from shardsmith.core.config import prepare_config
 from shardsmith.core.leftovers import remove_leftovers_of_killed_runs
 from shardsmith.download.filters import parse_filters
+from shardsmith.download.process.language import language_rules
 from shardsmith.download.references import check_evaluation_sets
 from shardsmith.embed.select import selection_reads, selection_rules
 from shardsmith.embed.stats import score_columns
@@ -32,6 +33,7 @@ prepare_config(
     lint="--lint" in sys.argv,
     checks=[
         lambda c: parse_filters(c["filters"], c["sources"]),
+        lambda c: language_rules(c["captions"]["languages"], c["captions"]["min_language_score"]),
         selection_rules,
         check_evaluation_sets,
         check_keep_rule,

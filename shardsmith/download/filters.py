@@ -34,6 +34,8 @@ OPS = (*NUMERIC_OPS, *EQUALITY_OPS, *SET_OPS, *FILE_OPS)
 # record fails ("" when it passes them all) and what it saw.
 FILTER_COLUMNS = ["filter", "filter_detail"]
 _DETAIL_CHARS = 120  # a cell's text in a ledger detail is cut to this
+# Text that means an empty cell where a number is read (pandas' and Spark's CSV writers, Python's str(None))
+MISSING_TEXT = ["nan", "null", "none", "na", "n/a", "<na>"]
 
 
 def _is_number(value: object) -> bool:
@@ -41,8 +43,15 @@ def _is_number(value: object) -> bool:
 
 
 def _written(value: object) -> str:
-    """A config value as a person wrote it: 0.5, 200, en."""
-    return f"{value:g}" if isinstance(value, float) else str(value)
+    """A value as a person writes it: 0.5, 200, 0.2799, en. A float is its shortest exact form in its own
+    precision (numpy's float32 0.8 is 0.8), a whole one without its `.0` (1000001, not 1e+06)."""
+    import numpy as np
+
+    if isinstance(value, float | np.floating) and not isinstance(value, bool):
+        if math.isfinite(value) and float(value).is_integer() and abs(value) < 1e16:
+            return str(int(value))
+        return str(value) if isinstance(value, np.floating) else repr(value)
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -135,7 +144,7 @@ def check_columns(filters: Sequence[Filter], path: str, columns: Sequence[str]) 
 
 
 def _shown(cell: object) -> str:
-    text = _written(cell.item() if hasattr(cell, "item") and not isinstance(cell, str) else cell)
+    text = _written(cell)
     return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 3] + "..."
 
 
@@ -160,15 +169,19 @@ def apply_filters(
             bad = np.zeros(n, dtype=bool)
             held = ids.holds(text.fillna("").str.strip().to_numpy(dtype=object))
         elif f.numeric:
+            missing |= text.str.strip().str.lower().isin(MISSING_TEXT).to_numpy(dtype=bool, na_value=False)
             numbers = pd.to_numeric(cells, errors="coerce").astype("float64").to_numpy()
-            bad = ~missing & np.isnan(numbers)  # text where a number is needed
+            bad = ~missing & ~np.isfinite(numbers)  # text where a number is needed, or inf
+            # the values compared in the column's own precision: float32's 0.8 is below float64's 0.8, and a
+            # LAION pwatermark of 0.8 must pass `pwatermark <= 0.8`
+            kind = cells.dtype if cells.dtype.kind == "f" else np.dtype("float64")
             with np.errstate(invalid="ignore"):
                 if f.op in SET_OPS:
-                    held = np.isin(numbers, np.asarray(f.value, dtype="float64"))
+                    held = np.isin(numbers, np.asarray(f.value, dtype=kind).astype("float64"))
                 else:
-                    held = (NUMERIC_OPS | EQUALITY_OPS)[f.op](numbers, float(f.value))
+                    held = (NUMERIC_OPS | EQUALITY_OPS)[f.op](numbers, float(np.asarray(f.value, dtype=kind)))
         else:
-            strings = text.fillna("").to_numpy(dtype=object)
+            strings = text.fillna("").str.strip().to_numpy(dtype=object)
             bad = np.zeros(n, dtype=bool)
             if f.op in SET_OPS:
                 held = np.isin(strings, np.asarray([_written(v) for v in f.value], dtype=object))
@@ -181,7 +194,7 @@ def apply_filters(
             if missing[i]:
                 seen = f"{f.column} is empty"
             elif bad[i]:
-                seen = f"{f.column} is {_shown(cells.iat[i])!r}, not a number"
+                seen = f"{f.column} is {_shown(cells.iat[i])!r}, not a finite number"
             else:
                 seen = f"{f.column} is {_shown(cells.iat[i])}"
             names[i], details[i] = f.name, f"{seen}; kept: {f.rule}"

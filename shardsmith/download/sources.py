@@ -123,35 +123,67 @@ def readable_manifest(path: str, fetcher: "Fetcher | None" = None) -> Iterator[s
         yield local
 
 
-def iter_manifest_chunks(path: str, src: dict, chunk: int) -> Iterator[pd.DataFrame]:
-    """Stream a (local) manifest as DataFrames of at most `chunk` rows."""
+def iter_manifest_chunks(path: str, src: dict, chunk: int, shown: str | None = None) -> Iterator[pd.DataFrame]:
+    """Stream a (local) manifest as DataFrames of at most `chunk` rows; `shown`: its name in messages.
+
+    Integer columns stay integers where a cell is empty (Python ints and None, not floats): an id of 1000001
+    must not become the key or the filter value `1000001.0`. A headerless CSV/TSV must have as many fields a
+    row as `columns` names; a row the parser cannot split is a ConfigError naming the manifest."""
     fmt = manifest_format(path, src.get("format", "auto"))
+    shown = shown or path
     if fmt == "parquet":
         for batch in pq.ParquetFile(path).iter_batches(batch_size=chunk):
-            yield batch.to_pandas()
-    elif fmt in ("csv", "tsv"):
-        names = src.get("columns")
-        yield from pd.read_csv(
-            path,
-            sep="\t" if fmt == "tsv" else ",",
-            header=None if names else "infer",
-            names=names,
-            dtype=str,
-            keep_default_na=False,
-            quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
-            chunksize=chunk,
-            compression="infer",
-            encoding_errors="replace",
-        )
-    else:
-        yield from pd.read_json(path, lines=True, chunksize=chunk, dtype=False, compression="infer")
+            yield batch.to_pandas(integer_object_nulls=True)
+        return
+    names = src.get("columns")
+    try:
+        if fmt in ("csv", "tsv"):
+            # read without names and named after the count is checked: given names, pandas would take a row's
+            # extra leading fields as its index and shift every column
+            for df in pd.read_csv(
+                path,
+                sep="\t" if fmt == "tsv" else ",",
+                header=None if names else "infer",
+                dtype=str,
+                keep_default_na=False,
+                quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
+                chunksize=chunk,
+                compression="infer",
+                encoding_errors="replace",
+            ):
+                if names and len(df.columns) != len(names):
+                    raise ConfigError(
+                        f"manifest {shown}: its rows have {len(df.columns)} fields and 'columns' names "
+                        f"{len(names)} ({names}); name every field, in order."
+                    )
+                yield df.set_axis(names, axis=1) if names else df
+        else:
+            for df in pd.read_json(
+                path, lines=True, chunksize=chunk, dtype=False, compression="infer", dtype_backend="numpy_nullable"
+            ):
+                yield _numpy_columns(df)
+    except pd.errors.ParserError as e:
+        hint = " (a TSV field cannot hold a tab or a line break)" if fmt == "tsv" else ""
+        raise ConfigError(f"manifest {shown} cannot be read: {str(e).strip()}{hint}") from None
+
+
+def _numpy_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """pandas' nullable columns as the parquet reader gives them: integers and booleans as Python objects with
+    None where empty, floats as float64 with NaN."""
+    for name, dtype in df.dtypes.items():
+        if isinstance(dtype, pd.Float64Dtype | pd.Float32Dtype):
+            df[name] = df[name].astype("float64")
+        elif pd.api.types.is_integer_dtype(dtype) or pd.api.types.is_bool_dtype(dtype):
+            df[name] = df[name].astype(object).where(df[name].notna(), None)
+    return df
 
 
 def _check_columns(path: str, src: dict, columns: list[str], filters: list[Filter]) -> None:
     for key in ("url_column", "key_column", "hash_column", "blur_boxes"):
         col = src.get(key, "url" if key == "url_column" else None)
         if col and col not in columns:
-            hint = " (a headerless file needs 'columns')" if not src.get("columns") else ""
+            headerless = not src.get("columns") and manifest_format(path, src.get("format", "auto")) in ("csv", "tsv")
+            hint = " (a headerless file needs 'columns')" if headerless else ""
             raise ConfigError(f"manifest {path} has no column '{col}' ({key}); its columns are {columns}{hint}.")
     check_columns(filters, path, columns)
 
@@ -181,7 +213,7 @@ def iter_manifest_parts(
         row = 0
         part: list[dict] = []
         with readable_manifest(path, fetcher) as local:
-            for df in iter_manifest_chunks(local, src, part_size):
+            for df in iter_manifest_chunks(local, src, part_size, path):
                 _check_columns(path, src, list(df.columns), filters)
                 carry = _carried(src, list(df.columns))
                 failed = apply_filters(df, filters, id_lists) if filters else None

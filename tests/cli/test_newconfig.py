@@ -23,6 +23,7 @@ from workflow_helpers import REPO, SNAKEMAKE
 
 from shardsmith.cli.demo import make_demo
 from shardsmith.cli.newconfig.command import new_config, source_name, unique_names
+from shardsmith.cli.newconfig.curation import box_count, numbers, within
 from shardsmith.cli.newconfig.options import CannotTell, InputError, Options, load_schema, schema_default
 from shardsmith.core.config import check_config
 from shardsmith.storage.s3 import upload
@@ -404,6 +405,20 @@ def test_face_boxes_that_are_missing_or_not_fractions_are_said_to_be_rejected(tm
         "1 of 10 sampled rows have face_bboxes values that are not lists of [x0, y0, x1, y1]" in n for n in notes
     )
     assert any("1 of 10 sampled rows have no face_bboxes value: such records are rejected" in n for n in notes)
+
+
+def test_sampled_box_cells_are_judged_by_the_rule_the_workflow_applies():
+    assert box_count("[[0.2, 0.2, 0.2, 0.5]]") is None  # no area: the workflow rejects the record
+    assert box_count("[[-1e-9, 0.1, 0.5, 0.5]]") == 1  # float error the workflow tolerates
+    assert box_count("[[0.1, 0.1, 0.5, 0.5], [0.6, 0.6, 0.7, 0.8]]") == 2
+    assert box_count("[]") == 0
+    assert box_count("null") is None and box_count("") is None
+
+
+def test_sampled_numbers_leave_empty_cells_out_so_a_nan_keeps_a_suggestion():
+    assert numbers(["0.1", "nan", "", "NULL", "None", "0.3"]) == [0.1, 0.3]
+    assert numbers(["0.1", "inf"]) is None and numbers(["nan"]) is None and numbers(["0.1", "high"]) is None
+    assert within(0, 1)(["0.02", "NaN", "0.9"])
 
 
 def test_face_boxes_in_a_shards_json_get_blur_boxes_on(tmp_path):

@@ -64,7 +64,7 @@ def test_text_cells_read_as_numbers_and_a_cell_that_is_no_number_fails_naming_it
     names, details = apply_filters(df, filters({"column": "width", "op": ">=", "value": 200}))
     assert names == ["", "width", "width", ""]
     assert details[1] == "width is 120; kept: width >= 200"
-    assert details[2] == "width is 'wide', not a number; kept: width >= 200"
+    assert details[2] == "width is 'wide', not a finite number; kept: width >= 200"
 
 
 def test_text_comparisons_and_sets():
@@ -80,6 +80,41 @@ def test_text_comparisons_and_sets():
     assert verdicts(df, {"name": "not_fr", "column": "LANGUAGE", "op": "!=", "value": "fr"})[:3] == ["", "", "not_fr"]
     names, details = apply_filters(df, filters({"column": "LANGUAGE", "op": "not_in", "value": ["fr"]}))
     assert names[2] == "language" and details[2] == "LANGUAGE is fr; kept: LANGUAGE not_in [fr]"
+
+
+def test_a_float32_column_is_compared_in_its_own_precision():
+    # LAION's pwatermark and punsafe are float32: its 0.8 is 0.800000011920929 as a float64, above 0.8
+    df = pd.DataFrame({"w": np.array([0.8, 0.7, 0.81, 6.7], dtype=np.float32)})
+    assert verdicts(df, {"column": "w", "op": "<=", "value": 0.8}) == ["", "", "w", "w"]
+    assert verdicts(df, {"column": "w", "op": ">=", "value": 6.7}) == ["w", "w", "w", ""]
+    assert verdicts(df, {"column": "w", "op": "==", "value": 0.8}) == ["", "w", "w", "w"]
+    assert verdicts(df, {"column": "w", "op": "in", "value": [0.7, 6.7]}) == ["w", "", "w", ""]
+    _, details = apply_filters(df, filters({"column": "w", "op": "<", "value": 0.8}))
+    assert details[0] == "w is 0.8; kept: w < 0.8"  # the cell as written, not 0.800000011920929
+
+
+def test_whole_numbers_and_long_fractions_are_shown_as_written():
+    df = pd.DataFrame({"id": [1000001.0, 2.5], "s": [0.27999, 0.3]})
+    _, details = apply_filters(df, filters({"column": "id", "op": ">", "value": 1e7}))
+    assert details[0] == "id is 1000001; kept: id > 10000000"
+    _, details = apply_filters(df, filters({"column": "s", "op": ">=", "value": 0.28}))
+    assert details[0] == "s is 0.27999; kept: s >= 0.28"
+
+
+def test_null_words_in_text_cells_are_empty_cells_where_a_number_is_read_and_inf_is_no_number():
+    df = pd.DataFrame({"p": ["nan", "NaN", "null", "None", "NA", "n/a", "0.2", "inf", "-Infinity"]})
+    names, details = apply_filters(df, filters({"column": "p", "op": "<", "value": 0.5}))
+    assert names == ["p"] * 6 + ["", "p", "p"]
+    assert details[2] == "p is empty; kept: p < 0.5"
+    assert details[7] == "p is 'inf', not a finite number; kept: p < 0.5"
+    kept = verdicts(df, {"column": "p", "op": "<", "value": 0.5, "keep_missing": True})
+    assert kept == [""] * 7 + ["p", "p"]
+
+
+def test_text_cells_are_compared_without_their_surrounding_spaces():
+    df = pd.DataFrame({"LANGUAGE": ["en ", " de", "fr"]})
+    assert verdicts(df, {"column": "LANGUAGE", "op": "in", "value": ["en", "de"]}) == ["", "", "language"]
+    assert verdicts(df, {"column": "LANGUAGE", "op": "==", "value": "en"}) == ["", "language", "language"]
 
 
 def test_the_first_filter_a_record_fails_is_the_one_named():

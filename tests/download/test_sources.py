@@ -4,6 +4,8 @@ import gzip
 import json
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from httpserver import Reply
 from servers import ALLOW_LOOPBACK
@@ -194,6 +196,40 @@ def test_missing_key_column_is_a_config_error(tmp_path):
     pd.DataFrame({"url": ["a.jpg"]}).to_parquet(path)
     with pytest.raises(ConfigError, match="'uid'"):
         plan(tmp_path, manifest("m", path, key_column="uid"))
+
+
+def test_a_headerless_file_with_more_fields_than_columns_names_is_refused_not_read_shifted(tmp_path):
+    (tmp_path / "m.tsv").write_text("a cat\thttp://h/0.jpg\t0.1\n")
+    src = manifest("m", tmp_path / "m.tsv", columns=["caption", "url"])
+    with pytest.raises(ConfigError, match=r"m.tsv: its rows have 3 fields and 'columns' names 2"):
+        plan(tmp_path, src)
+    _, parts = plan(tmp_path, {**src, "columns": ["caption", "url", "punsafe"]})
+    assert list(parts["m-000000"]["url"]) == ["http://h/0.jpg"]
+
+
+def test_a_row_the_parser_cannot_split_is_a_one_line_error_naming_the_manifest(tmp_path):
+    (tmp_path / "m.tsv").write_text("a cat\thttp://h/0.jpg\t0.1\na dog\twith a tab\thttp://h/1.jpg\t0.2\n")
+    with pytest.raises(ConfigError) as e:
+        plan(tmp_path, manifest("m", tmp_path / "m.tsv", columns=["caption", "url", "punsafe"]))
+    message = str(e.value)
+    assert "m.tsv cannot be read" in message and "line 2" in message and "tab" in message
+    assert "\n" not in message.strip()
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_an_integer_id_column_with_an_empty_cell_keeps_its_ids_whole(tmp_path, fmt):
+    rows = {"url": ["a.jpg", "b.jpg", "c.jpg"], "caption": ["x", "y", "z"], "SAMPLE_ID": [1000001, 1000002, None]}
+    path = tmp_path / f"m.{fmt}"
+    if fmt == "parquet":  # as Spark and pyarrow write it: no pandas metadata to restore an Int64 column from
+        pq.write_table(pa.table({**rows, "SAMPLE_ID": pa.array(rows["SAMPLE_ID"], pa.int64())}), path)
+    else:
+        path.write_text("".join(json.dumps(dict(zip(rows, r))) + "\n" for r in zip(*rows.values())))
+    _, parts = plan(tmp_path, manifest("m", path))
+    assert [f["SAMPLE_ID"] for f in fields(parts["m-000000"])] == [1000001, 1000002, None]
+    assert '"SAMPLE_ID": 1000001,' in parts["m-000000"]["fields"][0]  # not 1000001.0
+    src = manifest("k", path, key_column="SAMPLE_ID")
+    _, parts = plan(tmp_path, src)
+    assert list(parts["k-000000"]["key"])[:2] == ["k-1000001", "k-1000002"]
 
 
 def make_folder(root):

@@ -146,14 +146,22 @@ def test_unreachable_s3_endpoint_is_named_in_the_ledger_and_the_message(data, tm
 
 
 def test_a_filter_error_is_one_line_before_any_work(data, tmp_path):
-    """A filter's value that cannot be compared is refused at parse time; a filter naming a column the manifest
-    lacks stops plan_parts, naming the columns it has, before anything is downloaded."""
+    """A filter's value that cannot be compared and a caption language lid.176 cannot name are refused at parse
+    time; a filter naming a column the manifest lacks stops plan_parts, naming the columns it has, before
+    anything is downloaded."""
     config = demo_config(data, tmp_path / "bad")
     config["filters"] = [{"column": "caption", "op": "<", "value": "short"}]
     proc = run_workflow(tmp_path / "bad", config, check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith("shardsmith: config error: filters[0].value: '<' compares numbers")
     assert not (tmp_path / "bad" / "work").exists()
+
+    config = demo_config(data, tmp_path / "lang")
+    config["captions"] = {"languages": ["eng"]}  # ISO 639-2: lid.176 names English en
+    proc = run_workflow(tmp_path / "lang", config, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("shardsmith: config error: captions.languages: 'eng' is not a language")
+    assert not (tmp_path / "lang" / "work").exists()
 
     config = demo_config(data, tmp_path / "run")
     config["filters"] = [{"name": "safe", "column": "punsafe", "op": "<", "value": 0.5, "sources": ["cc3m_style"]}]

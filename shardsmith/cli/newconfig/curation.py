@@ -6,15 +6,18 @@ marks them is the one wrong default)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shardsmith.cli.newconfig.options import MOST, Column, Inspected, Suggestion, unique_names
+from shardsmith.download.filters import MISSING_TEXT
 
 LAION_NSFW_TAGS = {"UNLIKELY", "UNSURE", "NSFW"}  # LAION-400M's and LAION-5B's NSFW column
 _LANGUAGE_CODE = re.compile(r"^[a-z]{2,3}(?:[-_][a-z0-9]{2,8})*$", re.I)  # en, de, zh-Hant, pt_BR
+_EMPTY = {"", *MISSING_TEXT}  # cells a filter reads as empty (filters.MISSING_TEXT)
 TOP_SHARE = 0.3  # DataComp's CLIP-score baseline (and DataComp-1B) keep the top 30% of the pool by L/14 score
 
 # Face boxes, [[x0, y0, x1, y1], ...] as fractions of the image: DataComp's face_bboxes (its download passes it
@@ -36,12 +39,13 @@ DATACOMP_BASIC = (
 
 
 def numbers(values: list[str]) -> list[float] | None:
-    """The sampled values as numbers; None when any is not one (or there are none)."""
+    """The sampled values as numbers, empty cells (NaN, null) left out; None when any other is not a finite
+    number (or none is one)."""
     try:
-        out = [float(v) for v in values]
+        out = [float(v) for v in values if v.strip().lower() not in _EMPTY]
     except ValueError:
         return None
-    return out or None
+    return out if out and all(math.isfinite(x) for x in out) else None
 
 
 def within(low: float, high: float) -> Callable[[list[str]], bool]:
@@ -245,20 +249,15 @@ def box_cells(values: list[str]) -> tuple[int, list[str]]:
 
 
 def box_count(text: str) -> int | None:
-    """How many [x0, y0, x1, y1] boxes (fractions, x0 <= x1, y0 <= y1) a cell lists; None if it is not such a list."""
+    """How many face boxes a cell lists, by the rule the workflow applies (`blur.parse_boxes`); None where the
+    workflow would reject the record for its boxes."""
+    from shardsmith.core.errors import Rejection
+    from shardsmith.download.process.blur import parse_boxes
+
     try:
-        boxes = json.loads(text)
-    except ValueError:
+        return len(parse_boxes(text))
+    except Rejection:
         return None
-    if not isinstance(boxes, list):
-        return None
-    for b in boxes:
-        if not (isinstance(b, list) and len(b) == 4 and all(type(x) in (int, float) for x in b)):
-            return None
-        x0, y0, x1, y1 = b
-        if not (0 <= x0 <= x1 <= 1 and 0 <= y0 <= y1 <= 1):
-            return None
-    return len(boxes)
 
 
 def suggested_filters(found: list[Inspected]) -> list[tuple[dict, str]]:

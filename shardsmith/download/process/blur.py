@@ -174,6 +174,8 @@ def _box(i: int, item: object) -> Box:
         item = item.tolist()
     if not isinstance(item, list | tuple) or len(item) != 4:
         raise Rejection(RESIZE, _REASON, f"box {i} is not 4 numbers: {_short(item)}")
+    if any(v is None for v in item):  # a parquet NaN, which the record's JSON fields hold as null
+        raise Rejection(RESIZE, _REASON, f"box {i} has an empty coordinate (null or NaN): {_short(item)}")
     if not all(isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool) for v in item):
         raise Rejection(RESIZE, _REASON, f"box {i} is not 4 numbers: {_short(item)}")
     x0, y0, x1, y1 = (float(v) for v in item)

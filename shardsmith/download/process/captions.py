@@ -22,6 +22,7 @@ import ftfy
 
 from shardsmith.core.errors import ConfigError, Rejection
 from shardsmith.core.ledger import CAPTION
+from shardsmith.download.process.language import language_rules, same_language
 
 STAGE = CAPTION
 
@@ -83,13 +84,14 @@ class CaptionSettings:
             )
         if isinstance(self.min_words, bool) or not isinstance(self.min_words, int) or self.min_words < 1:
             raise ConfigError(f"captions.min_words must be an integer >= 1, got {self.min_words!r}")
-        if self.languages is not None:
-            langs = self.languages
-            if isinstance(langs, str) or not all(isinstance(x, str) and x for x in langs):
-                raise ConfigError(f"captions.languages must be a list of ISO 639 codes or null, got {langs!r}")
-            object.__setattr__(self, "languages", tuple(langs))
         if not 0 <= self.min_language_score <= 1:
             raise ConfigError(f"captions.min_language_score must be in [0, 1], got {self.min_language_score!r}")
+        object.__setattr__(self, "languages", language_rules(self.languages, self.min_language_score))
+
+    @property
+    def kept_languages(self) -> frozenset[str]:
+        """The languages kept, each under one name (`same_language`): `[hr]` keeps a caption identified as sr."""
+        return frozenset(same_language(c) for c in self.languages or ())
 
 
 def _is_absent(value: object) -> bool:
@@ -277,7 +279,7 @@ def check_caption(caption: str, language: str, score: float, s: CaptionSettings)
     if s.languages is None:
         return
     found = f"{language or 'none'} ({score:.2f})"
-    if language not in s.languages:
+    if same_language(language) not in s.kept_languages:
         raise Rejection(STAGE, "language", f"{found}, not in languages [{', '.join(s.languages)}]")
     if score < s.min_language_score:
         raise Rejection(STAGE, "language", f"{found}, below min_language_score={s.min_language_score:g}")

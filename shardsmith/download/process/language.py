@@ -45,6 +45,17 @@ FLOOR = 1e-3  # the probability of a language a model does not name among its an
 # Another model's code as lid.176 names the language; a language lid.176 cannot name, as the macrolanguage it can
 TO_LID = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "nb": "no", "fil": "tl", "zh-hant": "zh", "mo": "ro"}
 MACRO = {"yue": "zh", "cmn": "zh", "uzs": "uz", "uzn": "uz", "ltg": "lv", "ary": "ar", "sdh": "ku", "sr-me": "sr"}
+# lid.176's 176 codes, which `captions.languages` is checked against without loading the model (a test compares
+# them with the model's labels)
+_LID_CODES = """
+    af als am an ar arz as ast av az azb ba bar bcl be bg bh bn bo bpy br bs bxr ca cbk ce ceb ckb co cs cv cy
+    da de diq dsb dty dv el eml en eo es et eu fa fi fr frr fy ga gd gl gn gom gu gv he hi hif hr hsb ht hu hy
+    ia id ie ilo io is it ja jbo jv ka kk km kn ko krc ku kv kw ky la lb lez li lmo lo lrc lt lv mai mg mhr min
+    mk ml mn mr mrj ms mt mwl my myv mzn nah nap nds ne new nl nn no oc or os pa pam pfl pl pms pnb ps pt qu rm
+    ro ru rue sa sah sc scn sco sd sh si sk sl so sq sr su sv sw ta te tg th tk tl tr tt tyv ug uk ur uz vec
+    vep vi vls vo wa war wuu xal xmf yi yo yue zh
+"""
+LID_CODES = frozenset(_LID_CODES.split())
 # Names of one language that the models split differently: Serbo-Croatian's standards
 _SAME = {"hr": "sh", "sr": "sh", "bs": "sh"}
 # What pycld2 refuses ("input contains invalid UTF-8"), as spaces: C0 controls but tab, newline, form feed and
@@ -97,8 +108,38 @@ def _to_lid(code: str, codes: frozenset[str]) -> str | None:
     return c if c in codes else None
 
 
-def _same(code: str) -> str:
+def same_language(code: str) -> str:
+    """One name for a language the models split differently: Serbo-Croatian's hr, sr, bs and sh are sh."""
     return _SAME.get(code, code)
+
+
+def language_rules(codes: object, min_score: float = 0.0) -> tuple[str, ...] | None:
+    """`captions.languages` as lid.176 names the languages (`nb` is `no`, `iw` is `he`, `fil` is `tl`; None
+    keeps every language), or a ConfigError saying how it names them; `min_score`: `min_language_score`, which
+    only means something with languages. Checked when the workflow reads its config, without the model."""
+    from shardsmith.core.errors import ConfigError
+
+    if codes is None:
+        if min_score:
+            raise ConfigError(
+                "captions.min_language_score is checked on the languages kept; set captions.languages as well"
+            )
+        return None
+    if not isinstance(codes, list | tuple) or not all(c and isinstance(c, str) for c in codes):
+        raise ConfigError(f"captions.languages must be a list of ISO 639 codes or null, got {codes!r}")
+    if not codes:
+        raise ConfigError("captions.languages: an empty list keeps no caption; null keeps every language")
+    out = []
+    for code in codes:
+        lid = _to_lid(code, LID_CODES)
+        if lid is None:
+            raise ConfigError(
+                f"captions.languages: {code!r} is not a language lid.176 identifies; it names a language by its "
+                "two-letter ISO 639-1 code where one exists ('en', not 'eng'), else three letters ('yue', 'ceb'); "
+                "docs/curation.md lists its 176 codes"
+            )
+        out.append(lid)
+    return tuple(out)
 
 
 def load() -> _Models:
@@ -168,7 +209,7 @@ def identify(text: str) -> tuple[str, float]:
     if p >= SURE:
         return first, round(p, 4)
     cld2 = _cld2(m, text)
-    if cld2 and _same(cld2[0][0]) == _same(first):
+    if cld2 and same_language(cld2[0][0]) == same_language(first):
         return first, round(p, 4)
     return _combined(m, text, found, cld2)
 
@@ -176,10 +217,10 @@ def identify(text: str) -> tuple[str, float]:
 def _combined(m: _Models, text: str, found: list[dict], cld2: list[tuple[str, float]]) -> tuple[str, float]:
     """The language with the best weighted sum of the three models' log probabilities, among lid.176's five best,
     langid.py's best and CLD2's; lid.176's answer where scores tie."""
-    code: dict[str, str] = {}  # a language (its _same name) -> the code returned for it
+    code: dict[str, str] = {}  # a language (its same_language name) -> the code returned for it
     fasttext: dict[str, float] = {}
     for r in found:
-        k = _same(r["lang"])
+        k = same_language(r["lang"])
         if k not in fasttext:
             fasttext[k], code[k] = float(r["score"]), r["lang"]
     candidates = list(fasttext)
@@ -190,14 +231,14 @@ def _combined(m: _Models, text: str, found: list[dict], cld2: list[tuple[str, fl
         lid = m.langid_codes.get(c)
         if lid is None:
             continue
-        k = _same(lid)
+        k = same_language(lid)
         if not langid and k not in code:  # langid.py's answer is a candidate
             candidates.append(k)
             code[k] = lid
         langid.setdefault(k, q)
     share: dict[str, float] = {}
     for lid, q in cld2:
-        k = _same(lid)
+        k = same_language(lid)
         share[k] = max(share.get(k, 0.0), q)
         if k not in code:
             candidates.append(k)

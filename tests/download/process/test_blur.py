@@ -144,7 +144,7 @@ def test_coordinates_within_float_error_of_the_edges_are_clamped() -> None:
         ([[0.1, 0.2, 0.3, 0.4, 0.5]], "box 0 is not 4 numbers"),
         ([0.1, 0.2, 0.3, 0.4], "box 0 is not 4 numbers"),  # one box, not a list of boxes
         ([[0.1, 0.2, 0.3, 0.4], ["0.1", 0.2, 0.3, 0.4]], "box 1 is not 4 numbers"),
-        ([[0.1, None, 0.3, 0.4]], "box 0 is not 4 numbers"),
+        ([[0.1, None, 0.3, 0.4]], "box 0 has an empty coordinate (null or NaN)"),
         ([[True, 0.2, 0.3, 0.4]], "box 0 is not 4 numbers"),
         ([[0.1, 0.2, math.nan, 0.4]], "box 0 has a coordinate that is not finite"),
         ([[0.1, 0.2, math.inf, 0.4]], "box 0 has a coordinate that is not finite"),

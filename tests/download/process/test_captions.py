@@ -335,3 +335,31 @@ def test_caption_rule_settings_are_checked():
         with pytest.raises(ConfigError, match="captions"):
             CaptionSettings(**bad)
     assert CaptionSettings(languages=["en"]).languages == ("en",)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"languages": ["eng"]}, "'eng' is not a language lid.176 identifies.*'en', not 'eng'"),
+        ({"languages": ["en", "xx"]}, "'xx' is not a language lid.176 identifies"),
+        ({"languages": []}, "an empty list keeps no caption; null keeps every language"),
+        ({"min_language_score": 0.5}, "min_language_score is checked on the languages kept; set captions.languages"),
+    ],
+)
+def test_languages_lid176_cannot_name_and_rules_that_would_do_nothing_are_refused(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        CaptionSettings(**settings)
+
+
+def test_other_models_codes_of_a_language_are_taken_as_lid176_names_it():
+    assert CaptionSettings(languages=["nb", "iw", "fil", "zh"]).languages == ("no", "he", "tl", "zh")
+
+
+@pytest.mark.parametrize("kept", ["hr", "sr", "bs", "sh"])
+def test_any_name_of_serbo_croatian_keeps_the_captions_identified_under_another(kept):
+    # lid.176 and the other models give hr, sr or sh to the same captions almost at random
+    rules = CaptionSettings(languages=[kept])
+    for found in ("hr", "sr", "sh", "bs"):
+        check_caption("crveni bicikl naslonjen na zid", found, 0.9, rules)
+    with pytest.raises(Rejection, match=r"sl \(0.90\), not in languages"):
+        check_caption("rdeče kolo ob zidu", "sl", 0.9, rules)

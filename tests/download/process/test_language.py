@@ -2,9 +2,11 @@
 text still gets an answer, the answer is the same every time and from every thread, and nothing is fetched;
 where lid.176 is unsure, CLD2 and langid.py are asked (the rule of shardsmith.download.process.language)."""
 
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -245,3 +247,13 @@ def test_every_answer_is_a_lid176_code_and_how_sure_is_in_0_1():
 def test_text_cld2_refuses_still_gets_an_answer(text):
     code, sure = identify(text)
     assert isinstance(code, str) and 0 <= sure <= 1
+
+
+def test_the_codes_config_is_checked_against_are_the_models_labels():
+    assert load().codes == language.LID_CODES
+
+
+def test_the_docs_list_the_codes_captions_languages_takes():
+    text = (Path(__file__).parents[3] / "docs" / "curation.md").read_text()
+    listed = text.split("The 176 codes:", 1)[1].split("\n## ", 1)[0]
+    assert set(re.findall(r"`([a-z]+)`", listed)) == language.LID_CODES
