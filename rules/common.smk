@@ -9,8 +9,8 @@ from shardsmith.core.leftovers import remove_leftovers_of_killed_runs
 from shardsmith.download.filters import parse_filters
 from shardsmith.download.process.language import language_rules
 from shardsmith.download.references import check_evaluation_sets
-from shardsmith.embed.select import selection_reads, selection_rules
-from shardsmith.embed.stats import score_columns
+from shardsmith.embed.select import manifest_columns, selection_reads, selection_rules
+from shardsmith.embed.stats import check_heads, score_columns
 from shardsmith.formats.index import INDEX_FILES
 from shardsmith.shards.layout import PlanLayout
 from shardsmith.shards.neardup import check_keep_rule
@@ -36,6 +36,7 @@ prepare_config(
         lambda c: language_rules(c["captions"]["languages"], c["captions"]["min_language_score"]),
         selection_rules,
         check_evaluation_sets,
+        check_heads,
         check_keep_rule,
     ],
 )

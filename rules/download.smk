@@ -11,6 +11,7 @@ checkpoint plan_parts:
         sources=config["sources"],
         part_size=config["part_size"],
         filters=config["filters"],
+        select_columns=manifest_columns(config),
         # remote manifests are read through the project's own clients, as images are
         download=config["download"],
         s3=config["s3"],
@@ -68,6 +69,7 @@ rule hash_references:
         "../envs/shards.yaml"
     params:
         sets=SETTINGS.evaluation_sets,
+        resize=config["resize"],
     script:
         "../scripts/hash_references.py"
 
@@ -87,6 +89,7 @@ rule pack_references:
         "../envs/shards.yaml"
     params:
         sets=SETTINGS.evaluation_sets,
+        resize=config["resize"],
     script:
         "../scripts/pack_references.py"
 

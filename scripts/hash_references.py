@@ -5,7 +5,9 @@ from shardsmith.download.references import hash_references
 
 
 def main() -> None:
-    info = hash_references(snakemake.params.sets, snakemake.output.table, snakemake.output.info)
+    info = hash_references(
+        snakemake.params.sets, snakemake.output.table, snakemake.output.info, snakemake.params.resize
+    )
     for name, s in info.items():
         print(f"evaluation set {name}: {s['images']} reference images hashed, {len(s['unreadable'])} unreadable")
         for line in s["unreadable"][:10]:

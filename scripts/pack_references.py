@@ -6,7 +6,7 @@ from shardsmith.download.references import pack_references
 
 def main() -> None:
     out = snakemake.output
-    n = pack_references(snakemake.params.sets, snakemake.input.table, out.tar, out.samples)
+    n = pack_references(snakemake.params.sets, snakemake.input.table, out.tar, out.samples, snakemake.params.resize)
     print(f"{n} reference images packed for embed_references")
 
 

@@ -13,7 +13,9 @@ def main() -> None:
     settings = FetchSettings.from_config({**snakemake.params.download, "part_deadline_s": None})
     fetcher = Fetcher(settings, S3Settings(**snakemake.params.s3))
     p = snakemake.params
-    parts = plan_parts(p.sources, p.part_size, snakemake.output[0], fetcher, filters=p.filters)
+    parts = plan_parts(
+        p.sources, p.part_size, snakemake.output[0], fetcher, filters=p.filters, needed_columns=p.select_columns
+    )
     print(f"planned {len(parts)} parts of at most {snakemake.params.part_size} records")
 
 

@@ -48,6 +48,15 @@ def expand_paths(pattern: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def folder_files(folder: str) -> list[str]:
+    """Every file under `folder`, hidden files and folders left out, in a fixed order (by folder, then name)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        out.extend(os.path.join(dirpath, name) for name in sorted(filenames) if not name.startswith("."))
+    return out
+
+
 def output_dirs(config: dict) -> dict[str, str]:
     """The folders the workflow writes to, by config key."""
     dirs = {f"paths.{k}": config["paths"][k] for k in ("raw", "work", "output", "logs")}

@@ -98,8 +98,12 @@ def parse_filters(items: Sequence[dict], sources: Sequence[dict]) -> list[Filter
         op, value = item["op"], item["value"]
         name = filter_name(item)
         if op in FILE_OPS:
-            if not isinstance(value, str) or not os.path.isfile(value):
-                raise ConfigError(f"{where}.value: '{op}' takes an id list file (text or parquet); no file {value!r}.")
+            if not isinstance(value, str) or not (os.path.isfile(value) or os.path.isdir(value)):
+                raise ConfigError(
+                    f"{where}.value: '{op}' takes an id list (text, CSV or parquet, a file or a parquet folder); "
+                    f"no such file {value!r}."
+                )
+            id_list_format(value)
         elif op in SET_OPS:
             if not isinstance(value, list) or not value:
                 raise ConfigError(f"{where}.value: '{op}' takes a non-empty list, got {value!r}.")
@@ -202,6 +206,23 @@ def apply_filters(
     return names.tolist(), details.tolist()
 
 
+def id_list_format(path: str) -> str:
+    """How an id list is read: `parquet` (a file, or a folder of them as Spark and shardsmith's manifest write
+    it), `csv` (a header, then the filter's column or the only one), or `text` (an id a line); a ConfigError
+    for a format that holds no text ids (NumPy's .npy, DataComp's uid arrays: write them as parquet)."""
+    name = path.rstrip("/").lower()
+    if name.endswith(".parquet") or os.path.isdir(path):
+        return "parquet"
+    if name.endswith((".csv", ".csv.gz")):
+        return "csv"
+    if name.endswith((".npy", ".npz", ".pkl", ".pickle")):
+        raise ConfigError(
+            f"id list {path}: a NumPy or pickle file holds no text ids; write them as parquet (a column of ids) "
+            "or as text, an id a line (DataComp's uids: numpy's array as hex strings)."
+        )
+    return "text"
+
+
 class IdList:
     """The ids of an id list file, and which of them a record has matched (`holds`, over every chunk of every
     source the filter reads), so that the ids no record has are named once every manifest is read.
@@ -217,15 +238,17 @@ class IdList:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        if path.endswith(".parquet"):
-            import pyarrow.parquet as pq
+        kind = id_list_format(path)
+        if kind in ("parquet", "csv"):  # a table: the filter's column, or its only one
+            import pyarrow.dataset as ds
 
-            names = pq.read_schema(path).names
+            table = ds.dataset(path, format=kind)
+            names = table.schema.names
             if column not in names and len(names) != 1:
                 raise ConfigError(
                     f"id list {path}: give it one column, or one named {column!r} as the filter's; it has {names}."
                 )
-            cells = pq.read_table(path, columns=[column if column in names else names[0]]).column(0)
+            cells = table.to_table(columns=[column if column in names else names[0]]).column(0)
             cells = pc.cast(cells.combine_chunks(), pa.string()).drop_null()
         else:
             from pyarrow import csv

@@ -4,7 +4,10 @@ search.
 `evaluation_sets` names sets of reference images: a folder of images, or WebDataset tar shards.
 `hash_references` reads every image of every set and writes one table of their pHashes (and their mirrors'),
 each with its set's index and its place in the set; with CLIP embeddings as a near-duplicate signal,
-`pack_references` copies them into a part that `embed_references` embeds as embed_part embeds a part. The
+`pack_references` copies them into a part that `embed_references` embeds as embed_part embeds a part. A
+reference image is first processed as a training sample is (`as_sample`: EXIF orientation, 16-bit and
+transparent images to 8-bit RGB on white, the build's resize), so that a copy of it in the pool gets its
+hash and its embedding. The
 near-duplicate search enters them as samples already
 published (shardsmith.shards.neardup.reference_candidates), which are never left out and keep every near copy
 of theirs from the build; the decision names such a copy `dedupe/near_reference`, with the reference image
@@ -13,7 +16,6 @@ and the distance (shardsmith.shards.neardecide). A reference's `version` is `ref
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import tarfile
@@ -21,13 +23,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
-from PIL import Image
 
 from shardsmith.core.atomic import atomic_open, atomic_write_text
-from shardsmith.core.config import expand_paths
-from shardsmith.core.errors import ConfigError
+from shardsmith.core.config import expand_paths, folder_files
+from shardsmith.core.errors import ConfigError, Rejection
 from shardsmith.core.ledger import REFERENCE_VERSION
-from shardsmith.download.process.phash import phash_pair
+from shardsmith.download.process.resize import ImageResult, ResizeSettings, process_image
 from shardsmith.download.sources import DEFAULT_IMAGE_EXTENSIONS
 from shardsmith.formats.parts import member_columns, placed_columns
 from shardsmith.formats.tario import ShardWriter
@@ -41,16 +42,13 @@ def _ext(name: str) -> str:
 
 
 def reference_images(path: str) -> Iterator[tuple[str, bytes]]:
-    """(name, bytes) of every image of a set, in a fixed order: a folder's image files by their path under it
-    (hidden ones skipped), or the image members of tar shards (a path, a brace pattern or a glob), shard by
-    shard, a member's name being its shard's file name and its own."""
+    """(name, bytes) of every image of a set, in a fixed order: every file of a folder by its path under it
+    (hidden ones left out; one that is no image is then named as unreadable, whatever its extension), or the
+    image members of tar shards (a path, a brace pattern or a glob), shard by shard, a member's name being its
+    shard's file name and its own."""
     if os.path.isdir(path):
-        for dirpath, dirnames, filenames in os.walk(path):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in sorted(filenames):
-                if not name.startswith(".") and _ext(name) in IMAGE_EXTENSIONS:
-                    full = os.path.join(dirpath, name)
-                    yield os.path.relpath(full, path), Path(full).read_bytes()
+        for full in folder_files(path):
+            yield os.path.relpath(full, path), Path(full).read_bytes()
         return
     for shard in expand_paths(path):
         with tarfile.open(shard) as tar:
@@ -72,14 +70,33 @@ def check_evaluation_sets(config: dict) -> None:
     if len(set(names)) != len(names):
         raise ConfigError(f"evaluation_sets: set names must differ: {', '.join(names)}")
     for r in sets:
-        if not os.path.isdir(r["path"]) and not [p for p in expand_paths(r["path"]) if os.path.isfile(p)]:
+        if os.path.isdir(r["path"]):
+            continue
+        shards = expand_paths(r["path"])
+        if not [p for p in shards if os.path.isfile(p)]:
             raise ConfigError(f"evaluation_sets {r['name']}: {r['path']} is neither a folder of images nor tar shards")
+        missing = [p for p in shards if not os.path.isfile(p)]  # a brace pattern names each shard it expects
+        if missing:
+            raise ConfigError(
+                f"evaluation_sets {r['name']}: {len(missing)} of the {len(shards)} shards {r['path']} names are "
+                f"missing, the first {missing[0]}"
+            )
 
 
-def pack_references(references: list[dict], table_path: str, out_tar: str, out_samples: str) -> int:
+def as_sample(data: bytes, resize: dict | None = None) -> ImageResult:
+    """A reference image as the build's resize (`resize`: the config's section) makes a training sample of it:
+    the image and hashes a copy of it in the pool would have. Any size and shape is a reference: min_side and
+    max_aspect_ratio do not apply. Raises Rejection for what is no image."""
+    settings = {**(resize or {}), "min_side": 1, "max_aspect_ratio": None}
+    return process_image(data, ResizeSettings(**settings))
+
+
+def pack_references(
+    references: list[dict], table_path: str, out_tar: str, out_samples: str, resize: dict | None = None
+) -> int:
     """The reference images the table holds (those hashed), as a part that embed_part reads (embed_references):
-    each image's bytes as they are in its set and an empty caption, in the table's order; the samples table's
-    `key` is the reference image's (`{set}/{name}`). Returns the images packed."""
+    each image as a training sample (`as_sample`) and an empty caption, in the table's order; the samples
+    table's `key` is the reference image's (`{set}/{name}`). Returns the images packed."""
     keys = pd.read_parquet(table_path, columns=["key"])["key"].tolist()
     wanted = set(keys)
     rows = {}
@@ -88,7 +105,7 @@ def pack_references(references: list[dict], table_path: str, out_tar: str, out_s
             for name, data in reference_images(ref["path"]):
                 key = f"{ref['name']}/{name}"
                 if key in wanted and key not in rows:
-                    placed = tar.write(f"{len(rows):09d}", {"jpg": data, "txt": b""})
+                    placed = tar.write(f"{len(rows):09d}", {"jpg": as_sample(data, resize).data, "txt": b""})
                     rows[key] = {"key": key, **placed_columns(placed)}
         missing = [k for k in keys if k not in rows]
         if missing:  # raised within: the tar is not put in place
@@ -98,24 +115,25 @@ def pack_references(references: list[dict], table_path: str, out_tar: str, out_s
     return len(rows)
 
 
-def hash_references(references: list[dict], out_table: str, out_info: str) -> dict:
-    """The table of every reference image's hashes (COLUMNS), and per set the images hashed and those that
-    could not be read (named, with why), as JSON; returns that."""
+def hash_references(references: list[dict], out_table: str, out_info: str, resize: dict | None = None) -> dict:
+    """The table of every reference image's hashes (COLUMNS) as a training sample's (`as_sample`), and per set
+    the images hashed and those that could not be read (named, with why), as JSON; returns that."""
     rows, info = [], {}
     for i, ref in enumerate(references):
         hashed, unreadable = 0, []
         for n, (name, data) in enumerate(reference_images(ref["path"])):
             try:
-                with Image.open(io.BytesIO(data)) as im:
-                    im.load()
-                    width, height = im.size
-                    code, mirror = phash_pair(im.convert("RGB"))
-            except Exception as e:  # any undecodable file: named, not hashed
-                unreadable.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                image = as_sample(data, resize)
+            except Rejection as e:  # any undecodable file: named, not hashed
+                unreadable.append(f"{name}: {e.reason}: {e.detail}")
                 continue
             version = f"{REFERENCE_VERSION}{ref['name']}"
-            rows.append([f"{ref['name']}/{name}", version, width, height, code, mirror, i, n])
+            row = [image.orig_width, image.orig_height, image.phash, image.phash_mirror, i, n]
+            rows.append([f"{ref['name']}/{name}", version, *row])
             hashed += 1
+        if not hashed:  # a wrong path or an unmounted folder: the set would leave nothing out, silently
+            why = f"; unreadable: {unreadable[0]}" if unreadable else ""
+            raise ConfigError(f"evaluation set {ref['name']}: no image could be read from {ref['path']}{why}")
         info[ref["name"]] = {"path": ref["path"], "images": hashed, "unreadable": unreadable}
     table = pd.DataFrame(rows, columns=COLUMNS).astype(
         {"width_before": "int64", "height_before": "int64", "set": "int64", "row": "int64"}

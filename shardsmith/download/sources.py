@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
@@ -178,7 +178,13 @@ def _numpy_columns(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _check_columns(path: str, src: dict, columns: list[str], filters: list[Filter]) -> None:
+def _check_columns(path: str, src: dict, columns: list[str], filters: list[Filter], needed: Sequence[str]) -> None:
+    for col in needed:
+        if col not in columns:
+            raise ConfigError(
+                f"select reads manifest column '{col}', which manifest {path} (source {src['name']}) lacks; "
+                f"its columns are {columns}: every record of it would be left out."
+            )
     for key in ("url_column", "key_column", "hash_column", "blur_boxes"):
         col = src.get(key, "url" if key == "url_column" else None)
         if col and col not in columns:
@@ -188,12 +194,11 @@ def _check_columns(path: str, src: dict, columns: list[str], filters: list[Filte
     check_columns(filters, path, columns)
 
 
-def _carried(src: dict, columns: list[str]) -> list[str]:
+def _carried(src: dict, columns: list[str], needed: Sequence[str] = ()) -> list[str]:
     """The columns copied into each record's fields: carry_columns (default all), and always the box column,
-    which the resize process reads the boxes from."""
-    carry = src.get("carry_columns") or columns
-    box = src.get("blur_boxes")
-    return [*carry, box] if box and box not in carry else carry
+    which the resize process reads the boxes from, and the columns the selection reads (`needed`)."""
+    carry = list(src.get("carry_columns") or columns)
+    return carry + [c for c in dict.fromkeys([src.get("blur_boxes"), *needed]) if c and c not in carry]
 
 
 def iter_manifest_parts(
@@ -202,11 +207,13 @@ def iter_manifest_parts(
     fetcher: "Fetcher | None" = None,
     filters: list[Filter] = (),
     id_lists: IdLists | None = None,
+    needed: Sequence[str] = (),
 ) -> Iterator[list[dict]]:
     """Records of a manifest source, as lists of at most part_size; a new file starts a new part, and a host's
     few records share one (host_sorted). With
     `filters` (this source's), each record also has FILTER_COLUMNS: the first filter it fails, if any
-    (`id_lists`: the filters' id lists, read once for every source)."""
+    (`id_lists`: the filters' id lists, read once for every source). `needed`: columns every manifest must
+    have and its records carry (the selection's)."""
     url_col = src.get("url_column", "url")
     for path in expand_paths(src["path"]):
         stem = path_stem(path, src["path"])
@@ -214,8 +221,8 @@ def iter_manifest_parts(
         part: list[dict] = []
         with readable_manifest(path, fetcher) as local:
             for df in iter_manifest_chunks(local, src, part_size, path):
-                _check_columns(path, src, list(df.columns), filters)
-                carry = _carried(src, list(df.columns))
+                _check_columns(path, src, list(df.columns), filters, needed)
+                carry = _carried(src, list(df.columns), needed)
                 failed = apply_filters(df, filters, id_lists) if filters else None
                 for i, rec in enumerate(df.to_dict("records")):
                     fields = {c: _plain(rec.get(c)) for c in carry}
@@ -335,11 +342,14 @@ def plan_parts(
     out_dir: str | os.PathLike,
     fetcher: "Fetcher | None" = None,
     filters: list[dict] = (),
+    needed_columns: Sequence[str] = (),
 ) -> list[str]:
     """Write `{out_dir}/{part}.parquet` for every part of every source; returns the part ids in order.
 
     `fetcher` reads remote manifests (see readable_manifest); by default with the schema's download settings.
     `filters`: the config's, applied to the manifest sources they name (shardsmith.download.filters).
+    `needed_columns`: manifest columns the selection reads (select.manifest_columns): a manifest without one
+    is a ConfigError before anything is fetched, and every record carries them.
     """
     from shardsmith.core.atomic import atomic_open
     from shardsmith.download.filters import filters_for, id_list_reports, parse_filters
@@ -352,7 +362,7 @@ def plan_parts(
     for src in sources:
         n = 0
         parts = (
-            iter_manifest_parts(src, part_size, fetcher, filters_for(parsed, src["name"]), id_lists)
+            iter_manifest_parts(src, part_size, fetcher, filters_for(parsed, src["name"]), id_lists, needed_columns)
             if src["type"] == "manifest"
             else ITERATORS[src["type"]](src, part_size)
         )

@@ -78,15 +78,53 @@ class ScoreHead(nn.Module):
         return x[:, 0]
 
 
+# The first bytes of files that are often given in place of a head's weights: a git-lfs pointer (the repository
+# was cloned without its LFS objects) and an HDF5 file (the Keras models of LAION's NSFW detector).
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _what_the_file_is(path: str) -> str | None:
+    """Why the file cannot be a state dict, when its first bytes say what it is instead: torch's own error
+    for these misnames them (and suggests loading them unsafely)."""
+    try:
+        with open(path, "rb") as f:
+            start = f.read(len(LFS_POINTER))
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if not start:
+        return "the file is empty"
+    if start.startswith(LFS_POINTER):
+        return "a git-lfs pointer, not the weights; fetch the object with `git lfs pull`"
+    if start.startswith(HDF5_SIGNATURE):
+        return "an HDF5 (Keras) file, which is not read here; convert it to a PyTorch state dict (torch.save)"
+    return None
+
+
+def _load_error(e: Exception) -> str:
+    """The gist of torch.load's error in one line: the unpickler's own reason, not torch's advice around it
+    (retrying with weights_only=False would run whatever code the file holds)."""
+    text = str(e).split("WeightsUnpickler error:")[-1]
+    lines = [line.strip() for line in text.splitlines() if line.strip() and "weights_only" not in line]
+    detail = lines[0].split(". ")[0].rstrip(".") if lines else ""
+    if not detail and isinstance(e, EOFError):
+        detail = "the file ends early"
+    return f"{type(e).__name__}: {detail}" if detail else type(e).__name__
+
+
 def _state_dict(path: str) -> dict[str, torch.Tensor]:
+    """The file's tensors; ValueError (without the path, which the caller names) for any other file."""
+    what = _what_the_file_is(path)
+    if what:
+        raise ValueError(what)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ConfigError(f"{path}: not a PyTorch state dict ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        raise ValueError(f"not a PyTorch state dict saved with torch.save ({_load_error(e)})") from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ConfigError(f"{path}: not a PyTorch state dict of tensors")
+        raise ValueError("not a PyTorch state dict of tensors")
     return state
 
 

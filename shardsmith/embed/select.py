@@ -110,12 +110,27 @@ def selection_rules(config: dict) -> list[SelectRule]:
             f"select {scored[0]}: selects by a score embed_part computes: set embed.enabled: true "
             "(or select by a manifest column: manifest_column)"
         )
+    by_manifest = [r for r in rules if r.get("manifest_column") is not None]
+    others = [s for s in config.get("sources") or () if s["type"] != "manifest"]
+    if by_manifest and others:
+        rule, source = by_manifest[0], others[0]
+        raise ConfigError(
+            f"select {rule['name']}: reads manifest column {rule['manifest_column']!r}, and source "
+            f"'{source['name']}' is a {source['type']} source, whose records have no manifest columns: every one "
+            "of them would be left out; select by a score (column), or build that source on its own"
+        )
     model = config["embed"]["model"]
     heads = head_columns(config["embed"].get("heads"))
     try:
         return select_rules(rules, model, [*score_columns(model).values(), *heads.values()], heads)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def manifest_columns(config: dict) -> list[str]:
+    """The manifest columns the selection reads: every manifest must have them (plan_parts checks, before
+    anything is fetched) and its records carry them."""
+    return list(dict.fromkeys(r["manifest_column"] for r in config.get("select") or () if r.get("manifest_column")))
 
 
 def sort_keys(values: np.ndarray) -> np.ndarray:
@@ -283,7 +298,12 @@ def _detail(r: SelectRule, decided: dict, value: float) -> str:
     if r.max is not None:
         return f"{r.column} {value:.4f} > {r.max}"
     threshold = decided["threshold"]
-    cut = "none" if threshold is None else f"from {threshold:.4f}"
+    if threshold is None:
+        cut = "none kept"
+    elif int(sort_keys(np.float32([value]))[0]) == decided["bin"]:  # as high as the kept, left out by the count
+        cut = f"from {threshold:.4f}; of the scores tied there, the earliest samples"
+    else:
+        cut = f"from {threshold:.4f}"
     return f"{r.column} {value:.4f}; kept: the top {r.top_fraction:.4g} of {decided['scored']:,} scored ({cut})"
 
 

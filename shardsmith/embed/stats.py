@@ -69,6 +69,21 @@ def head_column(name: str) -> str:
     return f"{name}_score"
 
 
+def check_heads(config: dict) -> None:
+    """`embed.heads` checked when the workflow reads its config, not after every download: heads need the
+    embedding pass, names differ, and each weights file is there (what is in it, embed_part checks)."""
+    heads = config["embed"].get("heads") or []
+    if heads and not config["embed"]["enabled"]:
+        raise ConfigError(
+            f"embed.heads {heads[0]['name']}: a score head scores the image embeddings embed_part computes; set "
+            "embed.enabled: true, or remove embed.heads"
+        )
+    head_columns(heads)
+    for h in heads:
+        if not os.path.isfile(h["weights"]):
+            raise ConfigError(f"embed.heads {h['name']}: no such file {h['weights']}")
+
+
 def head_columns(heads: list[dict] | tuple | None) -> dict[str, str]:
     """{name: column} of the `embed.heads` entries, in order; names must differ."""
     names = [h["name"] for h in heads or ()]

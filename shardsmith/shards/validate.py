@@ -357,16 +357,16 @@ def check_dataset(
         dupes = repeated_keys(table_files(manifest_path), tmp=tmp)  # keys in bins on disk under tmp: not all held
         if dupes:
             problems.append(f"{len(dupes)} keys occur in more than one sample (e.g. {dupes[:3]})")
-    if len(shard_reports) < min_shards:
+    total = sum(r["passed"] for r in shard_reports)
+    if total == 0:  # said first: fewer shards than min_shards follows from it, and no samples_per_shard helps
+        problems.insert(0, "no sample was published: every input record was rejected (see rejected.parquet)")
+    elif len(shard_reports) < min_shards:
         problems.append(
             f"{len(shard_reports)} shards, fewer than validate.min_shards={min_shards}: OpenCLIP needs at least "
             "workers x GPUs shards; lower samples_per_shard"
         )
     if energon_dir is not None and shard_reports:
         problems += energon.check_meta(energon_dir, sizes, sqlite=energon_sqlite)
-    total = sum(r["passed"] for r in shard_reports)
-    if total == 0:
-        problems.append("no sample was published: every input record was rejected (see rejected.parquet)")
     summary = {
         "ok": not problems,
         "loader": shard_reports[0]["loader"] if shard_reports else None,

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardsmith.core.config import expand_paths
+from shardsmith.core.config import expand_paths, folder_files
 from shardsmith.formats.energon import sqlite_wanted
 
 EMBED_KEYS = ("model", "pretrained", "model_config", "batch_size", "precision", "device", "workers")
@@ -96,10 +96,10 @@ class Settings:
 
     @property
     def evaluation_set_files(self) -> list[str]:
-        """The sets' folders and tar shards: hash_references' inputs, so that a changed set is hashed again (a
-        folder's time changes when a file is added or removed, not when one is rewritten)."""
+        """The sets' files (every file of a folder, at any depth) and tar shards: hash_references' inputs, so
+        that a set with a file added, removed or rewritten is hashed again."""
         paths = [s["path"] for s in self.evaluation_sets]
-        return [f for p in paths for f in ([p] if os.path.isdir(p) else expand_paths(p))]
+        return [f for p in paths for f in (folder_files(p) if os.path.isdir(p) else expand_paths(p))]
 
     @property
     def id_list_files(self) -> list[str]:

@@ -231,5 +231,27 @@ def test_a_parquet_id_list_leaves_out_what_it_lists_with_not_in_file(tmp_path):
     pd.DataFrame({"a": ["x"], "b": ["y"]}).to_parquet(tmp_path / "two.parquet")
     with pytest.raises(ConfigError, match=r"give it one column, or one named 'url'"):
         verdicts(df, {**item, "value": str(tmp_path / "two.parquet")})
-    with pytest.raises(ConfigError, match=r"filters\[0\].value: 'in_file' takes an id list file .* no file"):
+    with pytest.raises(ConfigError, match=r"filters\[0\].value: 'in_file' takes an id list .* no such file"):
         filters({"column": "url", "op": "in_file", "value": str(tmp_path / "none.txt")})
+
+
+def test_a_csv_id_list_is_read_by_its_header_and_a_parquet_folder_as_one_table(tmp_path):
+    # a takedown list exported from a spreadsheet: a header, the id column, a reason; each line as a whole id
+    # would match no record and publish every listed one
+    df = pd.DataFrame({"uid": ["u0", "u1", "u2", "u3"], "url": [f"http://a/{i}.jpg" for i in range(4)]})
+    (tmp_path / "takedowns.csv").write_text("uid,reason\nu1,request\nu3,copyright\n")
+    item = {"name": "takedowns", "column": "uid", "op": "not_in_file", "value": str(tmp_path / "takedowns.csv")}
+    assert verdicts(df, item) == ["", "takedowns", "", "takedowns"]
+    (tmp_path / "ids.csv").write_text("id\nu2\n")  # one column, named otherwise
+    assert verdicts(df, {**item, "value": str(tmp_path / "ids.csv")}) == ["", "", "takedowns", ""]
+    (tmp_path / "subset.parquet").mkdir()  # as Spark and the published manifest write it
+    for i, ids in enumerate((["u0"], ["u2"])):
+        pd.DataFrame({"uid": ids}).to_parquet(tmp_path / "subset.parquet" / f"part-{i}.parquet")
+    keep = {"name": "subset", "column": "uid", "op": "in_file", "value": str(tmp_path / "subset.parquet")}
+    assert verdicts(df, keep) == ["", "subset", "", "subset"]
+
+
+def test_an_id_list_in_a_format_without_text_ids_is_refused_naming_what_to_write(tmp_path):
+    np.save(tmp_path / "uids.npy", np.array([[1, 2]], dtype=np.uint64))
+    with pytest.raises(ConfigError, match=r"uids.npy: a NumPy or pickle file holds no text ids; write them as parquet"):
+        filters({"column": "uid", "op": "in_file", "value": str(tmp_path / "uids.npy")})

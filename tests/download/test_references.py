@@ -14,6 +14,7 @@ from PIL import Image
 from shardsmith.cli.demo import jpeg, scene
 from shardsmith.core.errors import ConfigError
 from shardsmith.download.process.phash import phash_pair
+from shardsmith.download.process.resize import ResizeSettings, process_image
 from shardsmith.download.references import check_evaluation_sets, hash_references, pack_references
 from shardsmith.formats.tario import read_member
 
@@ -44,15 +45,15 @@ def test_a_folder_and_tar_shards_of_the_same_images_hash_alike_and_an_unreadable
     info = hash_references(sets, str(tmp_path / "refs.parquet"), str(tmp_path / "refs.json"))
     table = pd.read_parquet(tmp_path / "refs.parquet")
     assert info["folder"]["images"] == 3 and info["shards"]["images"] == 3
-    assert [u.split(":")[0] for u in info["folder"]["unreadable"]] == ["sub/broken.jpg"]
+    assert [u.split(":")[0] for u in info["folder"]["unreadable"]] == ["sub/broken.jpg", "sub/notes.txt"]
     assert json.loads((tmp_path / "refs.json").read_text()) == info
     folder_rows, shard_rows = table[table["set"] == 0], table[table["set"] == 1]
     assert list(folder_rows["key"]) == [f"folder/sub/{n}" for n in made]
     assert list(shard_rows["key"]) == [f"shards/eval-000000.tar/{n}" for n in made]
     assert set(table["version"]) == {"reference:folder", "reference:shards"}
     assert list(folder_rows["phash"]) == list(shard_rows["phash"])
-    first = Image.open(io.BytesIO(made["img_0.jpg"])).convert("RGB")
-    assert (folder_rows["phash"].iloc[0], folder_rows["phash_mirror"].iloc[0]) == phash_pair(first)
+    first = process_image(made["img_0.jpg"], ResizeSettings())  # as the image is hashed in the pool
+    assert (folder_rows["phash"].iloc[0], folder_rows["phash_mirror"].iloc[0]) == (first.phash, first.phash_mirror)
     assert (folder_rows["width_before"].iloc[2], folder_rows["height_before"].iloc[2]) == (192, 120)
     assert list(shard_rows["row"]) == [0, 1, 2]
 
@@ -82,13 +83,63 @@ def test_the_hashed_images_are_packed_as_a_part_in_the_tables_order_and_a_change
     assert not (tmp_path / "x.parquet").exists() and not (tmp_path / "x.tar").exists()
 
 
-def test_an_empty_set_hashes_nothing(tmp_path):
+def test_a_set_with_no_readable_image_is_an_error_naming_it(tmp_path):
     (tmp_path / "empty").mkdir()
-    info = hash_references(
-        [{"name": "e", "path": str(tmp_path / "empty")}], str(tmp_path / "r.parquet"), str(tmp_path / "r.json")
-    )
-    assert info == {"e": {"path": str(tmp_path / "empty"), "images": 0, "unreadable": []}}
-    assert len(pd.read_parquet(tmp_path / "r.parquet")) == 0
+    with pytest.raises(ConfigError, match=r"evaluation set e: no image could be read from .*empty$"):
+        hash_references(
+            [{"name": "e", "path": str(tmp_path / "empty")}], str(tmp_path / "r.parquet"), str(tmp_path / "r.json")
+        )
+    (tmp_path / "empty" / "labels.csv").write_text("a,b\n")
+    with pytest.raises(ConfigError, match="no image could be read from .*; unreadable: labels.csv: not_an_image"):
+        hash_references(
+            [{"name": "e", "path": str(tmp_path / "empty")}], str(tmp_path / "r.parquet"), str(tmp_path / "r.json")
+        )
+    assert not (tmp_path / "r.parquet").exists()
+
+
+def sideways(rng) -> bytes:
+    """A photo stored on its side, upright by its EXIF orientation (6: rotate 90 degrees clockwise to show)."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return jpeg(scene(rng, 200, 300).transpose(Image.Transpose.ROTATE_90), quality=92, exif=exif.tobytes())
+
+
+def deep_png(rng) -> bytes:
+    """A 16-bit greyscale PNG: convert("RGB") clips it to white."""
+    grey = np.asarray(scene(rng, 240, 180).convert("L"), dtype=np.uint16) * 257
+    buf = io.BytesIO()
+    Image.fromarray(grey).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def transparent_png(rng) -> bytes:
+    """A PNG whose background is transparent: a sample is put on white, convert("RGB") keeps the hidden colour."""
+    rgba = scene(rng, 220, 160).convert("RGBA")
+    alpha = np.zeros((160, 220), dtype=np.uint8)
+    alpha[40:120, 50:170] = 255
+    rgba.putalpha(Image.fromarray(alpha))
+    buf = io.BytesIO()
+    rgba.save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("make", [sideways, deep_png, transparent_png])
+def test_a_reference_is_hashed_and_packed_as_the_same_image_in_the_pool_is(tmp_path, make):
+    data = make(np.random.default_rng(11))
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "ref.img").write_bytes(data)  # any name: every file of a folder is tried
+    sets = [{"name": "val", "path": str(tmp_path / "eval")}]
+    resize = {"max_side": 128, "quality": 85}
+    hash_references(sets, str(tmp_path / "refs.parquet"), str(tmp_path / "refs.json"), resize)
+    row = pd.read_parquet(tmp_path / "refs.parquet").iloc[0]
+    sample = process_image(data, ResizeSettings(**resize))  # what download_part makes of a copy in the pool
+    assert (row["phash"], row["phash_mirror"]) == (sample.phash, sample.phash_mirror)
+    naive = phash_pair(Image.open(io.BytesIO(data)).convert("RGB"))  # the image as stored, not as shown
+    assert bin(int(naive[0], 16) ^ int(row["phash"], 16)).count("1") > 8  # beyond the near-duplicate distance
+    tar, samples = str(tmp_path / "images.tar"), str(tmp_path / "images.samples.parquet")
+    pack_references(sets, str(tmp_path / "refs.parquet"), tar, samples, resize)
+    packed = pd.read_parquet(samples).iloc[0]
+    assert read_member(tar, packed["jpg_offset"], packed["jpg_size"]) == sample.data  # embedded as the sample is
 
 
 def test_evaluation_sets_are_checked_in_one_line(tmp_path):
@@ -100,6 +151,11 @@ def test_evaluation_sets_are_checked_in_one_line(tmp_path):
         check_evaluation_sets({"dedupe": {"near": "off"}, "evaluation_sets": [ok]})
     with pytest.raises(ConfigError, match="set names must differ"):
         check_evaluation_sets({"dedupe": {"near": "report"}, "evaluation_sets": [ok, ok]})
+    for i in (0, 2):
+        (tmp_path / f"val-{i:06d}.tar").write_bytes(b"")
+    shards = {"name": "val", "path": str(tmp_path / "val-{000000..000002}.tar")}
+    with pytest.raises(ConfigError, match=r"evaluation_sets val: 1 of the 3 shards .* are missing, the first .*01.tar"):
+        check_evaluation_sets({"dedupe": {"near": "report"}, "evaluation_sets": [shards]})
     with pytest.raises(ConfigError, match="neither a folder of images nor tar shards"):
         check_evaluation_sets(
             {"dedupe": {"near": "report"}, "evaluation_sets": [{"name": "x", "path": str(tmp_path / "no-*.tar")}]}

@@ -232,6 +232,15 @@ def test_an_integer_id_column_with_an_empty_cell_keeps_its_ids_whole(tmp_path, f
     assert list(parts["k-000000"]["key"])[:2] == ["k-1000001", "k-1000002"]
 
 
+def test_a_manifest_lacking_a_column_the_selection_reads_is_refused_and_carry_columns_keep_it(tmp_path):
+    path = tmp_path / "m.parquet"
+    pd.DataFrame({"url": ["a.jpg"], "caption": ["x"], "punsafe": [0.1]}).to_parquet(path)
+    with pytest.raises(ConfigError, match=r"select reads manifest column 'pwatermark', which manifest .*m.parquet"):
+        plan_parts([manifest("m", path)], 100, tmp_path / "parts", needed_columns=["pwatermark"])
+    ids = plan_parts([manifest("m", path, carry_columns=["caption"])], 100, tmp_path / "p2", needed_columns=["punsafe"])
+    assert fields(pd.read_parquet(tmp_path / "p2" / f"{ids[0]}.parquet")) == [{"caption": "x", "punsafe": 0.1}]
+
+
 def make_folder(root):
     for rel in ["b.jpg", "a.PNG", "sub/c.webp", "sub/deeper/d.jpeg", "photo.v2.jpg"]:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ a published file takes; their scores in embed_part against a plain re-computatio
 import io
 import json
 import os
+import re
 import tarfile
 from dataclasses import replace
 from pathlib import Path
@@ -113,6 +114,49 @@ def test_files_that_are_not_a_heads_layout_are_refused_in_one_line(tmp_path):
         load_head(HeadSpec("a", "aesthetic", str(tmp_path / "two.pth")), DIM, NAME)
     with pytest.raises(ConfigError, match="names must differ"):
         head_specs([{"name": "a", "kind": "nsfw", "weights": "x"}, {"name": "a", "kind": "aesthetic", "weights": "y"}])
+
+
+def refusal(path: Path) -> str:
+    """The one-line message loading `path` as a head is refused with."""
+    with pytest.raises(ConfigError) as e:
+        load_head(HeadSpec("a", "aesthetic", str(path)), DIM, NAME)
+    message = str(e.value)
+    assert "\n" not in message and message.count(str(path)) == 1 and message.startswith("embed.heads a: ")
+    assert "weights_only" not in message  # never torch's advice to load the file unsafely
+    return message
+
+
+LFS = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"0" * 64 + b"\nsize 3936528\n"
+HDF5 = b"\x89HDF\r\n\x1a\n" + bytes(504)  # an HDF5 superblock's start, as Keras writes .h5 models
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "says"),
+    [
+        ("empty.pth", b"", r"the file is empty$"),
+        ("h14_nsfw.pth", LFS, r"a git-lfs pointer, not the weights; fetch the object with `git lfs pull`"),
+        ("clip_autokeras_nsfw_b32.h5", HDF5, r"an HDF5 \(Keras\) file.*convert it to a PyTorch state dict"),
+    ],
+)
+def test_a_file_that_is_not_weights_is_refused_saying_what_it_is(tmp_path, name, data, says):
+    (tmp_path / name).write_bytes(data)
+    message = refusal(tmp_path / name)
+    assert re.search(says, message) and "not a PyTorch state dict" not in message
+
+
+def test_a_file_torch_cannot_load_is_refused_with_the_reason_and_not_torchs_advice(tmp_path):
+    (tmp_path / "junk.pth").write_bytes(b"not a pickle")
+    message = refusal(tmp_path / "junk.pth")
+    assert message.endswith("not a PyTorch state dict saved with torch.save (UnpicklingError: Unsupported operand 110)")
+    torch.save({"weight": torch.zeros(1, DIM)}, tmp_path / "legacy.pth", _use_new_zipfile_serialization=False)
+    (tmp_path / "cut.pth").write_bytes((tmp_path / "legacy.pth").read_bytes()[:40])
+    assert refusal(tmp_path / "cut.pth").endswith("(EOFError: the file ends early)")
+    torch.save(nn.Linear(DIM, 1), tmp_path / "module.pth")  # a whole module, pickled: not loaded unsafely
+    assert "UnpicklingError: Unsupported global: GLOBAL torch.nn.modules.linear.Linear" in refusal(
+        tmp_path / "module.pth"
+    )
+    torch.save([torch.zeros(1)], tmp_path / "list.pth")
+    assert refusal(tmp_path / "list.pth").endswith("not a PyTorch state dict of tensors")
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from shardsmith.embed.select import (
     bin_floor,
     decide_selection,
     kept_count,
+    manifest_columns,
     select_rules,
     select_samples,
     selection_reads,
@@ -112,6 +113,10 @@ def test_ties_at_the_threshold_keep_the_earliest_samples(tmp_path):
     kept = kept_keys(scores, excluded)
     tied_kept = sorted(int(k[1:]) for k in kept if 6 <= int(k[1:]) < 16)
     assert len(kept) == 15 and tied_kept == [6, 7, 8, 9, 10]  # the first five of the ten tied, across parts
+    details = excluded.set_index("key")["detail"]
+    assert details["s0000011"].endswith("scored (from 0.2000; of the scores tied there, the earliest samples)")
+    _, excluded = run(tmp_path / "c", scores, [SelectRule("top", SIM, top_fraction=0.0)], parts=1)
+    assert excluded["detail"].iloc[0].endswith("; kept: the top 0 of 20 scored (none kept)")
 
 
 def test_nan_scores_are_never_kept_and_not_counted_as_scored(tmp_path):
@@ -269,3 +274,14 @@ def test_rules_by_a_manifest_column_need_no_embedding_and_say_which_they_read():
         selection_rules(config)
     with pytest.raises(ValueError, match="give one of column"):
         SelectRule.of({"name": "x", "column": "similarity", "manifest_column": "y", "min": 1}, MODEL)
+
+
+def test_a_manifest_column_rule_with_a_source_that_has_no_manifest_is_refused():
+    # a folder's or shards' records carry no manifest column: all of them would be left out, unscored
+    rule = {"name": "top", "manifest_column": "punsafe", "max": 0.5}
+    sources = [{"name": "laion", "type": "manifest"}, {"name": "photos", "type": "folder"}]
+    config = {"embed": {"enabled": False, "model": MODEL}, "select": [rule], "sources": sources}
+    with pytest.raises(ConfigError, match="select top: reads manifest column 'punsafe', and source 'photos' is a fo"):
+        selection_rules(config)
+    assert manifest_columns({**config, "select": [rule, {**rule, "name": "again"}]}) == ["punsafe"]
+    assert selection_rules({**config, "sources": sources[:1]})[0].manifest

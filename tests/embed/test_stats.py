@@ -9,10 +9,26 @@ import pandas as pd
 import pytest
 from workflow_helpers import REPO
 
+from shardsmith.core.errors import ConfigError
 from shardsmith.embed import stats as embed_stats
-from shardsmith.embed.stats import HIST_EDGES, QUANTILES, score_columns
+from shardsmith.embed.stats import HIST_EDGES, QUANTILES, check_heads, score_columns
 from tests.embed.test_part import COLS, NAME, SIM
 from tests.shards.reference import plan_in_process
+
+
+def test_score_heads_are_checked_with_the_config_not_after_the_downloads(tmp_path):
+    (tmp_path / "a.pth").write_bytes(b"weights")
+    head = {"name": "aesthetic", "kind": "aesthetic", "weights": str(tmp_path / "a.pth")}
+    check_heads({"embed": {"enabled": True, "heads": [head]}})
+    check_heads({"embed": {"enabled": False, "heads": []}})
+    cases = [
+        ({"enabled": False, "heads": [head]}, "embed.heads aesthetic: a score head scores the image embeddings"),
+        ({"enabled": True, "heads": [head, head]}, "head names must differ"),
+        ({"enabled": True, "heads": [{**head, "weights": str(tmp_path / "b.pth")}]}, r"no such file .*b\.pth"),
+    ]
+    for embed, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            check_heads({"embed": embed})
 
 
 def test_score_columns_are_named_as_datacomp_does():

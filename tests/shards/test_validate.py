@@ -216,6 +216,14 @@ def test_too_few_shards_for_openclip_fails(tmp_path):
         check_dataset(*files, min_shards=2)
 
 
+def test_a_dataset_of_no_sample_says_so_first_and_not_to_lower_samples_per_shard(tmp_path):
+    files = dataset_files(tmp_path, {}, [])
+    with pytest.raises(ValidationFailed) as e:
+        check_dataset(*files, min_shards=2)
+    assert "no sample was published: every input record was rejected" in str(e.value)
+    assert "samples_per_shard" not in str(e.value)
+
+
 def keyed(shard: str, keys: list[str]) -> dict:
     return {**report(shard, len(keys)), "key_sum": key_digest_sum(keys)}
 

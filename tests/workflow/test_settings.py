@@ -109,13 +109,18 @@ def test_id_lists_of_filters_are_inputs_of_the_part_plan():
 
 
 def test_evaluation_sets_files_are_inputs_of_hash_references(tmp_path):
-    (tmp_path / "val").mkdir()
+    # every file of a folder at any depth (ImageNet's val is a folder a class): one added in a subfolder, or
+    # rewritten, hashes the set again, which the folder's own time would not say
+    for rel in ("n01/a.jpg", "n01/n02/b.jpg", "c.png", ".cache/x.jpg", "n01/.hidden.jpg"):
+        (tmp_path / "val" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "val" / rel).write_bytes(b"")
     for i in range(2):
         (tmp_path / f"coco-{i:06d}.tar").write_bytes(b"")
     sets = [{"name": "val", "path": str(tmp_path / "val")}, {"name": "coco", "path": str(tmp_path / "coco-*.tar")}]
     s = settings(evaluation_sets=sets)
     assert s.evaluation_sets == sets
-    assert s.evaluation_set_files == [str(tmp_path / "val"), *(str(tmp_path / f"coco-{i:06d}.tar") for i in range(2))]
+    folder = [str(tmp_path / "val" / rel) for rel in ("c.png", "n01/a.jpg", "n01/n02/b.jpg")]
+    assert s.evaluation_set_files == [*folder, *(str(tmp_path / f"coco-{i:06d}.tar") for i in range(2))]
     assert settings().evaluation_sets == [] and settings().evaluation_set_files == []
 
 
