@@ -162,6 +162,8 @@ def iter_manifest_chunks(path: str, src: dict, chunk: int, shown: str | None = N
                 path, lines=True, chunksize=chunk, dtype=False, compression="infer", dtype_backend="numpy_nullable"
             ):
                 yield _numpy_columns(df)
+    except pd.errors.EmptyDataError:  # no line at all: a source without records, which plan_parts names
+        return
     except pd.errors.ParserError as e:
         hint = " (a TSV field cannot hold a tab or a line break)" if fmt == "tsv" else ""
         raise ConfigError(f"manifest {shown} cannot be read: {str(e).strip()}{hint}") from None

@@ -226,7 +226,7 @@ def reference_shards(folder: Path, shard: Path) -> None:
 def test_training_samples_near_an_evaluation_set_are_left_out_naming_the_reference(tmp_path, near):
     """The originals of the four planted copies are left out as dedupe/near_reference (with near: report too),
     none of the rest; planned a job a step, a rebuild elsewhere is byte-identical; the set as tar shards leaves
-    out the same samples; an empty set leaves out none."""
+    out the same samples; a set with no image stops the build, naming it."""
     make_data(tmp_path / "data", copies=False)  # the six originals only; the copies are the evaluation set
     reference_folder(tmp_path / "data", tmp_path / "eval" / "val")
     config = config_for(tmp_path / "data", tmp_path / "a", near=near)
@@ -276,8 +276,9 @@ def test_training_samples_near_an_evaluation_set_are_left_out_naming_the_referen
     config = config_for(tmp_path / "data", tmp_path / "c", near=near)
     config["samples_per_shard"] = 1
     config["evaluation_sets"] = [{"name": "val", "path": str(tmp_path / "eval" / "empty")}]
-    run_workflow(tmp_path / "c", config)
-    assert len(published(tmp_path / "c")[0]) == 6
+    proc = run_workflow(tmp_path / "c", config, check=False)  # a wrong or unmounted path: it would leave out none
+    assert proc.returncode != 0 and "shardsmith: evaluation set val: no image could be read from" in proc.stderr
+    assert not (tmp_path / "c" / "fast-storage" / "demo").exists()
 
 
 def test_with_embeddings_an_evaluation_sets_reshot_images_are_found_by_their_clip_embedding(tmp_path):
