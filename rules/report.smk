@@ -99,6 +99,7 @@ rule write_card:
         embedding_stats=get_card_embedding_stats,
         selection=get_selection,
         plan_dir=PLANNED,
+        parts_dir=PARTS_PLANNED,
     output:
         report(
             f"{OUT}/README.md",

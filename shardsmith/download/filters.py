@@ -34,6 +34,7 @@ OPS = (*NUMERIC_OPS, *EQUALITY_OPS, *SET_OPS, *FILE_OPS)
 # record fails ("" when it passes them all) and what it saw.
 FILTER_COLUMNS = ["filter", "filter_detail"]
 _DETAIL_CHARS = 120  # a cell's text in a ledger detail is cut to this
+ID_LISTS = "id_lists.json"  # beside the part plans: what each id-list filter matched (id_list_reports)
 # Text that means an empty cell where a number is read (pandas' and Spark's CSV writers, Python's str(None))
 MISSING_TEXT = ["nan", "null", "none", "na", "n/a", "<na>"]
 

@@ -32,14 +32,13 @@ import pyarrow.parquet as pq
 from shardsmith.core.config import REMOTE, expand_paths, static_dir
 from shardsmith.core.errors import ConfigError
 from shardsmith.core.keys import make_key
-from shardsmith.download.filters import FILTER_COLUMNS, Filter, IdLists, apply_filters, check_columns
+from shardsmith.download.filters import FILTER_COLUMNS, ID_LISTS, Filter, IdLists, apply_filters, check_columns
 
 if TYPE_CHECKING:
     from shardsmith.download.fetch.client import Fetcher
 
 DEFAULT_IMAGE_EXTENSIONS = ["jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"]  # as in the schema
 RECORD_COLUMNS = ["rid", "source", "source_id", "url", "key", "fields"]
-ID_LISTS = "id_lists.json"  # beside the part plans: what each id-list filter matched (filters.id_list_reports)
 log = logging.getLogger(__name__)
 # Records of one host that go to the same part. A host with more keeps them in the parts their rows fall in:
 # at 4 records a connection (fetch.dispatch) 32 already fill per_host_concurrency's default 8 connections in

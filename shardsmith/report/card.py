@@ -210,15 +210,17 @@ def card_text(
     versions: dict[str, str] | None = None,
     near: dict | None = None,
     selection: dict | None = None,
+    id_lists: dict | None = None,
 ) -> str:
-    """The dataset card (Markdown) of one built version; `selection`: selection.json's summary."""
+    """The dataset card (Markdown) of one built version; `selection`: selection.json's summary; `id_lists`: what
+    each id-list filter matched (plan_parts' id_lists.json)."""
     versions = package_versions() if versions is None else versions
     shards = sorted(sizes)
     out = _intro(config, stats, sizes, loader, versions)
     if shards:
         out += _train_section(config, sizes)
     out += _counts_section(config, stats)
-    out += _curation_section(config, stats)
+    out += _curation_section(config, stats, id_lists or {})
     out += _rejections_section(stats)
     if emb_stats is not None:
         out += _clip_section(emb_stats)
@@ -293,16 +295,22 @@ def _counts_section(config: dict, stats: dict) -> list[str]:
     return out
 
 
-def _curation_section(config: dict, stats: dict) -> list[str]:
-    """What the build chose to leave out or change, each rule with its count: filters on manifest columns,
-    caption and image rules, blurred faces. Nothing when the config asks for none of them."""
+def _curation_section(config: dict, stats: dict, id_lists: dict) -> list[str]:
+    """What the build chose to leave out or change, each rule with its count: filters on manifest columns (an id
+    list's with how many of its ids matched a record), caption and image rules, blurred faces. Nothing when the
+    config asks for none of them."""
     reasons = stats.get("rejected_by_reason", {})
     captions, resize, blur = config.get("captions", {}), config.get("resize", {}), config.get("blur", {})
-    rows = []
+    rows, unmatched = [], []
     for f in config.get("filters") or []:
         name = filter_name(f)
         shown = f"[{', '.join(map(str, f['value']))}]" if isinstance(f["value"], list) else f["value"]
         where = ", ".join(f.get("sources") or ["every manifest source"])
+        listed = id_lists.get(name)
+        if listed:
+            where += f"; {listed['ids']:,} ids, {listed['matched']:,} match a record"
+            if listed["ids"] and not listed["matched"]:
+                unmatched.append(name)
         rows.append(
             [f"filter/{name}", f"`{f['column']} {f['op']} {shown}` ({where})", reasons.get(f"filter/{name}", 0)]
         )
@@ -328,6 +336,8 @@ def _curation_section(config: dict, stats: dict) -> list[str]:
     out = ["", "## Curation", ""]
     if rows:
         out += _table(["rule (ledger stage/reason)", "keeps", "records left out"], rows)
+    for name in unmatched:  # a list in another format or of another column than the filter's: it did nothing
+        out += ["", f"**The id list of `{name}` matched no record**: check its format and the filter's column."]
     if marked:
         out += [
             "",

@@ -144,6 +144,20 @@ def test_card_lists_each_curation_rule_with_its_count_and_the_blurred_faces():
     assert "## Curation" not in card_text(config(), STATS, SIZES, LOADER, versions={"shardsmith": "0.1.0"})
 
 
+def test_card_says_how_many_ids_of_a_list_matched_and_warns_of_a_list_that_matched_none():
+    c = config(
+        filters=[
+            {"name": "subset", "column": "uid", "op": "in_file", "value": "lists/subset.txt"},
+            {"name": "takedowns", "column": "uid", "op": "not_in_file", "value": "lists/takedowns.csv"},
+        ]
+    )
+    reports = {"subset": {"ids": 1200, "matched": 1000}, "takedowns": {"ids": 10, "matched": 0}}
+    card = card_text(c, STATS, SIZES, LOADER, versions={"shardsmith": "0.1.0"}, id_lists=reports)
+    assert "`uid in_file lists/subset.txt` (every manifest source; 1,200 ids, 1,000 match a record)" in card
+    assert "**The id list of `takedowns` matched no record**: check its format" in card
+    assert "id list of `subset` matched no record" not in card
+
+
 def test_card_says_plainly_when_clip_scores_come_from_random_weights():
     emb = {
         "model": "tiny-clip",
