@@ -5,7 +5,6 @@ from pathlib import Path
 
 from shardsmith.core.atomic import atomic_write_text
 from shardsmith.core.logs import run_job
-from shardsmith.download.filters import ID_LISTS
 from shardsmith.formats.filelist import listed_files
 from shardsmith.formats.index import rejected_by_source
 from shardsmith.report.card import card_text
@@ -29,7 +28,8 @@ def main() -> None:
         emb_stats=load(emb[0]) if emb else None,
         near=load(near) if (near := Path(snakemake.input.plan_dir) / "near_duplicates.json").exists() else None,
         selection=load(snakemake.input.selection[0])["summary"] if snakemake.input.selection else None,
-        id_lists=load(ids) if (ids := Path(snakemake.input.parts_dir) / ID_LISTS).exists() else None,
+        # what plan_parts' id-list filters matched (shardsmith.download.filters.ID_LISTS, beside the part plans)
+        id_lists=load(ids) if (ids := Path(snakemake.input.parts_dir) / "id_lists.json").exists() else None,
     )
     atomic_write_text(snakemake.output[0], text)
     print(f"dataset card: {snakemake.output[0]}")

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import resource
+import sys
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -437,7 +438,14 @@ def add_retry_arguments(p: argparse.ArgumentParser) -> None:
 def retry_failed(args: argparse.Namespace) -> int:
     import yaml
 
-    config = yaml.safe_load(Path(args.config).read_text())
+    try:
+        config = yaml.safe_load(Path(args.config).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        print(f"shardsmith: retry-failed: cannot read {args.config} ({e})", file=sys.stderr)
+        return 2
+    if not isinstance(config, dict) or "dataset" not in config or "raw" not in (config.get("paths") or {}):
+        print(f"shardsmith: retry-failed: {args.config} is no workflow config (dataset and paths.raw)", file=sys.stderr)
+        return 2
     raw_dir = Path(config["paths"]["raw"]) / config["dataset"]
     reasons = set(args.reasons or config.get("download", {}).get("retry_reasons", DEFAULT_RETRY_REASONS))
     marked = mark_failed(raw_dir, reasons, dry_run=args.dry_run)

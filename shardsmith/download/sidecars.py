@@ -12,8 +12,15 @@ SIDECARS = ("txt", "json")
 
 
 def _decode_text(data: bytes) -> str:
+    """A sidecar's text: by its byte order mark where it has one (UTF-8, or UTF-16 as Windows' Notepad saves
+    "Unicode"), else UTF-8, else Latin-1 (every byte a character: nothing is lost to an error)."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError:
+            pass
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError:
         return data.decode("latin-1")
 

@@ -47,6 +47,7 @@ HOST_RECORDS_TOGETHER = 32
 # Records a manifest file is sorted by host across (whole parts of them, at least one): what planning holds in
 # memory (about 1 KB a record), and the rows whose parts a file that grows by appended rows plans anew.
 PLAN_WINDOW_RECORDS = 80_000
+QUOTING = {"csv": "csv", "tsv": "none"}  # a source's default `quoting` by format
 _FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 
 
@@ -130,13 +131,12 @@ def iter_manifest_chunks(path: str, src: dict, chunk: int, shown: str | None = N
     row as `columns` names; a row the parser cannot split is a ConfigError naming the manifest."""
     fmt = manifest_format(path, src.get("format", "auto"))
     shown = shown or path
-    if fmt == "parquet":
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=chunk):
-            yield batch.to_pandas(integer_object_nulls=True)
-        return
     names = src.get("columns")
     try:
-        if fmt in ("csv", "tsv"):
+        if fmt == "parquet":
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=chunk):
+                yield batch.to_pandas(integer_object_nulls=True)
+        elif fmt in ("csv", "tsv"):
             # read without names and named after the count is checked: given names, pandas would take a row's
             # extra leading fields as its index and shift every column
             for df in pd.read_csv(
@@ -145,7 +145,7 @@ def iter_manifest_chunks(path: str, src: dict, chunk: int, shown: str | None = N
                 header=None if names else "infer",
                 dtype=str,
                 keep_default_na=False,
-                quoting=csv.QUOTE_NONE if fmt == "tsv" else csv.QUOTE_MINIMAL,
+                quoting=csv.QUOTE_MINIMAL if src.get("quoting", QUOTING[fmt]) == "csv" else csv.QUOTE_NONE,
                 chunksize=chunk,
                 compression="infer",
                 encoding_errors="replace",
@@ -158,14 +158,28 @@ def iter_manifest_chunks(path: str, src: dict, chunk: int, shown: str | None = N
                 yield df.set_axis(names, axis=1) if names else df
         else:
             for df in pd.read_json(
-                path, lines=True, chunksize=chunk, dtype=False, compression="infer", dtype_backend="numpy_nullable"
+                path,
+                lines=True,
+                chunksize=chunk,
+                dtype=False,
+                compression="infer",
+                dtype_backend="numpy_nullable",
+                encoding="utf-8-sig",  # a BOM, as Windows editors write one
             ):
                 yield _numpy_columns(df)
+    except ConfigError:
+        raise
     except pd.errors.EmptyDataError:  # no line at all: a source without records, which plan_parts names
         return
     except pd.errors.ParserError as e:
-        hint = " (a TSV field cannot hold a tab or a line break)" if fmt == "tsv" else ""
-        raise ConfigError(f"manifest {shown} cannot be read: {str(e).strip()}{hint}") from None
+        hint = " (a TSV field holds a tab or a line break only quoted, with quoting: csv)" if fmt == "tsv" else ""
+        raise ConfigError(f"manifest {shown} cannot be read: {_first_line(e)}{hint}") from None
+    except (OSError, EOFError, ValueError, UnicodeError) as e:  # a cut .gz, a file not of its format
+        raise ConfigError(f"manifest {shown} cannot be read as {fmt}: {type(e).__name__}: {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else ""
 
 
 def _numpy_columns(df: pd.DataFrame) -> pd.DataFrame:

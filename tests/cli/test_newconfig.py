@@ -114,6 +114,20 @@ def test_cc3m_style_headerless_tsv_gets_columns_caption_url(tmp_path):
     check_against_schema(config)
 
 
+def test_a_tsv_written_by_a_csv_writer_gets_csv_quoting_and_is_read_whole(tmp_path):
+    rows = {"url": urls(3), "caption": ['a "quoted" word', "line one\nline two", "plain words here"]}
+    pd.DataFrame(rows).to_csv(tmp_path / "q.tsv", sep="\t", index=False)  # quotes the first two captions
+    config, lines = guess([tmp_path / "q.tsv"], out=tmp_path / "build")
+    (src,) = config["sources"]
+    assert src["quoting"] == "csv" and any("quoting: csv" in ln for ln in lines)
+    check_against_schema(config)
+    from shardsmith.download.sources import plan_parts
+
+    [part] = plan_parts(config["sources"], 100, tmp_path / "parts")
+    got = [json.loads(f)["caption"] for f in pd.read_parquet(tmp_path / "parts" / f"{part}.parquet")["fields"]]
+    assert got == rows["caption"]  # three records, each caption as written
+
+
 def test_cc12m_style_headerless_tsv_gets_columns_url_caption(tmp_path):
     tsv = write_tsv(tmp_path / "cc12m.tsv", list(zip(urls(10), SENTENCES)))
     config, lines = guess([tsv], out=tmp_path / "build")

@@ -1,5 +1,7 @@
 """Sample keys: dot-free, bounded, unique, stable."""
 
+import hashlib
+
 import pytest
 
 from shardsmith.core.keys import MAX_KEY_BYTES, is_valid_key, make_key, sanitize
@@ -21,10 +23,18 @@ def test_sanitize_replaces_dots_slashes_spaces_and_non_ascii_by_underscore(text,
 
 
 def test_make_key_joins_sanitized_parts_with_dash_and_is_dot_free():
-    key = make_key("src", "a.b/c d", "ü.1")
-    assert key == "src-a_b_c_d-1"
+    key = make_key("src", "a.b/c d", "photo 1")
+    assert key == "src-a_b_c_d-photo_1"
     assert "." not in key and is_valid_key(key)
-    assert make_key("src", "a.b/c d", "ü.1") == key  # stable
+    assert make_key("src", "a.b/c d", "photo 1") == key  # stable
+
+
+def test_names_beyond_ascii_keep_distinct_keys_with_a_hash_of_the_name():
+    cats = [make_key("cjk", name) for name in ("猫", "狗", "鳥", "éa", "àa", "sub/猫")]
+    assert len(set(cats)) == 6 and all(is_valid_key(k) for k in cats)
+    assert cats[3].startswith("cjk-a_") and cats[5].startswith("cjk-sub_")
+    assert make_key("cjk", "猫") == cats[0]  # stable
+    assert make_key("src", "ü.1") == f"src-1_{hashlib.sha1('ü.1'.encode()).hexdigest()[:8]}"
 
 
 def test_long_key_is_cut_to_the_byte_cap_with_a_hash_suffix():

@@ -116,6 +116,19 @@ def test_folder_source_picks_up_sidecar_txt_and_json(tmp_path):
     assert raw["r0000001"]["img"] == b"png bytes"
 
 
+def test_sidecar_text_is_decoded_by_its_byte_order_mark(tmp_path):
+    # Notepad's "Unicode" is UTF-16 with a BOM; "UTF-8" adds a BOM; an old editor's Latin-1 has neither
+    root = tmp_path / "photos"
+    root.mkdir()
+    texts = {"a": "hello wörld".encode("utf-16"), "b": "\ufeffcafé crème".encode(), "c": "café".encode("latin-1")}
+    for name, data in texts.items():
+        (root / f"{name}.jpg").write_bytes(jpeg_bytes())
+        (root / f"{name}.txt").write_bytes(data)
+    [status], [raw] = run(tmp_path, {"name": "photos", "type": "folder", "path": str(root)})
+    captions = [json.loads(raw[f"r{i:07d}"]["meta"])["txt"] for i in range(3)]
+    assert captions == ["hello wörld", "café crème", "café"]
+
+
 def shard_source(pattern) -> dict:
     return {"name": "old", "type": "shards", "path": str(pattern)}
 
@@ -387,6 +400,16 @@ def test_retry_failed_marks_only_parts_with_retryable_failures(tmp_path, http_se
     assert [p.name for p in keep.glob("*.retry")] == ["web-000001.retry"]
     assert shardsmith_main(["retry-failed", str(tmp_path / "config.yaml"), "--reasons", "not_found"]) == 0
     assert sorted(p.name for p in keep.glob("*.retry")) == ["web-000000.retry", "web-000001.retry"]
+
+
+def test_retry_failed_with_a_config_it_cannot_use_says_so_in_one_line(tmp_path, capsys):
+    (tmp_path / "empty.yaml").write_text("")  # what `new-config ... > my.yaml` leaves when new-config fails
+    (tmp_path / "other.yaml").write_text("a: 1\n")
+    cases = [("missing.yaml", "cannot read"), ("empty.yaml", "is no workflow config"), ("other.yaml", "is no")]
+    for name, said in cases:
+        assert shardsmith_main(["retry-failed", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("shardsmith: retry-failed: ") and said in err and "\n" not in err
 
 
 # --- S3 ----------------------------------------------------------------------------------------------

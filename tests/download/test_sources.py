@@ -49,6 +49,15 @@ def test_headerless_tsv_uses_declared_column_order_cc12m(tmp_path):
     assert [f["caption"] for f in fields(df)] == ["first caption", "second"]
 
 
+def test_a_tsvs_quotes_are_text_unless_its_quoting_is_csv(tmp_path):
+    (tmp_path / "m.tsv").write_text('"a ""b"" c"\thttp://x/1.jpg\n"say"\thttp://x/2.jpg\n')
+    src = manifest("m", tmp_path / "m.tsv", columns=["caption", "url"])
+    _, parts = plan(tmp_path, src)
+    assert [f["caption"] for f in fields(parts["m-000000"])] == ['"a ""b"" c"', '"say"']  # CC3M's way: literal
+    _, parts = plan(tmp_path / "csv", {**src, "quoting": "csv"})
+    assert [f["caption"] for f in fields(parts["m-000000"])] == ['a "b" c', "say"]
+
+
 def test_gzipped_csv_with_header_is_read_with_quoting(tmp_path):
     path = tmp_path / "m.csv.gz"
     pd.DataFrame({"url": ["a.jpg", "b.jpg"], "caption": ['say "hi", twice', ""]}).to_csv(path, index=False)
@@ -239,6 +248,35 @@ def test_a_manifest_lacking_a_column_the_selection_reads_is_refused_and_carry_co
         plan_parts([manifest("m", path)], 100, tmp_path / "parts", needed_columns=["pwatermark"])
     ids = plan_parts([manifest("m", path, carry_columns=["caption"])], 100, tmp_path / "p2", needed_columns=["punsafe"])
     assert fields(pd.read_parquet(tmp_path / "p2" / f"{ids[0]}.parquet")) == [{"caption": "x", "punsafe": 0.1}]
+
+
+def test_a_jsonl_manifest_with_a_byte_order_mark_is_read(tmp_path):
+    (tmp_path / "m.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps({"url": "a.jpg", "caption": "x"}).encode() + b"\n")
+    _, parts = plan(tmp_path, manifest("js", tmp_path / "m.jsonl"))
+    assert list(parts["js-000000"]["url"]) == ["a.jpg"]
+
+
+@pytest.mark.parametrize("case", ["cut_gzip", "not_parquet"])
+def test_a_manifest_that_cannot_be_read_is_a_one_line_error_naming_it(tmp_path, case):
+    if case == "cut_gzip":
+        path = tmp_path / "m.tsv.gz"
+        path.write_bytes(gzip.compress(b"http://a/1.jpg\tone\n" * 2000)[:60])
+        src = manifest("m", path, columns=["url", "caption"])
+    else:
+        path = tmp_path / "m.bin"
+        path.write_text("url,caption\n")
+        src = manifest("m", path, format="parquet")
+    with pytest.raises(ConfigError) as e:
+        plan(tmp_path, src)
+    assert str(e.value).startswith(f"manifest {path} cannot be read as ") and "\n" not in str(e.value)
+
+
+def test_files_named_beyond_ascii_get_distinct_keys(tmp_path):
+    for name in ("猫.jpg", "狗.jpg", "éa.jpg", "àa.jpg"):
+        (tmp_path / "photos" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "photos" / name).write_bytes(b"img")
+    _, parts = plan(tmp_path, {"name": "p", "type": "folder", "path": str(tmp_path / "photos")})
+    assert parts["p-000000"]["key"].nunique() == 4
 
 
 def make_folder(root):

@@ -148,6 +148,8 @@ def test_a_laion_style_manifest_through_every_filter_adds_up_and_rebuilds_byte_i
     assert np.abs(after[face] - before[face]).mean() > 30  # noise blurred towards grey
     card = (out / "README.md").read_text()
     assert "| filter/unsafe | `punsafe < 0.5` (every manifest source) | 2 |" in card
+    n = len(takedowns) + 1
+    assert f"(every manifest source; {n:,} ids, {len(takedowns):,} match a record) | {len(takedowns)} |" in card
     assert "Faces blurred from the boxes of `laion` in 1 published images" in card
     build = json.loads((out / "build.json").read_text())
     assert build["config"]["blur"] == {"grow": 0.1, "sigma": 0.1} and build["language_model"]["sha256"]

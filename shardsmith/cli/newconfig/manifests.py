@@ -4,6 +4,7 @@ key and hash columns from the evidence, or saying it cannot tell; its metadata c
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import re
@@ -32,9 +33,14 @@ from shardsmith.core.config import expand_paths
 from shardsmith.core.errors import ConfigError
 from shardsmith.download.sources import manifest_format
 
-_URL = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*://\S+|\.{0,2}/\S+|~/\S+|[^\s/]+(?:/[^\s/]+)+)$")
+_URL = re.compile(
+    r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*://\S+|\.{0,2}/\S+|~/\S+|[^\s/]+(?:/[^\s/]+)+"
+    r"|[^\s/]+\.(?:jpe?g|png|webp|gif|bmp|tiff?))$",  # a path, or an image's bare file name (p0.jpg)
+    re.I,
+)
 _WORDS = re.compile(r"[^\W\d_]{2,}\S*\s+\S")  # a word of letters, a space, more text
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
+_QUOTED = re.compile(r'^"(?:[^"]|"")*"\r?$')  # a whole field in double quotes, its own quotes doubled
 
 
 # --- manifests ------------------------------------------------------------------------------------------
@@ -47,6 +53,7 @@ class Table:
     header: list[str] | None
     rows: list[list[str]]
     header_note: str = ""
+    quoted: bool = False  # a TSV whose fields are quoted as a CSV's (quoted_tsv)
 
 
 def cell_text(value: object) -> str:
@@ -90,11 +97,22 @@ def text_head(src: ByteSource, gz: bool) -> tuple[str, bool]:
         whole = d.eof
     else:
         data = raw
-    return data.decode("utf-8", "replace"), whole
+    return data.decode("utf-8-sig", "replace"), whole  # a BOM is no part of the first column's name
 
 
-def text_rows(text: str, whole: bool, fmt: str) -> list[list[str]] | list[dict]:
-    """Rows of a text manifest's start: lists of cells (csv, tsv) or dicts (jsonl); a cut last line is dropped."""
+def quoted_tsv(text: str) -> bool:
+    """Whether a TSV's start has a field in double quotes, as Python's csv and pandas' to_csv write a field that
+    holds a quote, a tab or a line break: such a file is read with `quoting: csv` (CC3M's and CC12M's TSVs, whose
+    captions hold quotes that open no field, have none)."""
+    return any(_QUOTED.match(field) for line in text.split("\n")[:SAMPLE_ROWS] for field in line.split("\t"))
+
+
+def text_rows(text: str, whole: bool, fmt: str, quoted: bool = False) -> list[list[str]] | list[dict]:
+    """Rows of a text manifest's start: lists of cells (csv, tsv) or dicts (jsonl); a cut last line is dropped.
+    `quoted`: a TSV read with csv quoting."""
+    if fmt == "tsv" and quoted:
+        rows = list(csv.reader(io.StringIO(text), delimiter="\t"))
+        return [r for r in (rows if whole else rows[:-1]) if any(c.strip() for c in r)][: SAMPLE_ROWS + 1]
     lines = text.split("\n")
     if not whole:
         lines = lines[:-1]
@@ -153,12 +171,13 @@ def read_table(src: ByteSource, fmt: str, gz: bool) -> Table:
         rows = [] if batch is None else [[cell_text(r.get(n)) for n in names] for r in batch.to_pylist()]
         return Table(names, rows, f"from the parquet schema ({short(', '.join(names), 80)})")
     text, whole = text_head(src, gz)
-    rows = text_rows(text, whole, fmt)
+    quoted = fmt == "tsv" and quoted_tsv(text)
+    rows = text_rows(text, whole, fmt, quoted)
     if fmt == "jsonl":
         names = list(dict.fromkeys(k for r in rows if isinstance(r, dict) for k in r))
         cells = [[cell_text(r.get(n)) if isinstance(r, dict) else "" for n in names] for r in rows]
         return Table(names, cells, f"the JSON keys ({short(', '.join(names), 80)})")
-    return split_header(rows)
+    return dataclasses.replace(split_header(rows), quoted=quoted)
 
 
 def columns_of(table: Table) -> list[Column]:
@@ -297,6 +316,9 @@ def inspect_manifest(path: str, name: str, opts: Options) -> Inspected:
         source["format"] = fmt
     guesses.append(f"format: {fmt} ({how})")
     table = read_table(src, fmt, gz=first.endswith(".gz"))  # as pandas, which reads a .gz name as gzip
+    if table.quoted:
+        source["quoting"] = "csv"
+        guesses.append("quoting: csv (fields in double quotes, as a CSV writer quotes them)")
     guesses.append(f"header: {table.header_note}; {len(table.rows)} rows sampled")
     cols = columns_of(table)
     url, url_why = choose_url(cols, opts.url_column)
@@ -341,5 +363,6 @@ def relative_path_notes(url: Column) -> list[str]:
         return []
     return [
         f"{len(relative)} of {len(url.values)} sampled URLs are relative paths (e.g. {short(relative[0])}): "
-        "the workflow opens them from the folder snakemake runs in (its --directory)"
+        "the workflow opens them from the folder snakemake runs in (its --directory), and only where they lie "
+        "under the manifest's own folder or a folder download.allow_local_folders names"
     ]
