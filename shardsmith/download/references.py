@@ -7,10 +7,9 @@ each with its set's index and its place in the set; with CLIP embeddings as a ne
 `pack_references` copies them into a part that `embed_references` embeds as embed_part embeds a part. A
 reference image is first processed as a training sample is (`as_sample`: EXIF orientation, 16-bit and
 transparent images to 8-bit RGB on white, the build's resize), so that a copy of it in the pool gets its
-hash and its embedding. The
-near-duplicate search enters them as samples already
-published (shardsmith.shards.neardup.reference_candidates), which are never left out and keep every near copy
-of theirs from the build; the decision names such a copy `dedupe/near_reference`, with the reference image
+hash and its embedding. The near-duplicate search enters them as samples already published
+(shardsmith.shards.neardup.reference_candidates), which are never left out and keep every near copy of theirs
+from the build; the decision names such a copy `dedupe/near_reference`, with the reference image
 and the distance (shardsmith.shards.neardecide). A reference's `version` is `reference:{set}`.
 """
 
