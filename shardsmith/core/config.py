@@ -9,6 +9,7 @@ import glob
 import ipaddress
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from braceexpand import braceexpand
@@ -48,13 +49,12 @@ def expand_paths(pattern: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def folder_files(folder: str) -> list[str]:
-    """Every file under `folder`, hidden files and folders left out, in a fixed order (by folder, then name)."""
-    out = []
+def folder_files(folder: str) -> Iterator[str]:
+    """Every file under `folder`, hidden files and folders (.thumbnails, .ipynb_checkpoints) left out, in a fixed
+    order (by folder, then name); streamed, as a folder source may hold millions."""
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        out.extend(os.path.join(dirpath, name) for name in sorted(filenames) if not name.startswith("."))
-    return out
+        yield from (os.path.join(dirpath, name) for name in sorted(filenames) if not name.startswith("."))
 
 
 def output_dirs(config: dict) -> dict[str, str]:

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from shardsmith.core.config import REMOTE, expand_paths, static_dir
+from shardsmith.core.config import REMOTE, expand_paths, folder_files, static_dir
 from shardsmith.core.errors import ConfigError
 from shardsmith.core.keys import make_key
 from shardsmith.download.filters import FILTER_COLUMNS, ID_LISTS, Filter, IdLists, apply_filters, check_columns
@@ -309,27 +309,26 @@ def _image_exts(src: dict) -> set[str]:
 
 
 def iter_folder_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
-    """Image files under a folder (sorted walk); sidecars are read at download time."""
+    """Image files under a folder (folder_files' walk); sidecars are read at download time."""
     root = src["path"]
     exts = _image_exts(src)
     part: list[dict] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))  # .thumbnails, .ipynb_checkpoints
-        for name in sorted(filenames):
-            if name.startswith(".") or name.rsplit(".", 1)[-1].lower() not in exts or "." not in name:
-                continue
-            rel = os.path.relpath(os.path.join(dirpath, name), root)
-            part.append(
-                {
-                    "source_id": rel,
-                    "url": os.path.join(dirpath, name),
-                    "key": make_key(src["name"], rel.rsplit(".", 1)[0]),
-                    "fields": "{}",
-                }
-            )
-            if len(part) == part_size:
-                yield part
-                part = []
+    for path in folder_files(root):
+        name = os.path.basename(path)
+        if "." not in name or name.rsplit(".", 1)[-1].lower() not in exts:
+            continue
+        rel = os.path.relpath(path, root)
+        part.append(
+            {
+                "source_id": rel,
+                "url": path,
+                "key": make_key(src["name"], rel.rsplit(".", 1)[0]),
+                "fields": "{}",
+            }
+        )
+        if len(part) == part_size:
+            yield part
+            part = []
     if part:
         yield part
 
