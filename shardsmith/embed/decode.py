@@ -15,6 +15,7 @@ coefficients otherwise: within 2 levels). The center crop only keeps the matrice
 
 import math
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -202,33 +203,80 @@ def _output_windows(sizes: torch.Tensor, pp_cfg: dict) -> tuple[torch.Tensor, ..
     return out_h, out_w, _crop_first(out_h, size[0]), _crop_first(out_w, size[1])
 
 
-def _resize_chunk(images: list[torch.Tensor], pp_cfg: dict, kind: str) -> torch.Tensor:
-    """Images of one chunk (uint8 (3, H, W), any strides) resized and cropped to the model's size, 0-255.
+def _filter(pp_cfg: dict) -> str:
+    return "bilinear" if pp_cfg.get("interpolation") == "bilinear" else "bicubic"
 
-    Only the rows and columns the crop's pixels read are copied and multiplied (`input_window`), each row's
-    three channels side by side, (B, H, 3, W): the horizontal pass then leaves the rows the vertical pass
-    multiplies, (B, H, 3 x size), with no copy between the passes."""
+
+def crop_windows(sizes: torch.Tensor, pp_cfg: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per image of `sizes` (n, 2: height, width), worked out on the host: the resize's parameters (n, 8:
+    height, width, resized height and width, the crop's first row and column, and the first row and column
+    of input the crop reads, `input_window`), and how many rows and columns of input it reads (n, 2). No
+    pass needs any other pixel of the image."""
     size = model_size(pp_cfg)
-    filt = "bilinear" if pp_cfg.get("interpolation") == "bilinear" else "bicubic"
-    device = images[0].device
-    sizes = torch.tensor([[im.shape[-2], im.shape[-1]] for im in images], dtype=torch.int64)
+    filt = _filter(pp_cfg)
     out_h, out_w, top, left = _output_windows(sizes, pp_cfg)
-    taps_h, taps_w = filter_taps(sizes[:, 0], out_h, filt), filter_taps(sizes[:, 1], out_w, filt)
-    if kind == "split32" and not split32_is_exact(max(taps_h, taps_w)):
-        kind = "float64"  # a reduction so strong the float32 sums would round
     row0, row1 = input_window(sizes[:, 0], out_h, top, size[0], filt)
     col0, col1 = input_window(sizes[:, 1], out_w, left, size[1], filt)
-    height, width = int((row1 - row0).max()), int((col1 - col0).max())
+    params = torch.stack([sizes[:, 0], sizes[:, 1], out_h, out_w, top, left, row0, col0], dim=1)
+    return params, torch.stack([row1 - row0, col1 - col0], dim=1)
+
+
+class Windows(NamedTuple):
+    """A batch's images cut to what the resize reads (`pad_windows`): `params` (n, 8, `crop_windows`) and
+    `chunks`, uint8 (m, rows, columns, 3) each, whose images follow one another in `params`' order; an
+    image's rows and columns past its window are zeros. `order` is each image's index in the list cut."""
+
+    order: torch.Tensor
+    params: torch.Tensor
+    chunks: list[torch.Tensor]
+
+
+def pad_windows(images: list[torch.Tensor], pp_cfg: dict) -> Windows:
+    """uint8 (3, H, W) images (any strides, on any one device) cut to their input windows, (rows, columns, 3)
+    as a decoder lays pixels out (a window's row is one copy), in chunks of similar sizes (`_chunks`) padded
+    with zeros.
+
+    Run where the images are: in a DataLoader worker on its own decodes, so that a batch crosses to the
+    model's process as a few tensors that the device resizes with a few operations a chunk, none an image."""
+    sizes = torch.tensor([[im.shape[-2], im.shape[-1]] for im in images], dtype=torch.int64).view(-1, 2)
+    params, extents = crop_windows(sizes, pp_cfg)
+    groups = _chunks(extents)
+    starts, counts = params[:, 6:8].tolist(), extents.tolist()
+    chunks = []
+    for group in groups:
+        rows, columns = (int(v) for v in extents[group].max(dim=0).values)
+        chunk = torch.empty(len(group), rows, columns, 3, dtype=torch.uint8, device=images[0].device)
+        for j, i in enumerate(group):
+            (r0, c0), (nr, nc) = starts[i], counts[i]
+            chunk[j, :nr, :nc].copy_(images[i].permute(1, 2, 0)[r0 : r0 + nr, c0 : c0 + nc])
+            if nr < rows:  # only the padding is written twice, not the whole chunk
+                chunk[j, nr:].zero_()
+            if nc < columns:
+                chunk[j, :nr, nc:].zero_()
+        chunks.append(chunk)
+    order = torch.tensor([i for group in groups for i in group], dtype=torch.int64)
+    return Windows(order, params[order], chunks)
+
+
+def _resize_chunk(pixels: torch.Tensor, params: torch.Tensor, pp_cfg: dict, kind: str) -> torch.Tensor:
+    """A chunk of `pad_windows` (uint8 (m, rows, columns, 3) on the device; `params` its rows of the
+    parameters, on the host) resized and cropped to the model's size: (m, 3, H, W), whole numbers 0-255.
+
+    Each row's three channels are put side by side, (m, rows, 3, columns), as the pixels become floats: the
+    horizontal pass then leaves the rows the vertical pass multiplies, (m, rows, 3 x W), with no copy
+    between the passes."""
+    size = model_size(pp_cfg)
+    filt = _filter(pp_cfg)
+    taps_h, taps_w = filter_taps(params[:, 0], params[:, 2], filt), filter_taps(params[:, 1], params[:, 3], filt)
+    if kind == "split32" and not split32_is_exact(max(taps_h, taps_w)):
+        kind = "float64"  # a reduction so strong the float32 sums would round
+    n, height, width, _ = pixels.shape
     dtype = torch.float64 if kind == "float64" else torch.float32
-    pixels = torch.zeros(len(images), height, 3, width, dtype=dtype, device=device)
-    for b, (im, r0, r1, c0, c1) in enumerate(zip(images, row0.tolist(), row1.tolist(), col0.tolist(), col1.tolist())):
-        pixels[b, : r1 - r0, :, : c1 - c0].copy_(im[:, r0:r1, c0:c1].permute(1, 0, 2))  # the padded batch
-    params = to_device(torch.stack([sizes[:, 0], sizes[:, 1], out_h, out_w, top, left, row0, col0]), device)
-    h, w, out_h, out_w, top, left, row0, col0 = params
-    horizontal = pillow_coefficients(w, out_w, left, size[1], width, filt, taps_w, col0)  # (B, size[1], W)
-    vertical = pillow_coefficients(h, out_h, top, size[0], height, filt, taps_h, row0)  # (B, size[0], H)
-    n = len(images)
-    rows = resize_pass(pixels.view(n, height * 3, width), horizontal.transpose(1, 2), kind)  # (B, H * 3, size[1])
+    pixels = torch.empty(n, height, 3, width, dtype=dtype, device=pixels.device).copy_(pixels.permute(0, 1, 3, 2))
+    h, w, out_h, out_w, top, left, row0, col0 = to_device(params.t().contiguous(), pixels.device)
+    horizontal = pillow_coefficients(w, out_w, left, size[1], width, filt, taps_w, col0)  # (m, size[1], W)
+    vertical = pillow_coefficients(h, out_h, top, size[0], height, filt, taps_h, row0)  # (m, size[0], H)
+    rows = resize_pass(pixels.view(n, height * 3, width), horizontal.transpose(1, 2), kind)  # (m, H * 3, size[1])
     rows = rows.view(n, height, 3 * size[1])
     out = resize_pass(vertical, rows, kind) if kind == "float64" else _vertical_split(vertical, rows, kind)
     return out.view(n, size[0], 3, size[1]).permute(0, 2, 1, 3)
@@ -239,18 +287,36 @@ def _vertical_split(vertical: torch.Tensor, rows: torch.Tensor, kind: str) -> to
     return resize_pass(rows.transpose(1, 2), vertical.transpose(1, 2), kind).transpose(1, 2)
 
 
-def _chunks(images: list[torch.Tensor]) -> list[list[int]]:
-    """Indices of `images` in chunks of similar size, each padded chunk at most CHUNK_VALUES values."""
-    order = sorted(range(len(images)), key=lambda i: (images[i].shape[-2], images[i].shape[-1]))
+def _chunks(extents: torch.Tensor) -> list[list[int]]:
+    """Indices of the windows of `extents` (n, 2: rows, columns) in chunks of similar size, each padded
+    chunk at most CHUNK_VALUES values."""
+    sizes = extents.tolist()
+    order = sorted(range(len(sizes)), key=lambda i: (sizes[i][0], sizes[i][1]))
     chunks, current, height, width = [], [], 0, 0
     for i in order:
-        h, w = max(height, images[i].shape[-2]), max(width, images[i].shape[-1])
+        h, w = max(height, sizes[i][0]), max(width, sizes[i][1])
         if current and (len(current) + 1) * 3 * h * w > CHUNK_VALUES:
             chunks.append(current)
-            current, h, w = [], images[i].shape[-2], images[i].shape[-1]
+            current, h, w = [], sizes[i][0], sizes[i][1]
         current.append(i)
         height, width = h, w
     return chunks + ([current] if current else [])
+
+
+def resize_windows(windows: Windows, pp_cfg: dict, device: torch.device, kind: str | None = None) -> torch.Tensor:
+    """`pad_windows`' chunks (on the host or on `device`) resized and cropped on `device`: (n, 3, H, W)
+    float32 whole numbers 0-255, in `windows.params`' order. `kind` (float64 or split32) defaults to
+    `matmul_kind(device)`; both give the same pixels."""
+    kind = kind or matmul_kind(device)
+    out, start = [], 0
+    for chunk in windows.chunks:
+        params = windows.params[start : start + len(chunk)]
+        out.append(_resize_chunk(chunk.to(device, non_blocking=True), params, pp_cfg, kind).to(torch.float32))
+        start += len(chunk)
+    if not out:
+        size = model_size(pp_cfg)
+        return torch.empty(0, 3, *size, dtype=torch.float32, device=device)
+    return torch.cat(out)
 
 
 def tensor_preprocess(images: list[torch.Tensor], pp_cfg: dict, kind: str | None = None) -> torch.Tensor:
@@ -266,11 +332,9 @@ def tensor_preprocess(images: list[torch.Tensor], pp_cfg: dict, kind: str | None
     check_tensor_preprocess(pp_cfg)
     size = model_size(pp_cfg)
     device = images[0].device
-    kind = kind or matmul_kind(device)
+    windows = pad_windows(images, pp_cfg)
     batch = torch.empty(len(images), 3, size[0], size[1], dtype=torch.float32, device=device)
-    for chunk in _chunks(images):
-        resized = _resize_chunk([images[i] for i in chunk], pp_cfg, kind)
-        batch[to_device(torch.tensor(chunk), device)] = resized.to(torch.float32)
+    batch[to_device(windows.order, device)] = resize_windows(windows, pp_cfg, device, kind)
     return model_input(batch, pp_cfg)
 
 

@@ -33,6 +33,7 @@ is over 400 lines.
 """
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -59,13 +60,16 @@ from shardsmith.core.atomic import atomic_open, atomic_write_text, sha256_file
 from shardsmith.core.stopping import Stopped, deferred, ignore_stops
 from shardsmith.embed.decode import (
     JPEG_MAGIC,
+    Windows,
     check_tensor_preprocess,
     decode_jpeg_batch,
     decode_rgb,
     image_pixels,
     image_tensor,
     model_input,
-    tensor_preprocess,
+    model_size,
+    pad_windows,
+    resize_windows,
     to_device,
     worker_transform,
 )
@@ -97,6 +101,7 @@ KEEP_DIR = ".keep"  # beside the outputs: Snakemake deletes a job's outputs befo
 # core, 0.1% of the CPU that decoding those samples takes (330 images/s a core).
 COMMIT_SAMPLES = 10_000
 COMMIT_SECONDS = 60.0
+PREFETCH_BATCHES = 2  # batches a DataLoader worker keeps ready (torch's default)
 
 
 class ModelPixels(NamedTuple):
@@ -105,42 +110,60 @@ class ModelPixels(NamedTuple):
     pixels: torch.Tensor  # uint8 (H, W, 3), `image_pixels` of the worker transform's output
 
 
-def collate_bytes(
-    batch: list[tuple],
-) -> tuple[torch.Tensor, list, tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Batches of `PartSamples(decode=False)`: JPEG bytes stay in a list (None elsewhere); the images the
-    worker decoded go into one uint8 buffer (rows of position, height, width), and those it took to the
-    model's size into one stack (their positions, then (N, H, W, 3)), so that a batch crosses to this process
-    as a few shared-memory tensors, not one per image."""
+class GpuBatch(NamedTuple):
+    """A batch of `PartSamples(decode=False)` (`collate_bytes`), as it crosses to the model's process: a few
+    shared-memory tensors, not one per image."""
+
+    index: torch.Tensor  # the samples' positions in the part
+    jpegs: list  # JPEG bytes for nvJPEG where it is their turn, None elsewhere
+    windows: Windows  # the images the workers decoded, cut for the device's resize; `order`: batch positions
+    finished: tuple[torch.Tensor, torch.Tensor]  # those the workers took to the model's size: positions, (N, H, W, 3)
+    tokens: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def slice(self, start: int, stop: int) -> "GpuBatch":
+        """Samples `start` to `stop - 1` of the batch (a halved batch's part): views where it is whole."""
+        if start == 0 and stop >= len(self):
+            return self
+        windows, finished = self.windows, self.finished
+        keep = (windows.order >= start) & (windows.order < stop)
+        chunks, at = [], 0
+        for chunk in windows.chunks:
+            kept = keep[at : at + len(chunk)]
+            at += len(chunk)
+            if bool(kept.any()):
+                chunks.append(chunk[kept])
+        done = (finished[0] >= start) & (finished[0] < stop)
+        return GpuBatch(
+            self.index[start:stop],
+            self.jpegs[start:stop],
+            Windows(windows.order[keep] - start, windows.params[keep], chunks),
+            (finished[0][done] - start, finished[1][done]),
+            self.tokens[start:stop],
+        )
+
+
+def collate_bytes(batch: list[tuple], pp_cfg: dict) -> GpuBatch:
+    """Batches of `PartSamples(decode=False)`, made in the worker: JPEG bytes stay in a list (None
+    elsewhere); the images the worker decoded are cut to the windows the device's resize reads and padded
+    into a few chunks (`pad_windows`), and those it took to the model's size stacked (their positions, then
+    (N, H, W, 3)), so that the model's process does no work an image."""
     index, images, tokens = zip(*batch, strict=True)
     decoded = [(k, im) for k, im in enumerate(images) if isinstance(im, torch.Tensor)]
-    flat = (
-        torch.cat([im.permute(1, 2, 0).reshape(-1) for _, im in decoded])
-        if decoded
-        else torch.empty(0, dtype=torch.uint8)
-    )
-    shapes = torch.tensor([[k, im.shape[-2], im.shape[-1]] for k, im in decoded], dtype=torch.int64).view(-1, 3)
+    if decoded:
+        windows = pad_windows([im for _, im in decoded], pp_cfg)
+        windows = windows._replace(order=torch.tensor([k for k, _ in decoded], dtype=torch.int64)[windows.order])
+    else:
+        windows = Windows(torch.empty(0, dtype=torch.int64), torch.empty(0, 8, dtype=torch.int64), [])
     done = [(k, im.pixels) for k, im in enumerate(images) if isinstance(im, ModelPixels)]
     finished = (
         torch.tensor([k for k, _ in done], dtype=torch.int64),
         torch.stack([px for _, px in done]) if done else torch.empty(0, dtype=torch.uint8),
     )
     listed = [im if isinstance(im, bytes) else None for im in images]
-    return torch.tensor(index), listed, (flat, shapes), finished, torch.stack(tokens)
-
-
-def worker_images(decoded: tuple[torch.Tensor, torch.Tensor], device: torch.device) -> dict[int, torch.Tensor]:
-    """The images a batch's workers decoded (`collate_bytes`' buffer) on `device`, by position in the batch:
-    one copy of the buffer, then a (3, H, W) view of each image in it."""
-    flat, shapes = decoded
-    if not len(shapes):
-        return {}
-    flat, start, out = flat.to(device, non_blocking=True), 0, {}
-    for k, height, width in shapes.tolist():
-        size = height * width * 3
-        out[k] = flat[start : start + size].view(height, width, 3).permute(2, 0, 1)
-        start += size
-    return out
+    return GpuBatch(torch.tensor(index), listed, windows, finished, torch.stack(tokens))
 
 
 def on_gpu(i: int, fraction: float) -> bool:
@@ -219,49 +242,40 @@ class PartSamples:
         except OSError as e:
             raise ValueError(f"{self.tar_path}: sample {self.keys[i]}: image does not decode ({e})") from e
 
-    def device_images(
-        self,
-        index: torch.Tensor,
-        images: list,
-        decoded: tuple[torch.Tensor, torch.Tensor],
-        finished: tuple[torch.Tensor, torch.Tensor],
-        device: torch.device,
-        pp_cfg: dict,
-    ) -> tuple[torch.Tensor, int, int]:
+    def device_images(self, batch: GpuBatch, device: torch.device, pp_cfg: dict) -> tuple[torch.Tensor, int, int]:
         """A `collate_bytes` batch made model input on `device`: JPEG bytes decoded there, the workers' images
-        copied there and preprocessed there, except those the workers took to the model's size (`finished`),
-        which get only `model_input`.
+        copied there and resized there, a chunk at a time; those the workers took to the model's size
+        (`finished`) get only `model_input`, as every image does last.
 
         Returns the batch, how many JPEGs were decoded there and how many of those fell back to Pillow here.
         """
-        jpegs = [k for k, im in enumerate(images) if im is not None]
-        payloads = [torch.frombuffer(bytearray(images[k]), dtype=torch.uint8) for k in jpegs]
-        if jpegs and device.type == "cuda":
-            # nvJPEG writes on its own stream into memory allocated on this one, without waiting for the work
-            # queued here: memory that queued work still reads (the last batch's images and temporaries)
-            # would be overwritten. Measured so on an H200 (wrong scores); so the queue drains first.
-            torch.cuda.current_stream(device).synchronize()
-        on_device, failed = decode_jpeg_batch(payloads, device) if jpegs else ([], 0)
-        ready: list[torch.Tensor | None] = [None] * len(images)
-        for k, image in worker_images(decoded, device).items():
-            ready[k] = image
-        for k, image in zip(jpegs, on_device, strict=True):
-            if image is None:  # nvJPEG refused it: Pillow decides, as on the CPU path
-                i = int(index[k])
-                log.info("%s: sample %s: decoded by Pillow (nvJPEG refused it)", self.tar_path, self.keys[i])
-                image = image_tensor(self.pil_image(i, images[k])).to(device)
-            ready[k] = image
-        positions, pixels = finished
-        if not len(positions):
-            return tensor_preprocess(ready, pp_cfg), len(jpegs), failed
-        done = model_input(pixels.to(device, non_blocking=True).permute(0, 3, 1, 2), pp_cfg)
-        resize = [k for k, image in enumerate(ready) if image is not None]
-        if not resize:
-            return done, len(jpegs), failed
-        batch = torch.empty(len(images), *done.shape[1:], dtype=done.dtype, device=device)
-        batch[to_device(positions, device)] = done
-        batch[to_device(torch.tensor(resize), device)] = tensor_preprocess([ready[k] for k in resize], pp_cfg)
-        return batch, len(jpegs), failed
+        jpegs = [k for k, im in enumerate(batch.jpegs) if im is not None]
+        size = model_size(pp_cfg)
+        pixels = torch.empty(len(batch), 3, *size, dtype=torch.float32, device=device)  # 0-255, then normalised
+        failed = 0
+        if jpegs:
+            payloads = [torch.frombuffer(bytearray(batch.jpegs[k]), dtype=torch.uint8) for k in jpegs]
+            if device.type == "cuda":
+                # nvJPEG writes on its own stream into memory allocated on this one, without waiting for the
+                # work queued here: memory that queued work still reads (the last batch's images and
+                # temporaries) would be overwritten. Measured so on an H200 (wrong scores); so the queue
+                # drains first.
+                torch.cuda.current_stream(device).synchronize()
+            on_device, failed = decode_jpeg_batch(payloads, device)
+            for n, (k, image) in enumerate(zip(jpegs, on_device, strict=True)):
+                if image is None:  # nvJPEG refused it: Pillow decides, as on the CPU path
+                    i = int(batch.index[k])
+                    log.info("%s: sample %s: decoded by Pillow (nvJPEG refused it)", self.tar_path, self.keys[i])
+                    on_device[n] = image_tensor(self.pil_image(i, batch.jpegs[k])).to(device)
+            windows = pad_windows(on_device, pp_cfg)
+            pixels[to_device(torch.tensor(jpegs)[windows.order], device)] = resize_windows(windows, pp_cfg, device)
+        if len(batch.windows.order):
+            resized = resize_windows(batch.windows, pp_cfg, device)
+            pixels[to_device(batch.windows.order, device)] = resized
+        positions, done = batch.finished
+        if len(positions):
+            pixels[to_device(positions, device)] = done.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
+        return model_input(pixels, pp_cfg), len(jpegs), failed
 
 
 def row_dtype(dim: int, heads: tuple[str, ...] = ()) -> np.dtype:
@@ -436,14 +450,15 @@ class HalvingBatch:
         self.on_oom = on_oom
         self.halvings = 0
 
-    def run(self, fn: Callable[..., tuple[torch.Tensor, ...]], *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        n = len(tensors[0])
+    def run(self, fn: Callable[[int, int], tuple[torch.Tensor, ...]], n: int) -> tuple[torch.Tensor, ...]:
+        """`fn(start, stop)` over samples 0 to `n - 1`, a slice at a time; its outputs concatenated. The slice
+        is prepared inside `fn`, so memory that runs out while a batch is made model input halves it too."""
         outputs, start = [], 0
         while start < n:
             stop = min(n, start + self.size)
             oom = None
             try:
-                outputs.append(fn(*(t[start:stop] for t in tensors)))
+                outputs.append(fn(start, stop))
             except Exception as exc:
                 if not self.is_oom(exc):
                     raise
@@ -499,6 +514,16 @@ class LoopClock:
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(self.STEPS, 0.0)
+        self.received: list[tuple[float, int]] = []  # (when, samples) of each batch the workers handed over
+
+    def steady_rate(self, skip: int) -> float | None:
+        """Samples/s from the moment batch `skip` arrived to now: past the batches the workers had ready
+        before the loop started (they decode while the model loads), the rate a long part keeps. None where
+        the part is too short to tell (fewer than two batches past them)."""
+        if len(self.received) < skip + 2:
+            return None
+        start, seconds = self.received[skip][0], time.perf_counter() - self.received[skip][0]
+        return round(sum(n for _, n in self.received[skip:]) / seconds, 1) if seconds > 0 and start else None
 
     @contextlib.contextmanager
     def __call__(self, step: str) -> Iterator[None]:
@@ -598,8 +623,8 @@ def embed_part(
         batch_size=settings.batch_size,
         num_workers=workers,
         pin_memory=device.type == "cuda",
-        prefetch_factor=2 if workers else None,
-        collate_fn=collate_bytes if decode == "gpu" else None,
+        prefetch_factor=PREFETCH_BATCHES if workers else None,
+        collate_fn=functools.partial(collate_bytes, pp_cfg=pp_cfg) if decode == "gpu" else None,
         worker_init_fn=_worker_init if workers else None,
     )
     batches = iter(loader)  # starts the workers now: they fork from a process that holds no model yet
@@ -618,7 +643,16 @@ def embed_part(
         loaded = time.perf_counter()
         batcher = HalvingBatch(settings.batch_size)
         computed, counts = _embed_batches(
-            batches, dataset, resumed, batcher, (model, heads, columns), device, precision, pp_cfg, commits
+            batches,
+            dataset,
+            resumed,
+            batcher,
+            (model, heads, columns),
+            device,
+            precision,
+            pp_cfg,
+            commits,
+            ready_batches=PREFETCH_BATCHES * workers,
         )
     except Stopped:
         with deferred():  # every batch added so far, whole
@@ -674,10 +708,12 @@ def _embed_batches(
     precision: str,
     pp_cfg: dict,
     commits: PartCommits,
+    ready_batches: int = 0,
 ) -> tuple[list[np.ndarray], dict]:
     """The rows (batch_rows) of samples `start` onwards (`models`: the CLIP model, the score heads and their
-    columns), a batch at a time in order, each committed with
-    `commits`; and the decode counts (JPEGs decoded on the device, of those left to Pillow).
+    columns), a batch at a time in order, each committed with `commits`; and the counts: JPEGs decoded on the
+    device, of those left to Pillow, the loop's seconds by step and its steady rate past the
+    `ready_batches` the workers had ready when it began.
 
     A batch's results are read once the next batch is queued behind it, so the device never waits for this
     process to prepare a batch; on a stop the batch in flight is still read and committed."""
@@ -694,25 +730,30 @@ def _embed_batches(
             order.append(queued.index)
             commits.add(rows)
 
+    def forward(batch: tuple | GpuBatch, begin: int, end: int) -> tuple[torch.Tensor, ...]:
+        """A batch's samples `begin` to `end - 1` made model input and their forward pass queued."""
+        with clock("preparing_batches"):
+            if dataset.decode:  # the workers' uint8 pixels (B, H, W, C): ToTensor and Normalize here
+                pixels = batch[1][begin:end].to(device, non_blocking=True).permute(0, 3, 1, 2)
+                images, on_device, failed = model_input(pixels, pp_cfg), 0, 0
+            else:  # decode: gpu
+                images, on_device, failed = dataset.device_images(batch.slice(begin, end), device, pp_cfg)
+        with clock("running_model"):
+            out = encode(model, images, batch[-1][begin:end], device, precision, heads)
+        counts["jpeg_gpu_decoded"] += on_device  # a slice that ran out of memory is not counted
+        counts["jpeg_pillow_fallbacks"] += failed
+        return out
+
     try:
         while True:
             with clock("waiting_for_workers"):
                 batch = next(batches, None)
             if batch is None:
                 break
-            index, images, *rest = batch
-            tokens = rest[-1]
-            with clock("preparing_batches"):
-                if dataset.decode:  # the workers' uint8 pixels (B, H, W, C): ToTensor and Normalize here
-                    images = model_input(images.to(device, non_blocking=True).permute(0, 3, 1, 2), pp_cfg)
-                else:  # decode: gpu
-                    images, on_device, failed = dataset.device_images(index, images, *rest[:2], device, pp_cfg)
-                    counts["jpeg_gpu_decoded"] += on_device
-                    counts["jpeg_pillow_fallbacks"] += failed
+            clock.received.append((time.perf_counter(), len(batch[0])))
+            index = batch[0]
+            image, text, scores = batcher.run(functools.partial(forward, batch), len(index))
             with clock("running_model"):
-                image, text, scores = batcher.run(
-                    lambda im, tok: encode(model, im, tok, device, precision, heads), images, tokens
-                )
                 queued = Queued(index, image, text, scores, columns)
             if in_flight is not None:
                 finish(in_flight)
@@ -728,6 +769,7 @@ def _embed_batches(
     if order and not torch.equal(torch.cat(order), torch.arange(start, len(dataset))):
         raise RuntimeError("the DataLoader returned samples out of order")
     counts["loop_seconds"] = clock.summary()
+    counts["steady_images_per_second"] = clock.steady_rate(ready_batches)
     return computed, counts
 
 

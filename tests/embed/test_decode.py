@@ -201,9 +201,10 @@ def test_chunks_of_any_size_give_the_same_batch(monkeypatch):
         for h, w in rng.integers(40, 300, (9, 2))
     ]
     whole = tensor_preprocess(images, PP_CFGS[0])
-    monkeypatch.setattr(dec, "CHUNK_VALUES", 3 * 300 * 300)  # one image a chunk, at most
-    assert len(dec._chunks(images)) >= 5
-    assert torch.equal(tensor_preprocess(images, PP_CFGS[0]), whole)
+    for bound, chunks in ((3 * 200 * 200, range(2, 9)), (1, [9])):  # a few images a chunk; one a chunk
+        monkeypatch.setattr(dec, "CHUNK_VALUES", bound)
+        assert len(dec.pad_windows(images, PP_CFGS[0]).chunks) in chunks
+        assert torch.equal(tensor_preprocess(images, PP_CFGS[0]), whole)
 
 
 def test_workers_decode_jpegs_to_pillows_pixels_and_leave_the_rest_to_pillow():

@@ -192,16 +192,18 @@ def test_out_of_memory_halves_the_batch_and_goes_on():
 
     x = torch.arange(48.0).reshape(16, 3)
     batcher = HalvingBatch(16, on_oom=lambda: None)
-    doubled, sums = batcher.run(forward, x)
+    doubled, sums = batcher.run(lambda a, b: forward(x[a:b]), len(x))
     assert torch.equal(doubled, x * 2) and torch.equal(sums, x.sum(dim=1))
     assert batcher.size == 4 and batcher.halvings == 2 and calls[:3] == [16, 8, 4]
-    doubled, _ = batcher.run(forward, x)  # the smaller size is kept: no more failures
+    doubled, _ = batcher.run(lambda a, b: forward(x[a:b]), len(x))  # the smaller size is kept: no more failures
     assert torch.equal(doubled, x * 2) and batcher.halvings == 2
 
     with pytest.raises(ValueError):
-        HalvingBatch(8).run(lambda x: (_ for _ in ()).throw(ValueError("not memory")), x)
+        HalvingBatch(8).run(lambda a, b: (_ for _ in ()).throw(ValueError("not memory")), len(x))
     with pytest.raises(RuntimeError, match="batch of one"):
-        HalvingBatch(2, on_oom=lambda: None).run(lambda x: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")), x)
+        HalvingBatch(2, on_oom=lambda: None).run(
+            lambda a, b: (_ for _ in ()).throw(torch.OutOfMemoryError("oom")), len(x)
+        )
 
 
 def test_out_of_memory_inside_embed_part_gives_the_same_scores(parts, tiny, tmp_path, monkeypatch):
@@ -220,6 +222,34 @@ def test_out_of_memory_inside_embed_part_gives_the_same_scores(parts, tiny, tmp_
     np.testing.assert_allclose(
         pd.read_parquet(tmp_path / "p.parquet")[SIM], pd.read_parquet(part["out_scores"])[SIM], atol=1e-5
     )
+
+
+@pytest.mark.parametrize("decode", ["cpu", "gpu"])
+def test_out_of_memory_while_a_batch_is_made_model_input_halves_it_too(tiny, tmp_path, monkeypatch, decode):
+    """Memory can run out before the forward pass, when a batch is made model input (decode gpu: decoded,
+    resized; both: normalised in float32): the batch is halved there too, each JPEG the device decoded is
+    counted once, and the scores are those of a run that never ran out."""
+    tar, samples = make_part(tmp_path, "src-000009", 9, seed=9, images=photo_part_images(9, 9))
+    settings = replace(tiny, workers=1, batch_size=9)
+    if decode == "gpu":
+        monkeypatch.setattr(embed, "resolve_decode", lambda settings, device: "gpu")  # the GPU path, on the CPU
+        settings = replace(settings, decode="gpu", gpu_decode_fraction=0.5, gpu_resize_fraction=0.5)
+    whole = embed_part(tar, samples, **outputs(tmp_path, "whole"), settings=settings, threads=2)
+    model_input = embed.model_input
+
+    def budgeted(batch, pp_cfg):
+        if batch.shape[0] > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory (forced budget of 3 images)")
+        return model_input(batch, pp_cfg)
+
+    monkeypatch.setattr(embed, "model_input", budgeted)
+    info = embed_part(tar, samples, **outputs(tmp_path, "halved"), settings=settings, threads=2)
+    assert info["oom_halvings"] == 2 and info["final_batch_size"] == 2, info  # 9 -> 4 -> 2
+    assert info["jpeg_gpu_decoded"] == whole["jpeg_gpu_decoded"] == (3 if decode == "gpu" else 0), info  # 1, 5, 7
+    assert info["jpeg_pillow_fallbacks"] == whole["jpeg_pillow_fallbacks"], info
+    a, b = pd.read_parquet(tmp_path / "halved.parquet"), pd.read_parquet(tmp_path / "whole.parquet")
+    assert list(a["key"]) == list(b["key"])
+    np.testing.assert_allclose(a[SIM], b[SIM], atol=1e-5)
 
 
 def test_failed_job_leaves_no_output_and_empty_part_gives_well_formed_files(tiny, tmp_path, monkeypatch):
