@@ -409,6 +409,15 @@ class PartCommits:
                 shutil.rmtree(folder, ignore_errors=True)
 
 
+def main_threads(device: torch.device, threads: int) -> int:
+    """torch's CPU threads in the job's own process: all of `threads` where the model runs on the CPU; one
+    beside a GPU, where this process's CPU work (each batch's rows) is small and the workers keep the other
+    cores busy: a thread pool contending with them for the cores made that work 9-20x slower, 67-104 ms a
+    batch of 512 where one thread takes 3-11 (bench/rows_contention.py), and on an H200 with 15 workers it
+    was where the job's process spent half its time (`reading_results`)."""
+    return max(1, threads) if device.type == "cpu" else 1
+
+
 def _worker_init(worker_id: int) -> None:
     """DataLoader workers leave stopping to this process: SIGTERM reaches a SLURM job's every process, and
     a worker it killed would fail the job instead of letting it commit and stop."""
@@ -577,8 +586,9 @@ def embed_part(
     """Embed every sample of a processed part; writes scores (parquet), embeddings (npz) and info (json).
 
     `threads` is what the job may use: up to `threads - 1` DataLoader workers (at most settings.workers)
-    plus this process, whose torch threads (on the CPU) get all `threads`. Rows are committed every
-    `commit_samples` samples or `commit_seconds` (PartCommits), and a stopped run's commit is taken over.
+    plus this process, whose torch threads get all `threads` on the CPU and one beside a GPU
+    (`main_threads`). Rows are committed every `commit_samples` samples or `commit_seconds` (PartCommits), and
+    a stopped run's commit is taken over.
     """
     started = time.perf_counter()
     samples = pd.read_parquet(samples_path, columns=SAMPLE_COLUMNS)
@@ -628,9 +638,9 @@ def embed_part(
         worker_init_fn=_worker_init if workers else None,
     )
     batches = iter(loader)  # starts the workers now: they fork from a process that holds no model yet
+    previous_threads = torch.get_num_threads()
     try:
-        if device.type == "cpu":
-            torch.set_num_threads(max(1, threads))
+        torch.set_num_threads(main_threads(device, threads))
         model, loaded_cfg = load_model(settings, device)
         if heads is not None:
             if dim is None:
@@ -666,6 +676,7 @@ def embed_part(
         raise
     finally:
         _shut_down(batches)
+        torch.set_num_threads(previous_threads)
     pieces = ([] if kept is None else [kept]) + computed
     if pieces:
         rows = np.concatenate(pieces)

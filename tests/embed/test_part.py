@@ -252,6 +252,29 @@ def test_out_of_memory_while_a_batch_is_made_model_input_halves_it_too(tiny, tmp
     np.testing.assert_allclose(a[SIM], b[SIM], atol=1e-5)
 
 
+def test_the_jobs_process_keeps_one_torch_thread_beside_a_gpu_and_gives_the_setting_back(tiny, tmp_path, monkeypatch):
+    """Beside a GPU the workers hold the cores, so the job's own process computes its rows on one thread;
+    on the CPU the model gets every thread the job has. The process's setting is restored afterwards."""
+    assert embed.main_threads(torch.device("cuda"), 16) == 1
+    assert embed.main_threads(torch.device("cpu"), 16) == 16 and embed.main_threads(torch.device("cpu"), 0) == 1
+    tar, samples = make_part(tmp_path, "src-000010", 4, seed=10)
+    seen, encode = [], embed.encode
+
+    def watched(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(embed, "encode", watched)
+    monkeypatch.setattr(embed, "main_threads", lambda device, threads: 1)  # as beside a GPU
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        embed_part(tar, samples, **outputs(tmp_path, "out"), settings=replace(tiny, batch_size=2), threads=2)
+        assert seen == [1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_failed_job_leaves_no_output_and_empty_part_gives_well_formed_files(tiny, tmp_path, monkeypatch):
     tar, samples = make_part(tmp_path, "src-000009", 3)
     out = outputs(tmp_path, "broken")
