@@ -40,14 +40,14 @@ print(json.dumps(eb.feed_rate(settings, tar, samples, decode, count)))
 """
 
 
-def measure(root: Path, data: Path, decode: str, count: int) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(root), str(data), decode, str(count)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+def run_script(script: str, *args: object) -> dict:
+    """A measuring script run in a process of its own: the JSON of its last line of output."""
+    out = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(root: Path, data: Path, decode: str, count: int) -> dict:
+    return run_script(MEASURE, root, data, decode, count)
 
 
 STAGES = r"""
@@ -97,22 +97,34 @@ def stages(data: Path, count: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", default=BEFORE, help="the commit to compare with (default: %(default)s)")
-    ap.add_argument("--decode", default="cpu", help="the decode path, as embed_bench names it (default: cpu)")
-    ap.add_argument("--count", type=int, default=512, help="samples a measurement (default: 512)")
-    ap.add_argument("--rounds", type=int, default=4, help="pairs measured (default: 4)")
+def pair_arguments(ap: argparse.ArgumentParser, before: str, results: str) -> None:
+    """What a bench of the working tree against a commit is told: the commit, where its part and model are
+    made, and its results file."""
+    ap.add_argument("--before", default=before, help="the commit to compare with (default: %(default)s)")
     ap.add_argument(
         "--data", default=str(REPO / "bench" / "data" / "embed"), help="where the part and the model are made"
     )
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "embed-feed-pair-cpu.json"))
-    args = ap.parse_args(argv)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / results))
+
+
+def pair_inputs(args: argparse.Namespace) -> tuple[Path, str]:
+    """`pair_arguments`' data folder, made, and the commit's short hash."""
     data = Path(args.data)
     data.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--short", args.before], capture_output=True, text=True, check=True
     ).stdout.strip()
+    return data, commit
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    pair_arguments(ap, BEFORE, "embed-feed-pair-cpu.json")
+    ap.add_argument("--decode", default="cpu", help="the decode path, as embed_bench names it (default: cpu)")
+    ap.add_argument("--count", type=int, default=512, help="samples a measurement (default: 512)")
+    ap.add_argument("--rounds", type=int, default=4, help="pairs measured (default: 4)")
+    args = ap.parse_args(argv)
+    data, commit = pair_inputs(args)
     pairs = []
     with tempfile.TemporaryDirectory() as tmp:
         before = checkout(commit, Path(tmp) / "before")

@@ -221,6 +221,17 @@ def crop_windows(sizes: torch.Tensor, pp_cfg: dict) -> tuple[torch.Tensor, torch
     return params, torch.stack([row1 - row0, col1 - col0], dim=1)
 
 
+def batch_tensor(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed 1-D tensor for a batch, to be viewed in pieces. In a DataLoader worker it is made in shared
+    memory, as torch's own collate makes its batches: a tensor in the worker's own memory is copied into
+    shared memory whole to cross to the job's process, a second copy of every pixel; and a new shared
+    segment reads as zeros already (a file extended by ftruncate), so it is not written twice."""
+    if device.type != "cpu" or torch.utils.data.get_worker_info() is None:
+        return torch.zeros(numel, dtype=dtype, device=device)
+    empty = torch.empty(0, dtype=dtype)
+    return empty.new(empty._typed_storage()._new_shared(numel, device=device))
+
+
 class Windows(NamedTuple):
     """A batch's images cut to what the resize reads (`pad_windows`): `params` (n, 8, `crop_windows`) and
     `chunks`, uint8 (m, rows, columns, 3) each, whose images follow one another in `params`' order; an
@@ -234,7 +245,7 @@ class Windows(NamedTuple):
 def pad_windows(images: list[torch.Tensor], pp_cfg: dict) -> Windows:
     """uint8 (3, H, W) images (any strides, on any one device) cut to their input windows, (rows, columns, 3)
     as a decoder lays pixels out (a window's row is one copy), in chunks of similar sizes (`_chunks`) padded
-    with zeros.
+    with zeros, views of one buffer (`batch_tensor`).
 
     Run where the images are: in a DataLoader worker on its own decodes, so that a batch crosses to the
     model's process as a few tensors that the device resizes with a few operations a chunk, none an image."""
@@ -242,17 +253,15 @@ def pad_windows(images: list[torch.Tensor], pp_cfg: dict) -> Windows:
     params, extents = crop_windows(sizes, pp_cfg)
     groups = _chunks(extents)
     starts, counts = params[:, 6:8].tolist(), extents.tolist()
-    chunks = []
-    for group in groups:
-        rows, columns = (int(v) for v in extents[group].max(dim=0).values)
-        chunk = torch.empty(len(group), rows, columns, 3, dtype=torch.uint8, device=images[0].device)
+    shapes = [(len(group), *(int(v) for v in extents[group].max(dim=0).values), 3) for group in groups]
+    buffer = batch_tensor(sum(math.prod(shape) for shape in shapes), torch.uint8, images[0].device)
+    chunks, at = [], 0
+    for group, shape in zip(groups, shapes, strict=True):  # one buffer, so one shared segment a batch
+        chunk = buffer[at : at + math.prod(shape)].view(shape)
+        at += math.prod(shape)
         for j, i in enumerate(group):
             (r0, c0), (nr, nc) = starts[i], counts[i]
             chunk[j, :nr, :nc].copy_(images[i].permute(1, 2, 0)[r0 : r0 + nr, c0 : c0 + nc])
-            if nr < rows:  # only the padding is written twice, not the whole chunk
-                chunk[j, nr:].zero_()
-            if nc < columns:
-                chunk[j, :nr, nc:].zero_()
         chunks.append(chunk)
     order = torch.tensor([i for group in groups for i in group], dtype=torch.int64)
     return Windows(order, params[order], chunks)

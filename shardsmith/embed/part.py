@@ -61,6 +61,7 @@ from shardsmith.core.stopping import Stopped, deferred, ignore_stops
 from shardsmith.embed.decode import (
     JPEG_MAGIC,
     Windows,
+    batch_tensor,
     check_tensor_preprocess,
     decode_jpeg_batch,
     decode_rgb,
@@ -157,13 +158,14 @@ def collate_bytes(batch: list[tuple], pp_cfg: dict) -> GpuBatch:
         windows = windows._replace(order=torch.tensor([k for k, _ in decoded], dtype=torch.int64)[windows.order])
     else:
         windows = Windows(torch.empty(0, dtype=torch.int64), torch.empty(0, 8, dtype=torch.int64), [])
-    done = [(k, im.pixels) for k, im in enumerate(images) if isinstance(im, ModelPixels)]
-    finished = (
-        torch.tensor([k for k, _ in done], dtype=torch.int64),
-        torch.stack([px for _, px in done]) if done else torch.empty(0, dtype=torch.uint8),
-    )
+    done = [im.pixels for im in images if isinstance(im, ModelPixels)]
+    pixels = torch.empty(0, dtype=torch.uint8)
+    if done:
+        pixels = batch_tensor(len(done) * done[0].numel(), torch.uint8, done[0].device).view(len(done), *done[0].shape)
+        torch.stack(done, out=pixels)
+    positions = torch.tensor([k for k, im in enumerate(images) if isinstance(im, ModelPixels)], dtype=torch.int64)
     listed = [im if isinstance(im, bytes) else None for im in images]
-    return GpuBatch(torch.tensor(index), listed, windows, finished, torch.stack(tokens))
+    return GpuBatch(torch.tensor(index), listed, windows, (positions, pixels), torch.stack(tokens))
 
 
 def on_gpu(i: int, fraction: float) -> bool:
