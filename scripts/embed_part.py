@@ -27,7 +27,10 @@ def main() -> None:
             else ""
         )
     )
-    print(f"{info['part']}: the batch loop's seconds by step (docs/sizing.md): {info['loop_seconds']}")
+    print(
+        f"{info['part']}: the batch loop's seconds by step (docs/sizing.md): {info['loop_seconds']}; "
+        f"steady rate {info['steady_images_per_second']} img/s"
+    )
     if prov["random_weights"]:
         print(prov["weights_statement"])
 
