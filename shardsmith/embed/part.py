@@ -121,12 +121,9 @@ class GpuBatch(NamedTuple):
     finished: tuple[torch.Tensor, torch.Tensor]  # those the workers took to the model's size: positions, (N, H, W, 3)
     tokens: torch.Tensor
 
-    def __len__(self) -> int:
-        return len(self.index)
-
     def slice(self, start: int, stop: int) -> "GpuBatch":
         """Samples `start` to `stop - 1` of the batch (a halved batch's part): views where it is whole."""
-        if start == 0 and stop >= len(self):
+        if start == 0 and stop >= len(self.index):
             return self
         windows, finished = self.windows, self.finished
         keep = (windows.order >= start) & (windows.order < stop)
@@ -253,7 +250,7 @@ class PartSamples:
         """
         jpegs = [k for k, im in enumerate(batch.jpegs) if im is not None]
         size = model_size(pp_cfg)
-        pixels = torch.empty(len(batch), 3, *size, dtype=torch.float32, device=device)  # 0-255, then normalised
+        pixels = torch.empty(len(batch.index), 3, *size, dtype=torch.float32, device=device)  # 0-255, normalised last
         failed = 0
         if jpegs:
             payloads = [torch.frombuffer(bytearray(batch.jpegs[k]), dtype=torch.uint8) for k in jpegs]

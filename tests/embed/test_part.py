@@ -26,6 +26,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from open_clip.transform import PreprocessCfg, image_transform_v2
 from PIL import Image
 from workflow_helpers import REPO
 
@@ -250,6 +251,24 @@ def test_out_of_memory_while_a_batch_is_made_model_input_halves_it_too(tiny, tmp
     a, b = pd.read_parquet(tmp_path / "halved.parquet"), pd.read_parquet(tmp_path / "whole.parquet")
     assert list(a["key"]) == list(b["key"])
     np.testing.assert_allclose(a[SIM], b[SIM], atol=1e-5)
+
+
+def test_a_slice_of_a_gpu_batch_is_made_the_model_input_of_those_samples(tiny, tmp_path):
+    """A halved batch's slices (`GpuBatch.slice`: JPEG bytes, the workers' windows chunk by chunk, their
+    finished pixels) become, end to end, the whole batch's model input, bit for bit."""
+    tar, samples = make_part(tmp_path, "src-000011", 9, seed=11, images=photo_part_images(9, 11))
+    embed_model.register_model_config(tiny)
+    pp_cfg = embed_model.preprocess_config(tiny)
+    transform = image_transform_v2(PreprocessCfg(**pp_cfg), is_train=False)
+    table = pd.read_parquet(samples, columns=embed.SAMPLE_COLUMNS)
+    dataset = PartSamples(tar, table, transform, open_clip.get_tokenizer(NAME), False, 0.5, 0.5)
+    batch = embed.collate_bytes([dataset[i] for i in range(9)], pp_cfg)
+    assert sum(im is not None for im in batch.jpegs) and len(batch.windows.order) and len(batch.finished[0])
+    cpu = torch.device("cpu")
+    whole, decoded, _ = dataset.device_images(batch, cpu, pp_cfg)
+    pieces = [dataset.device_images(batch.slice(a, b), cpu, pp_cfg) for a, b in ((0, 4), (4, 6), (6, 9))]
+    assert torch.equal(torch.cat([p[0] for p in pieces]), whole)
+    assert sum(p[1] for p in pieces) == decoded and batch.slice(0, 9) is batch
 
 
 def test_the_jobs_process_keeps_one_torch_thread_beside_a_gpu_and_gives_the_setting_back(tiny, tmp_path, monkeypatch):
