@@ -2,8 +2,10 @@
 
 The CPU path (shardsmith.embed.part.PartSamples) decodes with Pillow and runs open_clip's inference transform
 on PIL images in the DataLoader workers. Here the workers decode at most (libjpeg-turbo, `decode_rgb`), or
-only read bytes that nvJPEG decodes on the GPU (`decode_jpeg_batch`); the resize, crop and normalisation of
-a whole batch then run on the model's device as a few matrix products (`tensor_preprocess`).
+only read bytes that nvJPEG decodes on the GPU (`decode_jpeg_batch`); each image is cut to the rows and
+columns its resize and crop read (`crop_windows`), padded into chunks of similar size (`pad_windows`, in the
+workers for their own decodes), and the resize, crop and normalisation then run on the model's device as a
+few matrix products a chunk (`resize_windows`, `tensor_preprocess`).
 
 The resize is Pillow's own arithmetic, not an approximation of it: a resize is a product with a matrix of
 Pillow's filter coefficients, quantised to Pillow's 22-bit fixed point (`pillow_coefficients`), the

@@ -11,8 +11,9 @@ the job goes on.
 With `decode: gpu` (CUDA only) the workers tokenize and decode part of the JPEGs at most: `gpu_decode_fraction`
 of them (every sample whose turn it is, by position, so a rerun splits them alike) stay bytes and are decoded
 in batches by nvJPEG (`torchvision.io.decode_jpeg(..., device="cuda")`); the workers decode the others with
-libjpeg-turbo, and other formats with Pillow, into one buffer a batch. open_clip's inference transform then
-runs on the whole batch on the GPU (`shardsmith.embed.decode`), except for the images the workers take to the
+libjpeg-turbo, and other formats with Pillow, and cut each to its input window, padded into a few chunks in
+one shared buffer a batch (`pad_windows`). open_clip's inference transform then runs on the whole batch on
+the GPU, a chunk at a time (`shardsmith.embed.decode`), except for the images the workers take to the
 model's size themselves, as with `decode: cpu` (all but `gpu_resize_fraction` of those they decode, by
 position). A JPEG nvJPEG refuses is decoded by Pillow in this process, one image at a time.
 
