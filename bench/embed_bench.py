@@ -130,8 +130,9 @@ def make_part(folder: Path, count: int, seed: int = 3, unique: int | None = None
     """A processed part of `count` photo-like JPEGs (200-512 px) with captions; reused when already made.
 
     The images are made on every core (8,192 of them take minutes on one), each from its own seed. With
-    `unique` below `count`, only that many are made and the part repeats them in turn (each sample its own
-    key and caption): a part long enough for the steady rate, made in the time of a short one."""
+    `unique` below `count`, the part repeats the images of the part of `unique` samples in turn (each sample its
+    own key and caption): a part long enough for the steady rate, made in the time of a short one, and its
+    images made once for every count built on them."""
     unique = count if unique is None else min(unique, count)
     name = f"bench-{count}" if unique == count else f"bench-{count}-of-{unique}"
     tar, samples = folder / f"{name}.tar", folder / f"{name}.samples.parquet"
@@ -143,8 +144,14 @@ def make_part(folder: Path, count: int, seed: int = 3, unique: int | None = None
         size = (side, int(side * rng.choice([0.66, 0.75, 1.0]))) if rng.random() < 0.7 else (int(side * 0.75), side)
         specs.append((seed, i, *size))
         captions.append(" ".join(rng.choice(WORDS, size=int(rng.integers(4, 14)))).encode())
-    with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
-        images = pool.map(_bench_image, specs, chunksize=16)
+    if unique < count:  # the images of the part of `unique` samples, made once whatever the counts built on it
+        base_tar, base_samples = make_part(folder, unique, seed)
+        where = pd.read_parquet(base_samples, columns=["jpg_offset", "jpg_size"]).to_numpy()
+        with open(base_tar, "rb") as f:
+            images = [os.pread(f.fileno(), int(size), int(offset)) for offset, size in where]
+    else:
+        with multiprocessing.get_context("fork").Pool(os.cpu_count()) as pool:
+            images = pool.map(_bench_image, specs, chunksize=16)
     captions += [" ".join(rng.choice(WORDS, size=int(rng.integers(4, 14)))).encode() for _ in range(count - unique)]
     with atomic_open(tar) as f, ShardWriter(f) as w:
         for i, caption in enumerate(captions):
