@@ -1,16 +1,17 @@
 """What a small build costs after its downloads: a commit's workflow against the working tree's, same run.
 
-    python bench/tail_bench.py [--count 8000] [--parts 2] [--rounds 3] [--before 033fd14]
+    python bench/tail_bench.py [--count 8000] [--parts 2] [--rounds 3] [--before 033fd14] [--no-warmup]
 
 The web-size mix of bench/e2e_bench.py (8,000 images served from 127.0.0.1, the bench's config: near-duplicates,
 records already published, 2 parts on 2 cores) is downloaded once for each code: the `--before` commit's tracked
-files (git archive) and the working tree. Each folder is kept as it stands after its downloads, and built once
-to the end, not counted (the commit's modules are compiled, the caches warm). Then, `--rounds` times and
-alternating which goes first, each folder is restored from that copy and the build runs to the end: planning,
-shards, index, validation, publishing and the report. The figure is the time from the start of the first job to
-the end of the run (`after_downloads_s`, what a user waits for after the last download), with the jobs, their
-rules and the cores' idle share; the published files of the two must be byte-identical (but build.json and
-_COMPLETE.json, which name the code and the publish time). Results go to bench/results/tail.json.
+files (git archive) and the working tree. Each folder is kept as it stands after its downloads, and built once to
+the end, not counted (the commit's modules are compiled, the caches warm; `--no-warmup`, for a smoke test that
+times nothing, leaves this build out). Then, `--rounds` times and alternating which goes first, each folder is
+restored from that copy and the build runs to the end: planning, shards, index, validation, publishing and the
+report. The figure is the time from the start of the first job to the end of the run (`after_downloads_s`, what a
+user waits for after the last download), with the jobs, their rules and the cores' idle share; the published files
+of the two must be byte-identical (but build.json and _COMPLETE.json, which name the code and the publish time).
+Results go to bench/results/tail.json.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--before", default=BEFORE, help="the commit to compare with (default: %(default).7s)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "tail.json")
+    ap.add_argument("--no-warmup", action="store_true", help="no build before the measured ones (a smoke test)")
     a = ap.parse_args()
 
     mix = e2e.MIXES["web-size"]
@@ -130,7 +132,7 @@ def main() -> None:
     differ = False
     try:
         keep = {c: downloaded(code, tmp / c, manifest, a.count, a.parts) for c, code in codes.items()}
-        for c in codes:  # not counted (module docstring)
+        for c in () if a.no_warmup else codes:  # not counted (module docstring)
             after_downloads(codes[c], tmp / c, keep[c])
         for i in range(a.rounds):
             for c in list(codes) if i % 2 == 0 else list(codes)[::-1]:
