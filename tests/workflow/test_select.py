@@ -24,6 +24,9 @@ from tests.workflow.test_cluster import file_hashes
 
 pytestmark = pytest.mark.workflow
 COLUMNS = score_columns(NAME)
+# The demo's 25 manifest rows in one part, then in two (its 8 photos and 2 legacy shards are a part each either
+# way): 4 parts, then 5. Each part is an embed_part job, most of a build's time.
+PART_SIZES = (32, 16)
 SELECT = [
     {"name": "clip_top", "column": "similarity", "top_fraction": 0.6},
     {"name": "image_norm", "column": "image_norm", "top_fraction": 0.9},
@@ -79,7 +82,7 @@ def builds(tmp_path_factory):
     make_demo(base / "data")
     curation_inputs(base / "data")
     models = write_tiny_clip(base / "models")
-    return [build(base, base / "data", models, part_size) for part_size in (16, 5)]
+    return [build(base, base / "data", models, part_size) for part_size in PART_SIZES]
 
 
 def scores_of(root) -> pd.DataFrame:
@@ -206,5 +209,5 @@ def test_the_takedown_list_and_the_evaluation_set_leave_their_records_out(builds
 def test_a_rebuild_elsewhere_with_every_curation_option_is_byte_identical(builds, tmp_path):
     root, version = builds[0]
     models = (root.parent / "models" / f"{NAME}.json", root.parent / "models" / f"{NAME}.pt")
-    _, again = build(tmp_path, root.parent / "data", models, 16, name="again")
+    _, again = build(tmp_path, root.parent / "data", models, PART_SIZES[0], name="again")
     assert file_hashes(again) == file_hashes(version)  # every file, the publish marker but its time
