@@ -52,6 +52,14 @@ def out_dir(root):
     return root / "output" / "demo"
 
 
+def from_downloads(build_root, root):
+    """The build's parts as downloaded, copied to `root` with their times (copy2) and without Snakemake's
+    records of the build's paths: up to date there (no dedupe, validate or loaders setting changes them), so a
+    run in `root` starts with planning. For tests of what comes after the downloads."""
+    for part in ("raw", "work/demo/plan/parts", "work/demo/processed"):
+        shutil.copytree(build_root / part, root / part, symlinks=True)
+
+
 def test_ledger_adds_up_every_record_published_or_rejected(build, demo_data):
     root, _ = build
     _, n_inputs = demo_data
@@ -210,6 +218,7 @@ def test_without_energon_sqlite_the_version_has_every_file_but_the_index_and_tra
 ):
     data, _ = demo_data
     root = tmp_path / "no-sqlite"
+    from_downloads(build[0], root)
     run_workflow(root, demo_config(data, root, loaders={"energon_sqlite": False}))
     version, with_index = published_version(root), published_version(build[0])
     files = {str(p.relative_to(version)) for p in version.rglob("*") if p.is_file()}
@@ -319,8 +328,9 @@ def test_bad_config_value_names_the_key(demo_data, tmp_path):
     assert proc.returncode != 0 and "samples_per_shard" in proc.stderr
 
 
-def test_validation_failure_stops_the_run_and_nothing_is_published(demo_data, tmp_path):
+def test_validation_failure_stops_the_run_and_nothing_is_published(build, demo_data, tmp_path):
     data, _ = demo_data
+    from_downloads(build[0], tmp_path)
     config = demo_config(data, tmp_path, validate={"min_shards": 64})
     proc = run_workflow(tmp_path, config, check=False)
     assert proc.returncode != 0
@@ -392,9 +402,7 @@ def test_planning_in_buckets_killed_mid_job_gives_the_one_bucket_build_on_rerun(
     config["dedupe"] = {"near": "report", "buckets": 3, "decision_rounds": 2, "buckets_per_job": 2}
     if buckets == 1:
         config["dedupe"] = {"near": "report"}
-    # copied with their times (copy2), without Snakemake's records of the build's paths: up to date, not rerun
-    for part in ("raw", "work/demo/plan/parts", "work/demo/processed"):
-        shutil.copytree(root1 / part, root / part, symlinks=True)
+    from_downloads(root1, root)
     # written as run_workflow writes it (keys in the config's order) for the rerun below: params equal to the
     # killed run's, so that it reruns only what the kill left unfinished, not every job
     (root / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
