@@ -163,6 +163,12 @@ def build(root: Path, config: dict, checkout: Path, *targets: str) -> None:
     assert proc.returncode == 0, f"{checkout}: {proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
 
 
+def published_target(root: Path, version: str) -> str:
+    """publish_dataset's output (the same path in both codes): a build up to the published version, without the
+    report's plots and tables, which are neither published nor compared here."""
+    return str(root / "work" / "demo" / "published" / f"{version}.json")
+
+
 def downloaded_parts(root: Path, config: dict, checkout: Path) -> Path:
     """`checkout`'s plan of parts, and each part downloaded and embedded, in `root`: what a layout's build starts
     from (the rules up to embed_part take no dedupe setting, and a copy keeps the files' times)."""
@@ -185,7 +191,7 @@ def builds(tmp_path_factory):
     write_manifests(data, rows)
     model = write_tiny_clip(base / "models")
     first = base / "v1"
-    run_workflow(first, config_for(data, first, model, {}, "v1"))
+    run_workflow(first, config_for(data, first, model, {}, "v1"), published_target(first, "v1"))
     grow(data, rows)
     out = {}
     try:
@@ -196,7 +202,7 @@ def builds(tmp_path_factory):
                 root = base / layout / code
                 shutil.copytree(parts, root, ignore=shutil.ignore_patterns(".snakemake"))
                 shutil.copytree(first / "fast-storage", root / "fast-storage")  # the same v1 to dedupe against
-                build(root, config_for(data, root, model, dedupe, "v2"), checkout)
+                build(root, config_for(data, root, model, dedupe, "v2"), checkout, published_target(root, "v2"))
                 out[layout, code] = root
         yield out
     finally:
