@@ -37,7 +37,9 @@ def build(tmp_path_factory):
         "enabled": True, "model": NAME, "pretrained": str(ckpt), "model_config": str(model_config),
         "batch_size": 16, "workers": 1, "save_embeddings": True,
     }  # fmt: skip
-    config = demo_config(base / "data", root, embed=embed)
+    # parts of 32: the demo's 25 manifest rows in one part, 4 parts in all, each an embed_part job (the demo's
+    # 16 makes 5; no test here counts parts)
+    config = demo_config(base / "data", root, embed=embed, part_size=32)
     work = root / "work" / "demo"
     run_workflow(root, config, str(work / "plan" / "parts"))
     parts = sorted(p.name.removesuffix(".parquet") for p in (work / "plan" / "parts").glob("*.parquet"))
@@ -45,7 +47,7 @@ def build(tmp_path_factory):
     part_scores = pd.concat([pd.read_parquet(work / "embed" / f"{p}.parquet") for p in parts], ignore_index=True)
     threshold = round(float(np.median(part_scores[SIM])), 6)
     mtimes = {p: os.stat(work / "embed" / f"{p}.parquet").st_mtime_ns for p in parts}
-    config = demo_config(base / "data", root, embed={**embed, "min_similarity": threshold})
+    config = demo_config(base / "data", root, embed={**embed, "min_similarity": threshold}, part_size=32)
     run_workflow(root, config)
     return {"root": root, "config": config, "threshold": threshold, "part_scores": part_scores, "mtimes": mtimes}
 
