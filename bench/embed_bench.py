@@ -20,7 +20,9 @@ decodes every JPEG), `gpu@0.5`, `gpu@0` (the workers decode, the GPU only prepro
   preprocessing alone with float64 and with split float32 products.
 - pin memory (CUDA): each path's batches copied into pinned memory by one thread, as the DataLoader's
   pin-memory thread does between the workers and the main loop: images/s and kB an image.
-- forward: the device's own forward-pass rate (images and captions already on the device) per batch size.
+- forward: the device's own forward-pass rate (images and captions already on the device) per batch size;
+  on CUDA also the host milliseconds to queue one batch's pass (`queue_ms`) and the pass captured as a CUDA
+  graph (`cuda_graph`: its rate, its queue time, whether it equals the eager pass bit for bit).
 - end to end: `shardsmith.embed.part.embed_part` over the part, per batch size, worker count and decode: images/s
   from the loaded model to the written files, the fraction of the forward rate that is, and on CUDA the GPU
   utilisation (NVML through nvidia-smi, sampled every 100 ms while the part is embedded) and peak GPU memory.
@@ -320,7 +322,7 @@ def forward_rates(settings: EmbedSettings, device: torch.device, batches: list[i
     precision = embed_model.resolve_precision(settings.precision, device)
     tokenizer = open_clip.get_tokenizer(settings.model)
     size = decode_ops.model_size(pp_cfg)
-    rates = {}
+    rates, queue_ms, graphed = {}, {}, {}
     for batch in batches:
         images = torch.randn(batch, 3, *size, device=device)
         tokens = tokenizer([" ".join(WORDS[: 4 + i % 10]) for i in range(batch)]).to(device)
@@ -332,6 +334,11 @@ def forward_rates(settings: EmbedSettings, device: torch.device, batches: list[i
                 embed.encode(model, images, tokens, device, precision)
             sync(device)
             rates[str(batch)] = round(batch * iters / (time.perf_counter() - start), 1)
+            if device.type == "cuda":
+                queue_ms[str(batch)] = queue_time(
+                    functools.partial(embed.encode, model, images, tokens, device, precision)
+                )
+                graphed[str(batch)] = graph_rate(model, images, tokens, device, precision, iters)
         except Exception as exc:
             if not embed.is_out_of_memory(exc):
                 raise
@@ -339,7 +346,59 @@ def forward_rates(settings: EmbedSettings, device: torch.device, batches: list[i
             embed._free_cuda_cache()
     del model
     embed._free_cuda_cache()
-    return {"precision": precision, "iterations": iters, "img_per_s": rates, "load_average_1min": load_average()}
+    return {
+        "precision": precision,
+        "iterations": iters,
+        "img_per_s": rates,
+        "queue_ms": queue_ms or NOT_MEASURED,
+        "cuda_graph": graphed or NOT_MEASURED,
+        "load_average_1min": load_average(),
+    }
+
+
+def queue_time(step, rounds: int = 5) -> float:
+    """Median host milliseconds for `step` to return with the device idle: the time this process spends
+    launching a batch's kernels, which the job's loop pays a batch whatever the device's speed."""
+    times = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+        torch.cuda.synchronize()
+    return round(sorted(times)[len(times) // 2] * 1000, 2)
+
+
+def graph_rate(model, images, tokens, device: torch.device, precision: str, iters: int) -> dict:
+    """The forward pass captured once as a CUDA graph and replayed: its images/s, its host milliseconds a
+    batch, and whether its embeddings equal the eager pass's bit for bit. Whether launching the kernels
+    bounds the job's loop (queue_ms against a batch's device time) is what this says; the job does not
+    use graphs."""
+    try:
+        eager = [t.clone() for t in embed.encode(model, images, tokens, device, precision)]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # capture needs its warm-up on a side stream
+            for _ in range(2):
+                embed.encode(model, images, tokens, device, precision)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = embed.encode(model, images, tokens, device, precision)
+        graph.replay()
+        torch.cuda.synchronize()
+        identical = all(torch.equal(a, b) for a, b in zip(eager, captured))
+        start = time.perf_counter()
+        for _ in range(iters):
+            graph.replay()
+        torch.cuda.synchronize()
+        rate = round(len(images) * iters / (time.perf_counter() - start), 1)
+        result = {"img_per_s": rate, "queue_ms": queue_time(graph.replay), "identical_to_eager": identical}
+        del graph, captured
+    except Exception as exc:  # an experiment: its failure is a finding, not the end of the bench
+        result = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    embed._free_cuda_cache()
+    return result
 
 
 def load_average() -> float:

@@ -71,6 +71,7 @@ def test_a_short_cpu_run_writes_every_figure_or_says_it_was_not_measured(tmp_pat
     (feed,) = model["feed_per_core"]
     assert feed["decode"] == "cpu" and feed["images"] == 8 and feed["img_per_s_per_core"] > 0
     assert model["forward"]["precision"] == "fp32" and model["forward"]["img_per_s"]["4"] > 0
+    assert model["forward"]["queue_ms"] == model["forward"]["cuda_graph"] == eb.NOT_MEASURED
     (run,) = model["runs"]
     assert run["images"] == 6 and run["batch_size"] == 4 and run["workers"] == 0 and run["decode"] == "cpu"
     assert run["img_per_s"] > 0 and run["fraction_of_forward_rate"] > 0
@@ -96,3 +97,13 @@ def test_the_pin_memory_figure_counts_every_image_and_byte_a_path_hands_over(tmp
     assert cpu["kb_per_image"] == round((height * width * 3 + tokens + 8) / 1e3, 1)  # pixels, tokens, index
     gpu = eb.pin_rate(settings, tar, samples, torch.device("cpu"), 12, "gpu@0")
     assert gpu["images"] == 12 and gpu["kb_per_image"] > cpu["kb_per_image"]  # decoded images, larger than 224
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU")
+def test_on_cuda_the_forward_figures_say_the_launch_time_and_the_graphed_pass_equals_the_eager_one(tmp_path):
+    settings = eb.model_settings(NAME, tmp_path)
+    forward = eb.forward_rates(settings, torch.device("cuda"), [8], 3)
+    assert forward["img_per_s"]["8"] > 0 and forward["queue_ms"]["8"] > 0
+    graph = forward["cuda_graph"]["8"]
+    assert graph.get("error") is None and graph["img_per_s"] > 0 and graph["queue_ms"] > 0
+    assert graph["identical_to_eager"] is True
