@@ -10,7 +10,8 @@ For every model it measures:
 
 Each decode path is named as `embed.decode` with `@` and `gpu_decode_fraction` for gpu: `cpu`, `gpu@1` (nvJPEG
 decodes every JPEG), `gpu@0.5`, `gpu@0` (the workers decode, the GPU only preprocesses); then `,` and
-`gpu_resize_fraction` where it is below 1: `gpu@0,0.5` (the workers decode all and resize half, the GPU the rest).
+`gpu_resize_fraction` where it is below 1: `gpu@0,0.5` (the workers decode all and resize half, the GPU the rest);
+and `+graph` for the run with `embed.cuda_graph` (CUDA only): `gpu@0+graph`.
 
 - feed: the DataLoader side alone, no model, on one core: how many images/s one worker turns into model
   input (read, decode, open_clip's transform up to its uint8 pixels, tokenize: the division by 255 and
@@ -73,6 +74,7 @@ from shardsmith.formats.parts import SAMPLE_COLUMNS
 from shardsmith.formats.tario import ShardWriter
 
 NOT_MEASURED = "not measured: no GPU lent"
+GRAPH = "+graph"  # a decode path's suffix: the run with embed.cuda_graph
 OUTPUTS = (("out_scores", "parquet"), ("out_embeddings", "npz"), ("out_info", "json"))
 BUSY = 0.9  # the GPU must be at least this busy: the workers feed 1/BUSY of its rate
 TARGET_B32 = 3000  # issue 19's end-to-end target for ViT-B-32 on one H100/H200, images/s
@@ -195,9 +197,15 @@ def parse_path(name: str) -> tuple[str, float, float]:
     return decode, *values
 
 
+def without_graph(name: str) -> str:
+    """A path's decode: `+graph` (embed.cuda_graph) changes the model's pass, not what feeds it."""
+    return name.removesuffix(GRAPH)
+
+
 def with_path(settings: EmbedSettings, name: str) -> EmbedSettings:
-    decode, fraction, resize = parse_path(name)
-    return replace(settings, decode=decode, gpu_decode_fraction=fraction, gpu_resize_fraction=resize)
+    decode, fraction, resize = parse_path(without_graph(name))
+    graph = name.endswith(GRAPH)
+    return replace(settings, decode=decode, gpu_decode_fraction=fraction, gpu_resize_fraction=resize, cuda_graph=graph)
 
 
 def loader_for(settings: EmbedSettings, tar: str, samples: str, batch: int, count: int):
@@ -461,8 +469,9 @@ def end_to_end(settings: EmbedSettings, tar: str, samples: str, device: torch.de
         "batch_size": settings.batch_size,
         "workers": info["workers"],
         "threads": threads,
-        "decode": info["decode_path"],
+        "decode": info["decode_path"] + (GRAPH if settings.cuda_graph else ""),
         "jpeg_gpu_decoded": info.get("jpeg_gpu_decoded", 0),
+        **({"cuda_graph_replays": info["cuda_graph_replays"]} if settings.cuda_graph else {}),
         "images": info["samples"],
         "img_per_s": info["images_per_second"],
         "steady_img_per_s": info["steady_images_per_second"],
@@ -582,11 +591,14 @@ def main(argv: list[str] | None = None) -> dict:
     d = DEFAULTS["cuda" if device.type == "cuda" else "cpu"]
     batches, workers, decodes = a.batch or d["batch"], a.workers or d["workers"], a.decode or d["decode"]
     try:
-        gpu_paths = [p for p in decodes if parse_path(p)[0] == "gpu"]
+        feeds = list(dict.fromkeys(without_graph(p) for p in decodes))  # what feeds the model, once each
+        gpu_paths = [p for p in feeds if parse_path(p)[0] == "gpu"]
     except ValueError as e:
         ap.error(str(e))
     if gpu_paths and device.type != "cuda":
         ap.error("--decode gpu needs a CUDA device")
+    if device.type != "cuda" and any(p.endswith(GRAPH) for p in decodes):
+        ap.error(f"--decode ...{GRAPH} needs a CUDA device")
     iters, feed_count = a.iters or d["iters"], a.feed_count or (512 if device.type == "cuda" else 64)
     data = Path(a.data)
     (data / "models").mkdir(parents=True, exist_ok=True)
@@ -597,11 +609,11 @@ def main(argv: list[str] | None = None) -> dict:
             tar, samples = make_part(data, max(count, feed_count), unique=a.unique)
             part = make_part(data, count, unique=a.unique) if count != max(count, feed_count) else (tar, samples)
             base = replace(model_settings(model, data / "models"), device=a.device)
-            feed = [feed_rate(base, tar, samples, path, feed_count) for path in decodes]
+            feed = [feed_rate(base, tar, samples, path, feed_count) for path in feeds]
             print(model, "feed", feed, flush=True)
             feed_gpu = preprocess = pinned = NOT_MEASURED
             if device.type == "cuda":
-                pinned = [pin_rate(base, tar, samples, device, feed_count, p) for p in decodes]
+                pinned = [pin_rate(base, tar, samples, device, feed_count, p) for p in feeds]
                 print(model, "pin memory", pinned, flush=True)
             if gpu_paths:
                 feed_gpu = [gpu_decode_rate(base, tar, samples, device, feed_count, p) for p in gpu_paths]

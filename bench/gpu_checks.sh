@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks in one run on a GPU node (about 9 minutes on an H200), each stage under its own time limit
 # so that a slow one cannot lose the others' figures: bench/embed_bench.py for ViT-B-32 over the decode paths
-# (with the resize shared by the GPU and the workers: gpu@0,RESIZE), the figure the GPU issue waits on; then
+# (with the resize shared by the GPU and the workers: gpu@0,RESIZE; gpu@0+graph: the model's pass as a CUDA
+# graph, embed.cuda_graph), the figure the GPU issue waits on; then
 # the embedding tests (their CUDA variants run where a GPU is; test_stats needs faiss, which GPU nodes lack);
 # then ViT-L-14; then bench/heads_bench.py (the score heads' cost beside ViT-B-32, the cheapest pass and so the
 # heads' largest share). Python packages the node lacks (open_clip_torch, ftfy, wcwidth) come from wheels in
@@ -40,7 +41,7 @@ bench() {  # model, seconds, then embed_bench's own arguments
 case " ${MODELS-ViT-B-32 ViT-L-14} " in *" ViT-B-32 "*)
     # shellcheck disable=SC2086  # the paths are words
     bench ViT-B-32 "${B32_S:-200}" --count 32768 --unique 8192 --batch 512 --workers 15 \
-        --decode ${B32_DECODE:-cpu gpu@1 gpu@0 gpu@0,0.85 gpu@0,0.7 gpu@0,0.5} ;;
+        --decode ${B32_DECODE:-cpu gpu@0 gpu@0+graph gpu@1 gpu@0,0.85} ;;
 esac
 start=$(date +%s)
 timeout "${TESTS_S:-110}" python3 -m pytest -q -p no:cacheprovider -rs ${TESTS_K:+-k "$TESTS_K"} \

@@ -34,8 +34,11 @@ def test_decode_paths_are_named_by_decode_and_fractions_and_bad_names_are_refuse
     assert eb.parse_path("cpu") == ("cpu", 1.0, 1.0) and eb.parse_path("gpu") == ("gpu", 1.0, 1.0)
     assert eb.parse_path("gpu@0.25") == ("gpu", 0.25, 1.0) and eb.parse_path("gpu@0,0.5") == ("gpu", 0.0, 0.5)
     s = eb.with_path(eb.EmbedSettings(), "gpu@0,0.5")
-    assert (s.decode, s.gpu_decode_fraction, s.gpu_resize_fraction) == ("gpu", 0.0, 0.5)
-    for bad in ("cpu@0", "gpu@2", "gpu@0,1.5", "dali"):
+    assert (s.decode, s.gpu_decode_fraction, s.gpu_resize_fraction, s.cuda_graph) == ("gpu", 0.0, 0.5, False)
+    g = eb.with_path(eb.EmbedSettings(), "gpu@0+graph")
+    assert (g.decode, g.gpu_decode_fraction, g.cuda_graph) == ("gpu", 0.0, True)
+    assert eb.without_graph("cpu+graph") == "cpu"
+    for bad in ("cpu@0", "gpu@2", "gpu@0,1.5", "dali", "gpu@0+graph"):
         with pytest.raises(ValueError):
             eb.parse_path(bad)
 

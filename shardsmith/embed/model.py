@@ -40,6 +40,7 @@ class EmbedSettings:
     decode: str = "cpu"
     gpu_decode_fraction: float = 1.0
     gpu_resize_fraction: float = 1.0
+    cuda_graph: bool = False  # the model's pass on CUDA as a replayed CUDA graph (GraphedEncode)
     heads: tuple = ()  # `embed.heads` entries: score heads over the image embeddings (shardsmith.embed.heads)
 
 
@@ -291,6 +292,7 @@ def provenance(
             "autocast": device.type == "cuda" and precision != "fp32",
         },
         "device": f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else device.type,
+        **({"cuda_graph": True} if settings.cuda_graph and device.type == "cuda" else {}),  # absent: eager
         "versions": {
             "torch": torch.__version__,
             "torchvision": metadata.version("torchvision"),

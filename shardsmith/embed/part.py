@@ -511,6 +511,75 @@ def encode(
     return image, text.float(), scores
 
 
+class GraphedEncode:
+    """`encode` for the job's full batches on CUDA, captured once as a CUDA graph and then replayed: one launch
+    a batch where eager mode queues the model's hundreds of kernels one by one from this process, which the
+    workers' load slows (`embed.cuda_graph`). Other sizes (the last batch, halved ones) and other devices run
+    `encode` itself; a capture that fails for another reason than memory is logged and not tried again.
+
+    The outputs are the graph's own tensors, overwritten by the next replay: read them (`Queued` copies them
+    out) before the next call, as the job's loop does, in the device's order."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        heads: Heads | None,
+        device: torch.device,
+        precision: str,
+        batcher: HalvingBatch,
+    ) -> None:
+        self.model, self.heads, self.device, self.precision = model, heads, device, precision
+        self.batcher = batcher
+        self.size = batcher.size if device.type == "cuda" else 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.images = self.tokens = self.outputs = None
+        self.replays = 0
+
+    def __call__(self, images: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.size and self.batcher.size < self.size:  # halved after running out of memory: give the graph's
+            self.size, self.graph = 0, None  # memory back to the eager passes that follow
+            self.images = self.tokens = self.outputs = None
+            _free_cuda_cache()
+        if len(images) != self.size:
+            return encode(self.model, images, tokens, self.device, self.precision, self.heads)
+        if self.graph is None:
+            self._capture(images, tokens)
+            if self.graph is None:
+                return encode(self.model, images, tokens, self.device, self.precision, self.heads)
+        with torch.inference_mode():  # the static inputs are inference tensors: written to inside it
+            self.images.copy_(images, non_blocking=True)
+            self.tokens.copy_(tokens, non_blocking=True)
+        self.graph.replay()
+        self.replays += 1
+        return self.outputs
+
+    def _capture(self, images: torch.Tensor, tokens: torch.Tensor) -> None:
+        def run(images: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return encode(self.model, images, tokens, self.device, self.precision, self.heads)
+
+        with torch.inference_mode():
+            self.images = images.to(self.device).clone()
+            self.tokens = tokens.to(self.device).clone()
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):  # a capture needs the model warmed up off the capturing stream
+            for _ in range(2):
+                run(self.images, self.tokens)
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:  # thread_local: the DataLoader's pin-memory thread goes on pinning batches during the capture
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self.outputs = run(self.images, self.tokens)
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise
+            log.warning("embed.cuda_graph: the capture failed (%s); the job goes on without a graph", exc)
+            self.size = 0
+            return
+        self.graph = graph
+
+
 class LoopClock:
     """Wall seconds the batch loop spends in each step, which say what bounds a job's rate: the workers
     (`waiting_for_workers`: for the DataLoader's next batch, and on CUDA its copy into pinned memory by the
@@ -663,6 +732,7 @@ def embed_part(
             pp_cfg,
             commits,
             ready_batches=PREFETCH_BATCHES * workers,
+            cuda_graph=settings.cuda_graph,
         )
     except Stopped:
         with deferred():  # every batch added so far, whole
@@ -720,16 +790,25 @@ def _embed_batches(
     pp_cfg: dict,
     commits: PartCommits,
     ready_batches: int = 0,
+    cuda_graph: bool = False,
 ) -> tuple[list[np.ndarray], dict]:
     """The rows (batch_rows) of samples `start` onwards (`models`: the CLIP model, the score heads and their
     columns), a batch at a time in order, each committed with `commits`; and the counts: JPEGs decoded on the
     device, of those left to Pillow, the loop's seconds by step and its steady rate past the
-    `ready_batches` the workers had ready when it began.
+    `ready_batches` the workers had ready when it began. With `cuda_graph` the full batches' passes on CUDA
+    are replays of one CUDA graph (GraphedEncode).
 
     A batch's results are read once the next batch is queued behind it, so the device never waits for this
     process to prepare a batch; on a stop the batch in flight is still read and committed."""
     computed, order, counts = [], [], {"jpeg_gpu_decoded": 0, "jpeg_pillow_fallbacks": 0}
     model, heads, columns = models
+    graphed = GraphedEncode(model, heads, device, precision, batcher) if cuda_graph else None
+
+    def run_model(images: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if graphed is not None:
+            return graphed(images, tokens)
+        return encode(model, images, tokens, device, precision, heads)
+
     in_flight: Queued | None = None
     clock = LoopClock()
 
@@ -750,7 +829,7 @@ def _embed_batches(
             else:  # decode: gpu
                 images, on_device, failed = dataset.device_images(batch.slice(begin, end), device, pp_cfg)
         with clock("running_model"):
-            out = encode(model, images, batch[-1][begin:end], device, precision, heads)
+            out = run_model(images, batch[-1][begin:end])
         counts["jpeg_gpu_decoded"] += on_device  # a slice that ran out of memory is not counted
         counts["jpeg_pillow_fallbacks"] += failed
         return out
@@ -780,6 +859,8 @@ def _embed_batches(
     if order and not torch.equal(torch.cat(order), torch.arange(start, len(dataset))):
         raise RuntimeError("the DataLoader returned samples out of order")
     counts["loop_seconds"] = clock.summary()
+    if cuda_graph:
+        counts["cuda_graph_replays"] = graphed.replays
     counts["steady_images_per_second"] = clock.steady_rate(ready_batches)
     return computed, counts
 

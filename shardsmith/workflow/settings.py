@@ -79,6 +79,8 @@ class Settings:
             settings["gpu_decode_fraction"] = embed.get("gpu_decode_fraction", 1.0)
             if embed.get("gpu_resize_fraction", 1.0) != 1.0:
                 settings["gpu_resize_fraction"] = embed["gpu_resize_fraction"]
+        if embed.get("cuda_graph"):
+            settings["cuda_graph"] = True
         if embed.get("heads"):
             settings["heads"] = [dict(h) for h in embed["heads"]]
         return settings

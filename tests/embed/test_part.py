@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -334,8 +335,8 @@ def test_schema_keeps_embedding_off_by_default_and_the_demo_config_turns_it_on()
         "batch_size": 256, "precision": "auto", "device": "auto", "workers": 4, "decode": "cpu",
         "min_similarity": None, "save_embeddings": False,
     }  # fmt: skip
-    # the gpu fractions and heads have no schema default: a config without them keeps its fingerprint
-    undefaulted = {"gpu_decode_fraction", "gpu_resize_fraction", "heads"}
+    # the gpu fractions, cuda_graph and heads have no schema default: a config without them keeps its fingerprint
+    undefaulted = {"gpu_decode_fraction", "gpu_resize_fraction", "cuda_graph", "heads"}
     assert (
         set(config["embed"]) - {"enabled", "min_similarity", "save_embeddings"}
         == set(EmbedSettings.__dataclass_fields__) - undefaulted
@@ -762,6 +763,61 @@ def test_gpu_decode_on_cuda_gives_the_cpu_scores(tiny, tmp_path, fraction, resiz
     assert list(a["key"]) == list(b["key"])
     np.testing.assert_allclose(a[SIM], b[SIM], atol=5e-3)
     np.testing.assert_allclose(a[COLS["image_norm"]], b[COLS["image_norm"]], rtol=5e-3)
+
+
+def graph_and_eager(
+    tiny, tmp_path, device: str, decode: str, precision: str = "auto", before_graph: Callable = lambda: None
+) -> tuple[dict, dict]:
+    """A part of 21 samples in batches of 8 (two full, one of 5) embedded eagerly and with embed.cuda_graph."""
+    tar, samples = make_part(tmp_path, "src-000007", 21, seed=7, images=photo_part_images(21, 7))
+    base = replace(
+        tiny, device=device, precision=precision, decode=decode, gpu_decode_fraction=0.0, workers=1, batch_size=8
+    )
+    eager = embed_part(tar, samples, **outputs(tmp_path, "eager"), settings=base, threads=2)
+    before_graph()
+    graph = embed_part(tar, samples, **outputs(tmp_path, "graph"), settings=replace(base, cuda_graph=True), threads=2)
+    return eager, graph
+
+
+def same_outputs(tmp_path, a: str, b: str) -> bool:
+    return all((tmp_path / f"{a}.{e}").read_bytes() == (tmp_path / f"{b}.{e}").read_bytes() for e in ("parquet", "npz"))
+
+
+def test_cuda_graph_on_the_cpu_runs_the_eager_pass_and_says_it_replayed_nothing(tiny, tmp_path):
+    eager, graph = graph_and_eager(tiny, tmp_path, "cpu", "cpu")
+    assert graph["cuda_graph_replays"] == 0 and "cuda_graph_replays" not in eager
+    assert "cuda_graph" not in graph["provenance"]  # nothing changes a score on the CPU
+    assert same_outputs(tmp_path, "eager", "graph")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+@pytest.mark.parametrize("decode", ["cpu", "gpu"])
+def test_on_cuda_the_model_as_a_cuda_graph_writes_the_bytes_of_the_eager_pass(tiny, tmp_path, decode):
+    """Autocast (precision auto) inside the graph; the two full batches replayed, the last one of 5 eager."""
+    eager, graph = graph_and_eager(tiny, tmp_path, "cuda", decode)
+    assert graph["cuda_graph_replays"] == 2 and graph["provenance"]["cuda_graph"] is True, graph
+    assert "cuda_graph" not in eager["provenance"]
+    assert same_outputs(tmp_path, "eager", "graph")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)
+def test_on_cuda_memory_running_out_after_the_capture_drops_the_graph_and_halves(tiny, tmp_path, monkeypatch):
+    model_input, calls = embed.model_input, []
+
+    def out_at_the_second_batch(batch, pp_cfg):
+        calls.append(batch.shape[0])
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (forced at the second batch)")
+        return model_input(batch, pp_cfg)
+
+    def patch():
+        monkeypatch.setattr(embed, "model_input", out_at_the_second_batch)
+
+    eager, graph = graph_and_eager(tiny, tmp_path, "cuda", "cpu", precision="fp32", before_graph=patch)
+    assert graph["cuda_graph_replays"] == 1 and graph["oom_halvings"] == 1 and graph["final_batch_size"] == 4
+    a, b = pd.read_parquet(tmp_path / "graph.parquet"), pd.read_parquet(tmp_path / "eager.parquet")
+    assert list(a["key"]) == list(b["key"])
+    np.testing.assert_allclose(a[SIM], b[SIM], atol=1e-4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_GPU)

@@ -70,6 +70,8 @@ def test_embed_settings_add_no_key_for_the_default_decode_path_so_existing_score
     assert (
         "gpu_resize_fraction" not in settings(embed={"enabled": True, "decode": "gpu", "gpu_resize_fraction": 1}).embed
     )
+    assert "cuda_graph" not in cpu and "cuda_graph" not in settings(embed={"cuda_graph": False}).embed
+    assert settings(embed={"enabled": True, "cuda_graph": True}).embed["cuda_graph"] is True
     resize = settings(embed={"enabled": True, "decode": "gpu", "gpu_resize_fraction": 0.25}).embed
     assert resize["gpu_resize_fraction"] == 0.25
     assert (
