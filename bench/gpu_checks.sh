@@ -44,7 +44,7 @@ case " ${MODELS-ViT-B-32 ViT-L-14} " in *" ViT-B-32 "*)
         --decode ${B32_DECODE:-cpu gpu@0 gpu@0+graph gpu@1 gpu@0,0.85} ;;
 esac
 start=$(date +%s)
-timeout "${TESTS_S:-110}" python3 -m pytest -q -p no:cacheprovider -rs ${TESTS_K:+-k "$TESTS_K"} \
+timeout "${TESTS_S:-130}" python3 -m pytest -q -p no:cacheprovider -rs ${TESTS_K:+-k "$TESTS_K"} \
     tests/embed/test_decode.py tests/embed/test_part.py tests/embed/test_model.py tests/embed/test_heads.py \
     tests/test_embed_bench.py >"$OUT/tests.log" 2>&1
 echo "tests: exit $? in $(($(date +%s) - start)) s" | tee -a "$OUT/tests.log"
