@@ -73,7 +73,7 @@ def sniff_image(data: bytes) -> str | None:
             return name
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "webp"
-    if data[4:8] == b"ftyp" and data[8:12] in _HEIF_BRANDS:
+    if data[4:8] == b"ftyp" and bytes(data[8:12]) in _HEIF_BRANDS:  # bytes: a bytearray is unhashable
         return "avif" if data[8:11] == b"avi" else "heif"
     return None
 

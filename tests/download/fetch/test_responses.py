@@ -33,3 +33,11 @@ def test_check_hash():
     with pytest.raises(AttemptError) as e:
         check_hash(b"abd", "900150983cd24fb0d6963f7d28e17f72", "md5")
     assert e.value.reason == "hash_mismatch"
+
+
+def test_sniff_image_reads_the_bytearray_the_fetcher_hands_it():
+    """Bodies arrive as bytearrays (no copy into bytes): AVIF and HEIF must be known from one as from bytes."""
+    assert sniff_image(bytearray(b"\x00\x00\x00\x1cftypavif\x00")) == "avif"
+    assert sniff_image(bytearray(b"\x00\x00\x00\x18ftypheic\x00")) == "heif"
+    assert sniff_image(bytearray(jpeg_bytes())) == "jpeg"
+    assert sniff_image(bytearray(b"RIFF\x00\x00\x00\x00WEBPVP8 ")) == "webp"
