@@ -28,6 +28,8 @@ from shardsmith.core.errors import ReasonError
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 REMOTE_SCHEMES = ("http", "https", "s3")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Schemes written without "//" that web manifests hold: a URL, not a local path (where a colon is allowed)
+_NO_SLASH_SCHEME = re.compile(r"(data|javascript|vbscript|mailto|about|blob|tel|urn):", re.IGNORECASE)
 _METADATA = {
     ipaddress.ip_address(a): name
     for a, name in (
@@ -124,10 +126,12 @@ class Guard:
                 "control_characters_in_url", f"control character {url[where]!r} at position {where}: {url[:200]!r}"
             )
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+        if not scheme and (opaque := _NO_SLASH_SCHEME.match(url)):
+            scheme = opaque[1].lower()
         if scheme in ("", "file"):
             return scheme
         if scheme not in REMOTE_SCHEMES:
-            raise Refused("unsupported_url", f"{scheme}:// URLs are not fetched (only http, https, s3 and local paths)")
+            raise Refused("unsupported_url", f"{scheme}: URLs are not fetched (only http, https, s3 and local paths)")
         try:
             parts = urlsplit(url)
             has_credentials = parts.username is not None or parts.password is not None

@@ -102,6 +102,10 @@ def test_every_spelling_of_loopback_resolves_to_a_refused_address(host):
         ("gopher://example.org/", "unsupported_url"),
         ("data://image/png;base64,AAAA", "unsupported_url"),
         ("javascript://alert(1)", "unsupported_url"),
+        ("data:image/jpeg;base64,/9j/4AAQ", "unsupported_url"),  # the forms without // are no local paths either
+        ("javascript:alert(1)", "unsupported_url"),
+        ("JavaScript:void(0)", "unsupported_url"),
+        ("mailto:someone@example.org", "unsupported_url"),
         ("http://user:secret@example.org/a.jpg", "credentials_in_url"),
         ("https://token@example.org/a.jpg", "credentials_in_url"),
         ("s3://key:secret@bucket/a.jpg", "credentials_in_url"),
@@ -116,14 +120,14 @@ def test_urls_refused_by_their_form(url, reason):
         Guard().check_url(url)
     assert e.value.reason == reason
     assert "secret" not in e.value.detail
+    if reason == "unsupported_url":
+        assert e.value.detail.startswith(url.split(":", 1)[0].lower() + ":")
 
 
 def test_urls_allowed_by_their_form():
     guard = Guard()
-    assert [
-        guard.check_url(u)
-        for u in ("http://a.org/x y.jpg", "HTTPS://a.org/", "s3://b/k.jpg", "/d/a.jpg", "file:///d/a.jpg")
-    ] == ["http", "https", "s3", "", "file"]
+    urls = ("http://a.org/x y.jpg", "HTTPS://a.org/", "s3://b/k.jpg", "/d/a.jpg", "file:///d/a.jpg", "d/data:1.jpg")
+    assert [guard.check_url(u) for u in urls] == ["http", "https", "s3", "", "file", ""]
 
 
 # --- local paths --------------------------------------------------------------------------------------------
