@@ -216,6 +216,11 @@ def _carried(src: dict, columns: list[str], needed: Sequence[str] = ()) -> list[
     return carry + [c for c in dict.fromkeys([src.get("blur_boxes"), *needed]) if c and c not in carry]
 
 
+# Spaces around a URL cell (a CSV's ", http://...", a cell's trailing blank) are not part of the URL, as browsers
+# read it; control characters inside one stay there, for the guard to refuse.
+_URL_SPACE = " \t\r\n\x0b\x0c"
+
+
 def iter_manifest_parts(
     src: dict,
     part_size: int,
@@ -245,7 +250,7 @@ def iter_manifest_parts(
                     part.append(
                         {
                             "source_id": f"{path}:{row + 1}",
-                            "url": "" if rec[url_col] is None else str(_plain(rec[url_col]) or ""),
+                            "url": "" if rec[url_col] is None else str(_plain(rec[url_col]) or "").strip(_URL_SPACE),
                             "key": make_key(src["name"], str(ident))
                             if ident is not None
                             else make_key(src["name"], stem, f"{row:09d}"),

@@ -68,6 +68,13 @@ def test_gzipped_csv_with_header_is_read_with_quoting(tmp_path):
     assert list(df["key"]) == ["gz-m-000000000", "gz-m-000000001"]
 
 
+def test_spaces_around_a_url_cell_are_not_part_of_the_url(tmp_path):
+    """As browsers read a URL: kept, a leading space hides the scheme and a trailing one becomes part of the path."""
+    (tmp_path / "m.tsv").write_text("cap one\t http://x/1.jpg\ncap two\thttp://x/2.jpg  \ncap three\t \n")
+    _, parts = plan(tmp_path, manifest("sp", tmp_path / "m.tsv", columns=["caption", "url"]))
+    assert list(parts["sp-000000"]["url"]) == ["http://x/1.jpg", "http://x/2.jpg", ""]
+
+
 def test_jsonl_records_keep_nested_fields_and_missing_url_becomes_empty(tmp_path):
     rows = [{"url": "a.jpg", "caption": "one", "meta": {"w": 3}}, {"url": None, "caption": "two"}]
     (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
