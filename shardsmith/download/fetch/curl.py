@@ -166,6 +166,9 @@ class Curl:
         c.setopt(pycurl.MAXCONNECTS, _MAX_CONNECTS)
         c.setopt(pycurl.BUFFERSIZE, 64 << 10)  # body chunks of up to 64 KiB: one Python callback each
         c.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_2TLS)
+        # a body sent gzip/deflate/br-encoded though the request asks for identity is decoded, as a browser does
+        # (max_bytes then counts decoded bytes); the request's own Accept-Encoding header is what is sent
+        c.setopt(pycurl.ACCEPT_ENCODING, "")
         if self.cafile:
             c.setopt(pycurl.CAINFO, self.cafile)
         c.setopt(pycurl.OPENSOCKETFUNCTION, lambda purpose, address: self._open_socket(state, address))

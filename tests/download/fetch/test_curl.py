@@ -1,6 +1,9 @@
 """shardsmith.download.fetch.curl against a real HTTP server on 127.0.0.1: one request, its head and body, and
 the connections it keeps."""
 
+import gzip
+import zlib
+
 import pytest
 from generated import jpeg_bytes
 from httpserver import Reply, redirect
@@ -68,6 +71,22 @@ def test_a_length_that_is_no_length_is_read_to_the_end(http_server):
     http_server.route("/odd.jpg", Reply(body=img, headers=headers, content_length=None))
     reply = get(Curl(LOOPBACK, {}), http_server, "/odd.jpg")
     assert reply.error is None and bytes(reply.body) == img
+
+
+def test_a_body_sent_with_a_content_encoding_is_decoded_and_cut_at_max_bytes_decoded(http_server):
+    """A server may gzip a body though asked for identity: a browser shows the image, and robots.txt's rules
+    must be read, not its compressed bytes."""
+    img, rules = jpeg_bytes(), b"User-agent: *\nDisallow: /\n"
+    gz = [("Content-Type", "image/jpeg"), ("Content-Encoding", "gzip")]
+    http_server.route("/gz.jpg", Reply(body=gzip.compress(img), headers=gz))
+    http_server.route("/robots.txt", Reply(body=zlib.compress(rules), headers=[("Content-Encoding", "deflate")]))
+    http_server.route("/bomb", Reply(body=gzip.compress(b"\0" * 3_000_000), headers=gz))
+    curl = Curl(LOOPBACK, {"Accept-Encoding": "identity"})
+    reply = get(curl, http_server, "/gz.jpg", on_head=lambda head: None)
+    assert reply.error is None and bytes(reply.body) == img
+    assert bytes(get(curl, http_server, "/robots.txt").body) == rules
+    bomb = get(curl, http_server, "/bomb", max_bytes=100_000)
+    assert bomb.error is not None and bomb.nbytes > 100_000 and len(bomb.body) == 100_000
 
 
 def test_a_refused_address_is_never_connected_to(http_server):
