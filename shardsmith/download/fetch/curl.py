@@ -376,6 +376,8 @@ def failure(code: int, message: str) -> tuple[str, str]:
         return "ssl_error", text
     if code in _CONNECTION_ERRORS:
         return "connection_error", text
+    if code == 1 and "HTTP/0.9" in message:  # no status line came: the URL is fine, the server's answer is not
+        return "connection_error", f"the server's answer is not HTTP ({text})"
     if code in (1, 3):
         return "bad_url", text
     return "fetch_error", text

@@ -2,6 +2,8 @@
 the connections it keeps."""
 
 import gzip
+import socket
+import threading
 import zlib
 
 import pytest
@@ -104,3 +106,26 @@ def test_a_refused_address_is_never_connected_to(http_server):
 def test_curl_errors_become_ledger_reasons(code, reason):
     got, detail = failure(code, "what curl said")
     assert got == reason and "what curl said" in detail
+
+
+def test_a_server_answering_without_a_status_line_is_a_connection_error_not_a_bad_url():
+    """curl calls an answer without a status line HTTP/0.9 (error 1, as for a URL of an unknown scheme): the URL
+    is fine, the server is not."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"garbage\r\n\r\n")
+
+        threading.Thread(target=serve, daemon=True).start()
+        port = listener.getsockname()[1]
+        reply = Curl(LOOPBACK, {}).get(
+            f"http://127.0.0.1:{port}/a.jpg", "127.0.0.1", port, connect_timeout_s=2, timeout_s=5, silence_s=2,
+            max_bytes=1000,
+        )  # fmt: skip
+    reason, detail = failure(*reply.error)
+    assert reason == "connection_error" and "not HTTP" in detail and "HTTP/0.9" in detail
