@@ -336,12 +336,17 @@ class Fetcher:
         """(status, body, Cache-Control) of robots.txt or tdmrep.json: redirects followed (five at most), the body
         cut at ROBOTS_MAX_BYTES. Raises Unreachable when no answer comes, Refused for a guarded address."""
         stop_at = time.monotonic() + min(self.s.request_timeout_s, max(0.001, self.left()))
+        first = url
         for _ in range(6):
-            self.guard.check_url(url)
             try:
+                self.guard.check_url(url)
                 reply = self._get(url, stop_at, ROBOTS_MAX_BYTES, _skip_redirect_body)
             except AttemptError as e:
                 raise Unreachable(e.reason, e.detail) from None
+            except Refused as e:  # the image's host passed: say that the file led elsewhere
+                if url == first:
+                    raise
+                raise Refused(e.reason, f"{first} redirects to {url[:200]}: {e.detail}") from None
             if self.s.per_host_rate:  # the next request to this host keeps the rate (see Dispatcher)
                 time.sleep(1.0 / self.s.per_host_rate)
             head = reply.head

@@ -166,3 +166,13 @@ def test_local_files_and_sizes(tmp_path):
 def test_malformed_urls_are_rows_not_crashes():
     out = fetch({"ipv6": "http://[bad", "no_host": "https://", "space": "http://exa mple.com/a.jpg"})
     assert {k: summary(o) for k, o in out.items()} == {k: ("bad_url", 0, 1) for k in ("ipv6", "no_host", "space")}
+
+
+def test_a_robots_txt_redirected_to_a_refused_address_names_the_robots_txt(http_server):
+    """The image's own host is allowed: the ledger must say that its robots.txt led to the refused address."""
+    s = http_server
+    s.route("/robots.txt", redirect("http://10.9.9.9/robots.txt", 301))
+    out = fetch({"a": s.route("/a.jpg", Reply(body=jpeg_bytes()))}, respect_robots_txt=True)
+    assert out["a"].reason == "blocked_address"
+    assert f"{s.url('/robots.txt')} redirects to http://10.9.9.9/robots.txt" in out["a"].detail
+    assert "10.9.9.9 (private network)" in out["a"].detail and s.count("/a.jpg") == 0
