@@ -337,10 +337,18 @@ def parse_head(lines: list[bytes]) -> Head | None:
         status = 0
     head = Head(status, parts[2].strip() if len(parts) > 2 else "")
     for line in lines[start + 1 :]:
-        name, colon, value = line.decode("latin-1").partition(":")
+        name, colon, value = _decode(line).partition(":")
         if colon:
             head.add(name, value)
     return head
+
+
+def _decode(line: bytes) -> str:
+    """A header line as browsers read it: UTF-8 where it is (a Location with a non-ASCII path), else Latin-1."""
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError:
+        return line.decode("latin-1")
 
 
 def _perform(c: pycurl.Curl, state: _State) -> tuple[int, str] | None:

@@ -176,3 +176,13 @@ def test_a_robots_txt_redirected_to_a_refused_address_names_the_robots_txt(http_
     assert out["a"].reason == "blocked_address"
     assert f"{s.url('/robots.txt')} redirects to http://10.9.9.9/robots.txt" in out["a"].detail
     assert "10.9.9.9 (private network)" in out["a"].detail and s.count("/a.jpg") == 0
+
+
+def test_a_redirect_to_a_path_written_in_utf8_is_followed_as_browsers_follow_it(http_server):
+    """Servers send non-ASCII Location paths as raw UTF-8 bytes; read as Latin-1 they would be encoded twice."""
+    s = http_server
+    img = jpeg_bytes()
+    s.route("/%C3%A9t%C3%A9.jpg", Reply(body=img))
+    raw_utf8 = "/été.jpg".encode().decode("latin-1")  # the header's bytes, as the test server writes them
+    out = fetch({"a": s.route("/moved", redirect(raw_utf8))}, respect_robots_txt=False, respect_tdm_reservation=False)
+    assert summary(out["a"]) == ("ok", 200, 1) and out["a"].data == img

@@ -10,7 +10,7 @@ import pytest
 from generated import jpeg_bytes
 from httpserver import Reply, redirect
 
-from shardsmith.download.fetch.curl import SKIP_BODY, Curl, failure
+from shardsmith.download.fetch.curl import SKIP_BODY, Curl, failure, parse_head
 from shardsmith.download.fetch.netguard import Guard, Refused
 
 LOOPBACK = Guard(allow_networks=["127.0.0.0/8"])
@@ -129,3 +129,8 @@ def test_a_server_answering_without_a_status_line_is_a_connection_error_not_a_ba
         )  # fmt: skip
     reason, detail = failure(*reply.error)
     assert reason == "connection_error" and "not HTTP" in detail and "HTTP/0.9" in detail
+
+
+def test_header_values_in_utf8_are_read_as_utf8_and_other_bytes_as_latin1():
+    head = parse_head([b"HTTP/1.1 302 Found\r\n", b"Location: /\xc3\xa9t\xc3\xa9.jpg\r\n", b"X-Old: caf\xe9\r\n"])
+    assert head.get("Location") == "/\u00e9t\u00e9.jpg" and head.get("X-Old") == "caf\u00e9"
