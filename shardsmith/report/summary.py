@@ -102,6 +102,16 @@ GUARD_HINTS = {
     "outside_allowed_folders": "their local paths are outside the sources' own folders; "
     "list the folders they may read in download.allow_local_folders",
 }
+# Download reasons whose fix is time, not the sources: download.retry_reasons' defaults for http(s).
+_RETRY = "`python -m shardsmith retry-failed CONFIG` then the same snakemake command fetches them again"
+TRANSIENT_HINTS = {
+    "deadline": f"download.part_deadline_s passed before they were fetched; raise it, or {_RETRY}",
+    **dict.fromkeys(
+        ("timeout", "connection_error", "dns_error", "server_error", "rate_limited", "truncated_download",
+         "robots_unavailable", "tdmrep_unavailable"),
+        f"the servers failed or did not answer (transient failures, see the timeouts in download); {_RETRY}",
+    ),
+}  # fmt: skip
 
 
 def _main_logs(main_log: str | list[str] | None) -> list[str]:
@@ -161,7 +171,7 @@ def failure_text(main_log: str | list[str] | None, out_dir: str) -> str:
 
             top = sorted(stats["rejected_by_reason"].items(), key=lambda kv: -kv[1])[:3]
             stage, _, code = top[0][0].partition("/") if top else ("", "", "")
-            hint = GUARD_HINTS.get(code) or STAGE_HINTS.get(stage, "see rejected.parquet")
+            hint = GUARD_HINTS.get(code) or TRANSIENT_HINTS.get(code) or STAGE_HINTS.get(stage, "see rejected.parquet")
             if code in S3_HINTS:  # credentials, endpoint, bucket: say which setting
                 hint += f"; for s3:// sources, {S3_HINTS[code]}"
             reasons = ", ".join(f"{r} {n}" for r, n in top)

@@ -64,6 +64,15 @@ def test_failure_text_adds_the_top_reasons_when_nothing_was_published(tmp_path):
     text = failure_text(snakemake_log(tmp_path, tmp_path / "gone.log"), str(out))
     assert "(download/blocked_address 3): the network guard refused their addresses" in text
     assert "download.allow_networks" in text
+    stats = {"input_records": 8, "published": 0, "rejected_by_reason": {"download/deadline": 8}}
+    (out / "stats.json").write_text(json.dumps(stats))
+    text = failure_text(snakemake_log(tmp_path, tmp_path / "gone.log"), str(out))
+    assert "(download/deadline 8): download.part_deadline_s passed" in text and "retry-failed" in text
+    assert "paths or URLs" not in text  # the URLs are fine: the servers were slow
+    stats = {"input_records": 4, "published": 0, "rejected_by_reason": {"download/server_error": 3, "download/x": 1}}
+    (out / "stats.json").write_text(json.dumps(stats))
+    text = failure_text(snakemake_log(tmp_path, tmp_path / "gone.log"), str(out))
+    assert "transient" in text and "retry-failed" in text and "paths or URLs" not in text
 
 
 def test_the_end_of_a_run_stops_the_schedulers_timers_and_no_other():
