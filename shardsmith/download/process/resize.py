@@ -20,6 +20,7 @@ from PIL import Image, UnidentifiedImageError
 
 from shardsmith.core.errors import ConfigError, Rejection
 from shardsmith.core.ledger import RESIZE
+from shardsmith.download.fetch.responses import sniff_image
 from shardsmith.download.process.blur import DEFAULT_BLUR, BlurSettings, Box, blur_boxes
 from shardsmith.download.process.phash import phash_pair
 
@@ -292,6 +293,10 @@ def _unidentified_rejection(data: bytes) -> Rejection:
             if _shorter_than_declared(data):
                 return Rejection(STAGE, "truncated", f"{fmt} data ends before its declared length")
             return Rejection(STAGE, "undecodable", f"{fmt} signature, but the header cannot be parsed")
+    known = sniff_image(data)  # an image all the same (HEIF from a phone, a PSD): name it
+    if known:
+        decoded = ", ".join(FORMATS)
+        return Rejection(STAGE, "undecodable", f"{known.upper()} image, a format not decoded here (decoded: {decoded})")
     kind = "text" if _is_printable(data[:512]) else "an unsupported format"
     return Rejection(STAGE, "not_an_image", f"looks like {kind}, not an image (starts {data[:12]!r})")
 

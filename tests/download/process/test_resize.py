@@ -354,6 +354,21 @@ def test_text_named_as_jpg_is_not_an_image(data: bytes) -> None:
     assert "not an image" in err.detail
 
 
+@pytest.mark.parametrize(
+    "data, fmt",
+    [
+        (b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + b"\0" * 64, "HEIF"),
+        (b"8BPS\x00\x01" + b"\0" * 64, "PSD"),
+        (b"\x00\x00\x01\x00\x01\x00\x10\x10" + b"\0" * 64, "ICO"),
+    ],
+)
+def test_an_image_in_a_format_not_decoded_here_is_named_not_called_no_image(data: bytes, fmt: str) -> None:
+    """An iPhone's HEIC photo is an image: the ledger must name its format, not say it is none."""
+    err = reject_reason(data)
+    assert err.reason == "undecodable" and err.detail.startswith(f"{fmt} image, a format not decoded here")
+    assert "JPEG" in err.detail and "not an image" not in err.detail
+
+
 def test_html_detail_names_html() -> None:
     assert "looks like HTML" in reject_reason(b"<!doctype html><title>x</title>").detail
 
