@@ -17,6 +17,7 @@ Both kinds of part are here, records fetched one by one and source shards read i
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import resource
@@ -126,23 +127,46 @@ def download_records(
                     commits.add(_kept_row(rec, reused[rid]) if rid in reused else status_row(rec, outcomes[rid]))
             commits.commit()
 
+    jobs, sharing = _one_job_per_url(jobs)
+    if sharing:
+        repeats = sum(len(v) for v in sharing.values())
+        fetcher.log(f"download {label}: {repeats} records repeat a URL of another record of the part: fetched once")
+
     def on_result(rid: int, outcome: Outcome) -> None:
         with deferred():  # a stop lands between records: each one is written and added whole
-            if outcome.ok:
-                try:
-                    write(rid, outcome.data)
-                except Refused as e:
-                    outcome = Outcome(reason=e.reason, detail=e.detail, attempts=outcome.attempts)
-                outcome.data = None
-            outcomes[rid] = outcome
-            if commits is not None:
-                commits.add(status_row(by_rid[rid], outcome))
+            for each in (rid, *sharing.get(rid, ())):
+                got = dataclasses.replace(outcome)
+                if got.ok:
+                    try:
+                        write(each, outcome.data)
+                    except Refused as e:
+                        got = Outcome(reason=e.reason, detail=e.detail, attempts=outcome.attempts)
+                    got.data = None
+                outcomes[each] = got
+                if commits is not None:
+                    commits.add(status_row(by_rid[each], got))
+            outcome.data = None
 
     fetcher.fetch_all(jobs, on_result, hash_type=hash_type, label=label, kept=len(recs) - len(jobs))
     return [
         _kept_row(rec, reused[rec["rid"]]) if rec["rid"] in reused else status_row(rec, outcomes[rec["rid"]])
         for rec in recs
     ]
+
+
+def _one_job_per_url(jobs: list[tuple[int, str, str | None]]) -> tuple[list[tuple], dict[int, list[int]]]:
+    """(one job per URL and expected hash, {fetched rid: the rids of later records with the same URL}): a URL a
+    manifest repeats is requested once and its outcome given to every record naming it."""
+    first: dict[tuple[str, str | None], int] = {}
+    unique, sharing = [], {}
+    for job in jobs:
+        rid, url, expected = job
+        if url and (url, expected) in first:
+            sharing.setdefault(first[(url, expected)], []).append(rid)
+            continue
+        first[(url, expected)] = rid
+        unique.append(job)
+    return unique, sharing
 
 
 _REFETCH = object()  # _rewrite_kept: the kept bytes no longer match the manifest's hash

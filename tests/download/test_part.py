@@ -313,6 +313,21 @@ def test_http_manifest_rows_carry_reason_status_attempts_and_hash_check(tmp_path
         assert sorted(m.name for m in tar) == [f"r{i:07d}.{e}" for i in (0, 2, 3) for e in ("img", "meta")]
 
 
+def test_a_url_on_several_rows_of_a_part_is_requested_once_and_every_row_gets_its_outcome(tmp_path, http_server):
+    """docs/crawler.md tells site owners each listed image is fetched once; LAION-style manifests repeat URLs."""
+    s = http_server
+    img = jpeg_bytes()
+    dup, gone = s.route("/dup.jpg", Reply(body=img)), s.url("/gone.jpg")
+    rows = [{"url": u, "caption": f"c{i}"} for i, u in enumerate([dup, gone, dup, gone, dup])]
+    write_manifest(tmp_path / "m.parquet", rows)
+    [(status, raw)] = run_remote(tmp_path, manifest_source(tmp_path / "m.parquet"))
+    assert reasons(status) == ["ok", "not_found", "ok", "not_found", "ok"]
+    assert list(status["http_status"]) == [200, 404, 200, 404, 200]
+    assert (s.count("/dup.jpg"), s.count("/gone.jpg")) == (1, 1)
+    assert [raw[f"r{i:07d}"]["img"] for i in (0, 2, 4)] == [img] * 3
+    assert [json.loads(raw[f"r{i:07d}"]["meta"])["caption"] for i in (0, 2, 4)] == ["c0", "c2", "c4"]
+
+
 def test_rerun_fetches_only_retryable_failures_and_keeps_the_rest(tmp_path, http_server):
     s = http_server
     imgs = [jpeg_bytes(color=(i * 40, 90, 10)) for i in range(3)]
