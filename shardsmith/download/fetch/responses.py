@@ -90,7 +90,7 @@ def describe_non_image(data: bytes, content_type: str) -> str:
         kind = "empty"
     else:
         kind = "not a known image format"
-    return f"body is {kind} (Content-Type {content_type or 'none'}; starts with {data[:24]!r})"
+    return f"body is {kind} (Content-Type {content_type or 'none'}; starts with {bytes(data[:24])!r})"
 
 
 def parse_retry_after(value: str | None) -> float | None:

@@ -7,7 +7,13 @@ from email.utils import formatdate
 import pytest
 from generated import jpeg_bytes
 
-from shardsmith.download.fetch.responses import AttemptError, check_hash, parse_retry_after, sniff_image
+from shardsmith.download.fetch.responses import (
+    AttemptError,
+    check_hash,
+    describe_non_image,
+    parse_retry_after,
+    sniff_image,
+)
 
 
 def test_sniff_image_knows_images_by_their_bytes():
@@ -41,3 +47,8 @@ def test_sniff_image_reads_the_bytearray_the_fetcher_hands_it():
     assert sniff_image(bytearray(b"\x00\x00\x00\x18ftypheic\x00")) == "heif"
     assert sniff_image(bytearray(jpeg_bytes())) == "jpeg"
     assert sniff_image(bytearray(b"RIFF\x00\x00\x00\x00WEBPVP8 ")) == "webp"
+
+
+def test_the_detail_of_a_non_image_quotes_its_first_bytes_as_bytes():
+    detail = describe_non_image(bytearray(b"<!DOCTYPE html><html>gone</html>"), "image/jpeg")
+    assert detail == "body is an HTML page (Content-Type image/jpeg; starts with b'<!DOCTYPE html><html>gon')"
