@@ -471,8 +471,14 @@ def retry_failed(args: argparse.Namespace) -> int:
         print(f"shardsmith: retry-failed: {args.config} is no workflow config (dataset and paths.raw)", file=sys.stderr)
         return 2
     raw_dir = Path(config["paths"]["raw"]) / config["dataset"]
-    reasons = set(args.reasons or config.get("download", {}).get("retry_reasons", DEFAULT_RETRY_REASONS))
+    # reasons as the ledger and the summary write them (download/timeout) are the same reasons
+    reasons = {r.removeprefix("download/") for r in args.reasons or [] if r.strip()}
+    reasons = reasons or set(config.get("download", {}).get("retry_reasons", DEFAULT_RETRY_REASONS))
     marked = mark_failed(raw_dir, reasons, dry_run=args.dry_run)
+    if args.reasons:
+        found = {r for hits in marked.values() for r in hits}
+        for reason in sorted(reasons - found):
+            print(f"no failed record has the reason {reason}")
     for part, hits in marked.items():
         print(
             f"{part}: {sum(hits.values())} records to refetch ({', '.join(f'{r} {n}' for r, n in hits.most_common())})"

@@ -417,6 +417,22 @@ def test_retry_failed_marks_only_parts_with_retryable_failures(tmp_path, http_se
     assert sorted(p.name for p in keep.glob("*.retry")) == ["web-000000.retry", "web-000001.retry"]
 
 
+def test_retry_failed_takes_reasons_as_the_ledger_writes_them_and_names_those_no_record_has(
+    tmp_path, http_server, capsys
+):
+    """The ledger and the summary say `download/not_found`: copied into --reasons, it must not match nothing
+    silently, and a reason no failed record has is said to be so."""
+    s = http_server
+    write_manifest(tmp_path / "m.parquet", [{"url": s.url("/gone.jpg"), "caption": "b"}])
+    run_remote(tmp_path, manifest_source(tmp_path / "m.parquet"), retries=0)
+    (tmp_path / "config.yaml").write_text(json.dumps({"dataset": "raw", "paths": {"raw": str(tmp_path)}}))
+    config = str(tmp_path / "config.yaml")
+    assert shardsmith_main(["retry-failed", config, "--dry-run", "--reasons", "download/not_found", "notfound"]) == 0
+    out = capsys.readouterr().out
+    assert "web-000000: 1 records to refetch (not_found 1)" in out
+    assert "no failed record has the reason notfound" in out
+
+
 def test_retry_failed_with_a_config_it_cannot_use_says_so_in_one_line(tmp_path, capsys):
     (tmp_path / "empty.yaml").write_text("")  # what `new-config ... > my.yaml` leaves when new-config fails
     (tmp_path / "other.yaml").write_text("a: 1\n")
