@@ -254,7 +254,7 @@ class Guard:
             if real == folder or real.startswith(folder.rstrip(os.sep) + os.sep):
                 return real
         where = "no local folder is allowed" if not self.folders else f"allowed: {', '.join(self.folders)}"
-        shown = path if real == os.path.abspath(path) else f"{path} (resolves to {real})"
+        shown = path if real == path else f"{path} (resolves to {real})"  # relative: from the current folder
         raise Refused(
             "outside_allowed_folders", f"{shown} is outside the allowed folders ({where}; download.allow_local_folders)"
         )

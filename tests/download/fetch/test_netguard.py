@@ -202,6 +202,15 @@ def test_allow_local_folders_adds_folders():
         Guard().check_local("/nonexistent/a/x.jpg")
 
 
+def test_a_relative_path_refused_says_where_it_resolved(tmp_path, monkeypatch):
+    """Relative paths are opened from the folder snakemake runs in, not the manifest's: 'images/0.jpg is outside
+    <the manifest's folder>' alone reads as a contradiction when the image lies there."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Refused) as e:
+        Guard(local_folders=[tmp_path / "data"]).check_local("images/0.jpg")
+    assert e.value.detail.startswith(f"images/0.jpg (resolves to {tmp_path / 'images' / '0.jpg'}) is outside")
+
+
 # --- end to end against the loopback server -------------------------------------------------------------
 
 
