@@ -17,7 +17,7 @@ class FetchError(ReasonError):
 
 def local_path(url: str) -> str | None:
     """The filesystem path of a local URL (plain path or file://), else None."""
-    if url.startswith("file://"):
+    if url[:7].lower() == "file://":  # a scheme's case does not matter
         return unquote(urlparse(url).path)
     if "://" in url:
         return None

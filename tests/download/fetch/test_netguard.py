@@ -211,6 +211,14 @@ def test_a_relative_path_refused_says_where_it_resolved(tmp_path, monkeypatch):
     assert e.value.detail.startswith(f"images/0.jpg (resolves to {tmp_path / 'images' / '0.jpg'}) is outside")
 
 
+def test_a_file_url_is_known_whatever_the_case_of_its_scheme(tmp_path):
+    guard = Guard(local_folders=[tmp_path])
+    assert guard.check_local(f"FILE://{tmp_path / 'a.jpg'}") == str(tmp_path / "a.jpg")
+    with pytest.raises(Refused) as e:
+        guard.check_local("File:///etc/passwd")
+    assert e.value.detail.startswith("/etc/passwd is outside")
+
+
 # --- end to end against the loopback server -------------------------------------------------------------
 
 
