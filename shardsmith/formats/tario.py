@@ -242,8 +242,7 @@ def iter_tar_groups(
     Unsafe members (links, devices, absolute or '..' paths) are never read; they are reported in
     `problems` of the group they belong to. A member whose extension repeats within a group is reported too.
     """
-    counted = _CountingReader(fileobj)
-    with tarfile.open(fileobj=counted, mode="r|*") as tar:
+    with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
         key: str | None = None
         members: dict[str, bytes] = {}
         problems: list[str] = []
@@ -268,24 +267,12 @@ def iter_tar_groups(
                 continue
             f = tar.extractfile(info)
             members[ext] = f.read() if f else b""
-        # tarfile stops quietly at a cut header; a whole tar ends with an end-of-archive block after the last member.
-        if counted.count < tar.offset + tarfile.BLOCKSIZE:
+        # tarfile stops quietly at a cut header; a whole tar ends with an end-of-archive block after the last
+        # member. The stream's position counts the tar's own bytes, after decompression for a .tar.gz.
+        if tar.fileobj.tell() < tar.offset + tarfile.BLOCKSIZE:
             raise tarfile.ReadError("truncated tar: no end-of-archive block")
         if key is not None:
             yield key, members, problems
-
-
-class _CountingReader:
-    """Counts the bytes read through it, to tell a whole tar from one cut at a header."""
-
-    def __init__(self, f: BinaryIO) -> None:
-        self._f = f
-        self.count = 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._f.read(n)
-        self.count += len(data)
-        return data
 
 
 def read_member(path: str | os.PathLike, offset: int, size: int) -> bytes:

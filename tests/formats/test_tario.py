@@ -1,5 +1,6 @@
 """Deterministic USTAR writing, atomic files and safe reading of foreign tars."""
 
+import gzip
 import hashlib
 import io
 import os
@@ -207,6 +208,19 @@ def test_iter_tar_groups_raises_on_a_tar_cut_at_or_inside_a_header(into_header):
     header_of_k1_txt = offsets[0]["txt"][0] - tarfile.BLOCKSIZE
     with pytest.raises(tarfile.ReadError):
         list(iter_tar_groups(io.BytesIO(data[: header_of_k1_txt + into_header])))
+
+
+def test_iter_tar_groups_reads_every_sample_of_a_gzipped_tar():
+    """A .tar.gz is far smaller than the tar inside it: the end-of-archive check must count the tar's bytes."""
+    data, _ = write_bytes()
+    assert [key for key, _, _ in iter_tar_groups(io.BytesIO(gzip.compress(data)))] == ["k1", "k2"]
+
+
+def test_iter_tar_groups_raises_on_a_gzipped_tar_cut_at_a_header():
+    data, offsets = write_bytes()
+    header_of_k1_txt = offsets[0]["txt"][0] - tarfile.BLOCKSIZE
+    with pytest.raises(tarfile.ReadError):
+        list(iter_tar_groups(io.BytesIO(gzip.compress(data[:header_of_k1_txt]))))
 
 
 def fields(members: list[tarfile.TarInfo]) -> list[tuple]:
