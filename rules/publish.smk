@@ -75,6 +75,7 @@ rule upload_shards:
 rule list_uploads:
     input:
         receipts=get_upload_receipts,
+        plan_dir=PLANNED,  # the batches are counted from the shard plan: counted again when it reruns (see PLANNED)
     output:
         receipts=f"{WORK}/publish/uploaded/uploaded.list",
     log:
@@ -91,6 +92,7 @@ rule publish_dataset:
         plan=rules.plan_publish.output.plan,
         files=rules.plan_publish.output.files,
         receipts=listed(get_upload_receipts, rules.list_uploads.output.receipts),
+        plan_dir=PLANNED,  # the batches are counted from the shard plan: counted again when it reruns (see PLANNED)
     output:
         f"{WORK}/published/{config['version']}.json",
     log:

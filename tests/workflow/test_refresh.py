@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from generated import jpeg_bytes
 from workflow_helpers import REPO, demo_config
 
 from shardsmith.cli.demo import jpeg, make_demo, photo
@@ -269,3 +270,36 @@ def test_config_values_given_to_the_refresh_wrapper_reach_snakemake(refreshed):
     assert "publish_dataset" in {rule for rule, _ in r["named_jobs"]} and "jobs ran" in r["named"].stderr
     card = (fetched(r, "v2") / "README.md").read_bytes().decode()
     assert card.startswith("# demo v2")
+
+
+def test_a_refresh_that_needs_more_upload_jobs_publishes_every_shard(tmp_path):
+    """The upload jobs are counted from the shard plan, which a refresh plans again within its run: publishing
+    must wait for the new plan, not take the old count and find the new shards' files unsent."""
+    photos = tmp_path / "data" / "photos"
+    photos.mkdir(parents=True)
+
+    def add_photos(numbers):
+        for i in numbers:
+            (photos / f"p{i}.jpg").write_bytes(jpeg_bytes((40 + i, 40), (10 * i, 80, 160)))
+            (photos / f"p{i}.txt").write_text(f"a photo of a blue square number {i}")
+
+    add_photos(range(2))
+    config = {
+        "dataset": "grow",
+        "version": "auto",
+        "paths": {k: str(tmp_path / k) for k in ("raw", "work", "output", "logs")},
+        "sources": [{"name": "photos", "type": "folder", "path": str(photos)}],
+        "samples_per_shard": 1,
+        "validate": {"min_shards": 1},
+        "dedupe": {"near": "off"},
+        "publish": {"dest": str(tmp_path / "fast"), "shards_per_job": 1},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    cmd = [sys.executable, "-m", "shardsmith", "refresh", "--configfile", "config.yaml", "--workflow-profile", "none"]
+    subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, timeout=600)
+    add_photos(range(2, 4))
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    version = latest_version(str(tmp_path / "fast"), "grow")
+    marker = json.loads((tmp_path / "fast" / "grow" / version / MARKER).read_text())
+    assert sorted(n for n in marker["files"] if n.endswith(".tar")) == [f"grow-{i:06d}.tar" for i in range(4)]
