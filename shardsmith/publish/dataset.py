@@ -181,6 +181,13 @@ def add_versions_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=_versions_command)
 
 
+def _failed(e: Exception) -> int:
+    """The command's error as the workflow's jobs give it: one line, then what to do where it is known."""
+    hint = getattr(e, "hint", "")
+    print(f"shardsmith: {redact(str(e))}" + (f"\n  fix: {hint}" if hint else ""), file=sys.stderr)
+    return 1
+
+
 def _publish_command(a: argparse.Namespace) -> int:
     settings = PublishSettings(
         a.keep_versions,
@@ -195,8 +202,7 @@ def _publish_command(a: argparse.Namespace) -> int:
             a.files, a.dest, a.dataset, a.version, settings, _s3_settings(a), threads=a.threads, names_from=a.names_from
         )
     except (PublishConflict, PublishError, S3Error) as e:
-        print(f"shardsmith: {redact(str(e))}", file=sys.stderr)
-        return 1
+        return _failed(e)
     print(f"published {a.dest.rstrip('/')}/{a.dataset}/{receipt['version']} ({len(receipt['files'])} files)")
     return 0
 
@@ -206,8 +212,7 @@ def _versions_command(a: argparse.Namespace) -> int:
         versions = complete_versions(a.dest, a.dataset, _s3_settings(a))
         latest = latest_version(a.dest, a.dataset, _s3_settings(a))
     except (PublishError, S3Error) as e:
-        print(f"shardsmith: {redact(str(e))}", file=sys.stderr)
-        return 1
+        return _failed(e)
     for v, m in versions.items():
         print(f"{v}\t{m.get('published_at', '?')}\t{len(m['files'])} files" + ("\t<- latest" if v == latest else ""))
     return 0

@@ -22,7 +22,7 @@ from shardsmith.publish.contents import PublishConflict
 from shardsmith.publish.dataset import publish
 from shardsmith.publish.s3 import _batches, expected_etag, human_bytes
 from shardsmith.publish.settings import PublishSettings
-from shardsmith.storage.s3 import read_object, run
+from shardsmith.storage.s3 import HINTS, read_object, run
 from shardsmith.storage.stores import MARKER, PublishError, complete_versions, latest_version, read_complete
 
 
@@ -273,6 +273,16 @@ def test_a_publish_to_an_unreachable_store_fails_with_a_clear_message(s3_server,
     dead = replace(s3_server, endpoint_url=f"http://127.0.0.1:{free_port()}")
     proc = publish_cli(make_files(tmp_path / "a"), "s3://bucket/x", "v1", dead)
     assert proc.returncode == 1 and proc.stderr.startswith("shardsmith: ") and "Traceback" not in proc.stderr
+    assert "fix: check s3.endpoint_url" in proc.stderr
+
+
+def test_the_commands_say_how_to_fix_missing_credentials(s3_server, s3_bucket, tmp_path):
+    """As the workflow's jobs do: the CLI's own message names the cause, the hint says what to set."""
+    env = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "HOME": str(tmp_path), "AWS_CONFIG_FILE": "/dev/null"}
+    env |= {"AWS_SHARED_CREDENTIALS_FILE": "/dev/null", "AWS_EC2_METADATA_DISABLED": "true"}  # no instance role asked
+    proc = publish_cli(make_files(tmp_path / "a"), f"s3://{s3_bucket}/x", "v1", s3_server, None, env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1] == "  fix: " + HINTS["no_credentials"]
 
 
 def test_human_sizes_read_like_the_aws_cli():
