@@ -200,5 +200,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _summary_command(args: argparse.Namespace) -> int:
+    folder = Path(args.folder)
+    missing = next((n for n in ("stats.json", "sizes.json") if not (folder / n).is_file()), None)
+    if missing:
+        latest = folder / "latest"  # a publish destination's dataset folder: name the version to give
+        named = latest.read_text().strip() if latest.is_file() else ""
+        hint = f"; {latest} names {folder / named}" if named else ""
+        message = f"shardsmith: summary: {folder} is not a built dataset's folder (it has no {missing}){hint}"
+        print(message, file=sys.stderr)
+        return 1
     print(summary_text(args.folder))
     return 0

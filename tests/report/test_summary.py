@@ -3,6 +3,7 @@ nothing was published, and Snakemake's scheduler timers stopped."""
 
 import json
 
+from shardsmith.__main__ import main
 from shardsmith.report.summary import failed_jobs, failure_text, job_message
 
 
@@ -99,3 +100,14 @@ def test_the_end_of_a_run_stops_the_schedulers_timers_and_no_other():
         assert ours.is_alive()
     finally:
         ours.cancel()
+
+
+def test_summary_of_a_folder_that_is_no_build_says_so_in_one_line(tmp_path, capsys):
+    """A dataset's folder on the destination holds versions and `latest`, not stats.json: the user is told which
+    folder to give, not shown a traceback."""
+    (tmp_path / "ds" / "v2").mkdir(parents=True)
+    (tmp_path / "ds" / "latest").write_text("v2\n")
+    assert main(["summary", str(tmp_path / "ds")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"shardsmith: summary: {tmp_path / 'ds'} is not a built")
+    assert err.rstrip().endswith(f"names {tmp_path / 'ds' / 'v2'}")
