@@ -6,6 +6,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from shardsmith.formats.build import BUILD_INFO
 from shardsmith.storage.stores import LATEST, MARKER, PublishError
 
 AUTO = "auto"
+# A version is a folder or key prefix beside `latest`: one name of plain characters (the config schema's
+# pattern), and never `latest` itself, whose version folder would stand where the pointer is written.
+VERSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 CARD = "README.md"  # the dataset card (shardsmith.report.card): its title names the version
 DESCRIBES_THE_BUILD = (BUILD_INFO, CARD)  # not data: left out of the content fingerprint
 
@@ -128,6 +132,15 @@ def content_fingerprint(table: dict[str, dict]) -> str:
 
 def same_data(a: dict[str, dict], b: dict[str, dict]) -> bool:
     return content_fingerprint(a) == content_fingerprint(b)
+
+
+def check_version(version: str) -> None:
+    """Refuse a version name that is no single plain name, or that is `latest`, before anything is written."""
+    if version == LATEST or not VERSION_NAME.fullmatch(version):
+        raise PublishError(
+            f"version {version!r} cannot be published: a version is a name of letters, digits, '.', '_' and '-' "
+            f"(at most 64, starting with a letter or digit), not {LATEST!r}, or 'auto'"
+        )
 
 
 def auto_version(table: dict[str, dict], now: dt.datetime) -> str:

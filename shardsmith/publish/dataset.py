@@ -29,7 +29,15 @@ import os
 import sys
 import time
 
-from shardsmith.publish.contents import AUTO, PublishConflict, auto_version, file_table, publish_names, same_data
+from shardsmith.publish.contents import (
+    AUTO,
+    PublishConflict,
+    auto_version,
+    check_version,
+    file_table,
+    publish_names,
+    same_data,
+)
 from shardsmith.publish.mounted import publish_mounted
 from shardsmith.publish.s3 import publish_s3
 from shardsmith.publish.settings import PublishSettings
@@ -98,6 +106,8 @@ def publish(
     it keep their path relative to it (sub-folders included), others their basename (publish_names).
     """
     now = now or dt.datetime.fromtimestamp(time.time(), dt.UTC)
+    if version != AUTO:
+        check_version(version)
     store, named, table = prepare(paths, dest, dataset, settings, s3, known, names_from)
     previous, markers = store.state()
     if version == AUTO:

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from shardsmith.core.atomic import UMASK, atomic_write_text, sha256_file
-from shardsmith.publish.contents import AUTO, auto_version, conflict, mismatch, same_data
+from shardsmith.publish.contents import AUTO, auto_version, check_version, conflict, mismatch, same_data
 from shardsmith.publish.dataset import apply_retention, prepare
 from shardsmith.publish.mounted import fsync_dir, fsync_file, place
 from shardsmith.publish.s3 import cli_config, mend, verify_s3
@@ -81,6 +81,8 @@ def plan_version(
     """(the version: dest, dataset, version, previous, unchanged, table; each batch's {name: {path, size,
     sha256}}). `known`, `names_from`: as publish() takes them; `threads`: files hashed at once."""
     now = now or dt.datetime.fromtimestamp(time.time(), dt.UTC)
+    if version != AUTO:
+        check_version(version)
     store, named, table = prepare(paths, dest, dataset, settings, s3, known, names_from, threads)
     previous, markers = store.state()
     unchanged = False

@@ -56,6 +56,7 @@ def test_schema_fills_defaults():
         (lambda c: c.update(samples_per_shard=0), "samples_per_shard"),
         (lambda c: c["sources"][0].update(type="website"), "type"),
         (lambda c: c.update(dataset="Has Spaces"), "dataset"),
+        (lambda c: c.update(version="latest"), "version"),  # the pointer's name, beside the versions
     ],
 )
 def test_schema_refuses_unknown_keys_and_wrong_types_naming_the_key(edit, named):

@@ -189,3 +189,14 @@ def test_the_schema_takes_the_publish_keys_and_refuses_bad_values():
     ):
         with pytest.raises(WorkflowError):
             validate(config(**bad), schema=schema)
+
+
+@pytest.mark.parametrize("version", ["latest", "a/b", "../escaped", ".hidden", ""])
+def test_a_version_that_is_no_plain_name_or_is_latest_is_refused_before_anything_is_written(tmp_path, version):
+    """A version folder named `latest` would stand where the pointer goes, and a path would land elsewhere."""
+    dest = tmp_path / "fast"
+    publish(make_files(tmp_path / "a"), str(dest), "ds", "v1")
+    with pytest.raises(PublishError, match="cannot be published"):
+        publish(make_files(tmp_path / "b", tag="2"), str(dest), "ds", version)
+    assert sorted(os.listdir(dest / "ds")) == ["latest", "v1"] and latest_version(str(dest), "ds") == "v1"
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "fast"]

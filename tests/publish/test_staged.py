@@ -143,6 +143,16 @@ def test_other_content_under_a_published_version_is_refused_before_any_upload(tm
     assert snapshot(tmp_path / "fast") == before
 
 
+def test_a_version_named_latest_is_refused_when_planned(tmp_path):
+    """Its folder would stand where the pointer goes: refused before any job uploads."""
+    dest = str(tmp_path / "fast")
+    publish_in_batches(make_files(tmp_path / "out"), dest, "v1", 2)
+    before = snapshot(tmp_path / "fast")
+    with pytest.raises(PublishError, match="cannot be published"):
+        plan_version(make_files(tmp_path / "other", tag="x"), dest, "ds", "latest", 2)
+    assert snapshot(tmp_path / "fast") == before and latest_version(dest, "ds") == "v1"
+
+
 def test_files_an_attempt_with_other_content_left_are_replaced_or_removed(tmp_path):
     dest = str(tmp_path / "fast")
     run_batches(make_files(tmp_path / "old", tag="old", shards=8), dest, "v1", 2)  # uploaded, never committed
