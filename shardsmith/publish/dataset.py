@@ -199,6 +199,10 @@ def _failed(e: Exception) -> int:
 
 
 def _publish_command(a: argparse.Namespace) -> int:
+    missing = [f for f in a.files if not os.path.exists(f)]
+    if missing:  # the files are the user's here, not a job's outputs: file_table's advice does not apply
+        print(f"shardsmith: publish: {missing[0]} does not exist ({len(missing)} of the files given)", file=sys.stderr)
+        return 1
     settings = PublishSettings(
         a.keep_versions,
         a.verify,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from workflow_helpers import REPO
 
+from shardsmith.__main__ import main
 from shardsmith.publish.contents import CARD, PublishConflict, content_fingerprint, file_table
 from shardsmith.publish.dataset import publish, publish_local
 from shardsmith.publish.settings import PublishSettings
@@ -200,3 +201,12 @@ def test_a_version_that_is_no_plain_name_or_is_latest_is_refused_before_anything
         publish(make_files(tmp_path / "b", tag="2"), str(dest), "ds", version)
     assert sorted(os.listdir(dest / "ds")) == ["latest", "v1"] and latest_version(str(dest), "ds") == "v1"
     assert sorted(os.listdir(tmp_path)) == ["a", "b", "fast"]
+
+
+def test_the_publish_command_names_a_file_given_that_does_not_exist(tmp_path, capsys):
+    """The command's files are the user's: the message names the path, not a workflow rule to run again."""
+    files = make_files(tmp_path / "a")
+    gone = str(tmp_path / "a" / "ds-000009.tar")
+    assert main(["publish", *files, gone, "--dest", str(tmp_path / "fast"), "--dataset", "ds", "--version", "v1"]) == 1
+    assert capsys.readouterr().err == f"shardsmith: publish: {gone} does not exist (1 of the files given)\n"
+    assert not (tmp_path / "fast").exists()
