@@ -99,7 +99,9 @@ def shard_keys(status: pd.DataFrame, source: dict) -> list[str]:
     """Sample keys of kept shard rows, recomputed: they follow the source name and path pattern."""
 
     def key(row: dict) -> str:
-        url, _, orig = row["source_id"].partition("#")
+        url = row["url"]  # a path or key may hold '#', and so may a member's name: cut at the URL's own length
+        sid = row["source_id"]
+        orig = sid[len(url) + 1 :] if sid.startswith(url + "#") else ""
         if not orig or orig == "<rest>":
             return row["key"]
         stem = path_stem(url.removesuffix(".gz").removesuffix(".tar") + ".tar", source["path"])

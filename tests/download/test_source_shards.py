@@ -2,9 +2,12 @@
 
 import json
 
+import pandas as pd
 from generated import jpeg_bytes
 from httpserver import Reply
 
+from shardsmith.core.keys import make_key
+from shardsmith.download.source_shards import iter_shard, shard_keys
 from shardsmith.storage.s3 import upload
 from tests.download.test_part import reasons, shard_tar, snakemake_deletes_outputs
 from tests.download.test_part import run_remote as run
@@ -51,3 +54,16 @@ def test_http_source_shards_stream_and_a_cut_shard_is_reread_on_retry(tmp_path, 
     assert s.count("/shards/web-000000.tar") == 1  # kept: not read again
     assert s.count("/shards/web-000001.tar") == 2
     assert parts[0][1]["r0000002"]["img"] == img + b"\0" * 3000
+
+
+def test_keys_recomputed_for_kept_rows_are_the_keys_first_given_when_a_path_or_name_holds_a_hash(tmp_path):
+    """A rerun takes its kept rows' keys from shard_keys: a '#' in the folder or a member's name must not
+    make them other keys than the first read gave (the published keys would change between versions)."""
+    folder = tmp_path / "run#3"
+    folder.mkdir()
+    (folder / "old-000000.tar").write_bytes(shard_tar({k: {"jpg": jpeg_bytes(), "txt": b"cap"} for k in ("a", "b#2")}))
+    src = {"name": "old", "type": "shards", "path": str(folder / "old-{000000..000001}.tar")}
+    rows = [row for row, _, _ in iter_shard({"url": str(folder / "old-000000.tar"), "source": "old"}, src, None, 0)]
+    status = pd.DataFrame(rows)
+    assert list(status["key"]) == ["old-old-000000-a", make_key("old", "old-000000", "b#2")]
+    assert shard_keys(status, src) == list(status["key"])
