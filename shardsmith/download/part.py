@@ -465,7 +465,9 @@ def retry_failed(args: argparse.Namespace) -> int:
     try:
         config = yaml.safe_load(Path(args.config).read_text())
     except (OSError, yaml.YAMLError) as e:
-        print(f"shardsmith: retry-failed: cannot read {args.config} ({e})", file=sys.stderr)
+        mark = getattr(e, "problem_mark", None)  # a YAML error is several lines: its problem and where, in one
+        why = f"{e.problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else str(e).splitlines()[0]
+        print(f"shardsmith: retry-failed: cannot read {args.config} ({why})", file=sys.stderr)
         return 2
     if not isinstance(config, dict) or "dataset" not in config or "raw" not in (config.get("paths") or {}):
         print(f"shardsmith: retry-failed: {args.config} is no workflow config (dataset and paths.raw)", file=sys.stderr)

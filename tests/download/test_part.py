@@ -436,7 +436,9 @@ def test_retry_failed_takes_reasons_as_the_ledger_writes_them_and_names_those_no
 def test_retry_failed_with_a_config_it_cannot_use_says_so_in_one_line(tmp_path, capsys):
     (tmp_path / "empty.yaml").write_text("")  # what `new-config ... > my.yaml` leaves when new-config fails
     (tmp_path / "other.yaml").write_text("a: 1\n")
+    (tmp_path / "broken.json").write_text('{"dataset": "x"\n')  # a config cut short
     cases = [("missing.yaml", "cannot read"), ("empty.yaml", "is no workflow config"), ("other.yaml", "is no")]
+    cases.append(("broken.json", "but got '<stream end>' at line 2, column 1"))
     for name, said in cases:
         assert shardsmith_main(["retry-failed", str(tmp_path / name)]) == 2
         err = capsys.readouterr().err.strip()
