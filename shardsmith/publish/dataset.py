@@ -227,6 +227,8 @@ def _versions_command(a: argparse.Namespace) -> int:
         latest = latest_version(a.dest, a.dataset, _s3_settings(a))
     except (PublishError, S3Error) as e:
         return _failed(e)
+    if not versions:  # said, so that a mistyped --dest or --dataset is not read as "nothing published yet" unseen
+        print(f"shardsmith: no complete version of {a.dataset} at {redact(a.dest)}", file=sys.stderr)
     for v, m in versions.items():
         print(f"{v}\t{m.get('published_at', '?')}\t{len(m['files'])} files" + ("\t<- latest" if v == latest else ""))
     return 0

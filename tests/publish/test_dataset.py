@@ -210,3 +210,11 @@ def test_the_publish_command_names_a_file_given_that_does_not_exist(tmp_path, ca
     assert main(["publish", *files, gone, "--dest", str(tmp_path / "fast"), "--dataset", "ds", "--version", "v1"]) == 1
     assert capsys.readouterr().err == f"shardsmith: publish: {gone} does not exist (1 of the files given)\n"
     assert not (tmp_path / "fast").exists()
+
+
+def test_versions_of_a_destination_without_any_says_so(tmp_path, capsys):
+    from shardsmith.__main__ import main
+
+    assert main(["versions", "--dest", str(tmp_path / "typo"), "--dataset", "ds"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == f"shardsmith: no complete version of ds at {tmp_path / 'typo'}"
