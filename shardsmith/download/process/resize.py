@@ -193,7 +193,14 @@ def _process(
         target = fit_within(width, height, s)  # symmetric, so valid for stored orientation
         jpeg = fmt in _JPEG_FORMATS
         orientation = _orientation(im) if jpeg else None  # JPEG EXIF is parsed from the header
-        passthrough = fmt == "JPEG" and mode == "RGB" and orientation == 1 and target == (width, height) and not boxes
+        passthrough = (
+            fmt == "JPEG"
+            and mode == "RGB"
+            and orientation == 1
+            and target == (width, height)
+            and not boxes
+            and _well_formed_jpeg_header(data)
+        )
         try:
             if jpeg:
                 # DCT-domain downscaling: a 1/8 decode is enough to prove a passthrough JPEG
@@ -254,6 +261,37 @@ def _orientation(im: Image.Image) -> int:
     except Exception:
         return 1
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+# Markers with no length field: TEM and RST0-7 (SOI and EOI do not occur between SOI and SOS).
+_STANDALONE_MARKERS = frozenset({0x01, *range(0xD0, 0xD8)})
+
+
+def _well_formed_jpeg_header(data: bytes) -> bool:
+    """True when every segment from SOI to the first SOS starts where the one before it ends.
+
+    libjpeg (and so Pillow) skips stray bytes between segments with a warning, but DALI's JPEG parser stops
+    with "Invalid marker" and its pipeline cannot go on: such a file is re-encoded, never passed through.
+    """
+    i, n = 2, len(data)
+    while i + 1 < n:
+        if data[i] != 0xFF:
+            return False
+        while i + 1 < n and data[i + 1] == 0xFF:  # fill bytes before a marker are allowed
+            i += 1
+        marker = data[i + 1]
+        if marker == 0xDA:
+            return True
+        if marker in _STANDALONE_MARKERS:
+            i += 2
+            continue
+        if marker == 0x00 or i + 3 >= n:
+            return False
+        length = int.from_bytes(data[i + 2 : i + 4], "big")
+        if length < 2:
+            return False
+        i += 2 + length
+    return False
 
 
 def _to_rgb_or_premultiplied(im: Image.Image) -> Image.Image:

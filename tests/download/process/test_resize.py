@@ -473,3 +473,17 @@ def test_max_aspect_ratio_under_1_is_a_config_error(cap: float) -> None:
     with pytest.raises(ConfigError, match="resize.max_aspect_ratio"):
         ResizeSettings(max_aspect_ratio=cap)
     assert ResizeSettings(max_aspect_ratio=1).max_aspect_ratio == 1
+
+
+def test_jpeg_with_stray_bytes_between_header_segments_is_reencoded_not_passed_through() -> None:
+    """libjpeg skips them with a warning, but DALI's decoder stops its pipeline with "Invalid marker"."""
+    data = encode(quadrants((640, 480)), "JPEG", quality=90)
+    assert data[2:4] == b"\xff\xe0"  # JFIF APP0 right after SOI
+    # an APP1 segment whose length says 2 bytes more than it holds: it swallows the next marker's FF E0
+    broken = data[:2] + b"\xff\xe1\x00\x0c" + b"Exif\x00\x00ab" + data[2:]
+    result = process_image(broken, DEFAULT)
+    assert not result.passthrough and result.data != broken
+    out = assert_valid_output(result, DEFAULT)
+    assert out.size == (640, 480)
+    assert_colour(out, (100, 100), (255, 0, 0))
+    assert process_image(encode(quadrants((640, 480)), "JPEG", quality=90, progressive=True), DEFAULT).passthrough
