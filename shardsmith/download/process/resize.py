@@ -86,7 +86,7 @@ class ResizeSettings:
 
     max_side: int | None = 1024  # cap on the long side; None = no side cap
     max_pixels: int = 25_000_000  # cap on output width*height (OpenCLIP drops images over 25 MP)
-    min_side: int = 32  # reject if the original short side is below this
+    min_side: int = 32  # reject if the short side is below this, before or after shrinking
     quality: int = 90  # JPEG quality of re-encoded images
     max_decode_pixels: int = 178_956_970  # header pixels above this = decompression bomb
     max_aspect_ratio: float | None = None  # reject if long side / short side is above this; None = any
@@ -191,6 +191,13 @@ def _process(
             )
 
         target = fit_within(width, height, s)  # symmetric, so valid for stored orientation
+        if min(target) < s.min_side:  # a long thin image the caps would shrink to a sliver
+            raise Rejection(
+                STAGE,
+                "too_small",
+                f"{width}x{height} shrinks to {target[0]}x{target[1]} within the caps,"
+                f" short side < min_side {s.min_side}",
+            )
         jpeg = fmt in _JPEG_FORMATS
         orientation = _orientation(im) if jpeg else None  # JPEG EXIF is parsed from the header
         passthrough = (

@@ -425,6 +425,14 @@ def test_pillow_bomb_warning_is_neither_raised_nor_printed() -> None:
     assert err.reason == "decompression_bomb"
 
 
+def test_image_whose_short_side_would_shrink_below_min_side_is_rejected() -> None:
+    """The long-side cap would publish a 32x20000 strip as 1x1024: a sliver no one asked for."""
+    err = reject_reason(encode(Image.new("RGB", (32, 20_000), "red"), "PNG"))
+    assert err.reason == "too_small" and "1x1024" in err.detail and "min_side 32" in err.detail
+    result = process_image(encode(Image.new("RGB", (64, 2048), "red"), "PNG"), DEFAULT)
+    assert (result.width, result.height) == (32, 1024)
+
+
 def test_too_small_image_is_rejected() -> None:
     err = reject_reason(encode(Image.new("RGB", (10, 10), "red"), "JPEG"))
     assert err.reason == "too_small"
