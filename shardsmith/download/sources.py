@@ -11,6 +11,7 @@ where one part costs 1 and then reuses the kept-alive connection. Within a part 
 manifest's order.
 """
 
+import codecs
 import contextlib
 import csv
 import json
@@ -49,6 +50,11 @@ HOST_RECORDS_TOGETHER = 32
 PLAN_WINDOW_RECORDS = 80_000
 QUOTING = {"csv": "csv", "tsv": "none"}  # a source's default `quoting` by format
 _FORMATS = {".parquet": "parquet", ".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+# A manifest's text is UTF-8, but scraped rows often hold a stray legacy byte (cp1252's é is 0xE9): each byte
+# that is no UTF-8 is read as its Latin-1 character, as a sidecar that is no UTF-8 is (sidecars), and ftfy
+# repairs the caption (captions). Replacing it with U+FFFD would lose the letter; failing would refuse the file.
+LEGACY_BYTES = "shardsmith-legacy-bytes"
+codecs.register_error(LEGACY_BYTES, lambda e: (bytes(e.object[e.start : e.end]).decode("latin-1"), e.end))
 
 
 def _file_name(path: str) -> str:
@@ -87,7 +93,7 @@ def _plain(value: object) -> object:
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
         return None
     if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
+        return value.decode("utf-8", LEGACY_BYTES)
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
@@ -148,7 +154,7 @@ def iter_manifest_chunks(path: str, src: dict, chunk: int, shown: str | None = N
                 quoting=csv.QUOTE_MINIMAL if src.get("quoting", QUOTING[fmt]) == "csv" else csv.QUOTE_NONE,
                 chunksize=chunk,
                 compression="infer",
-                encoding_errors="replace",
+                encoding_errors=LEGACY_BYTES,
             ):
                 if names and len(df.columns) != len(names):
                     raise ConfigError(
@@ -165,6 +171,7 @@ def iter_manifest_chunks(path: str, src: dict, chunk: int, shown: str | None = N
                 compression="infer",
                 dtype_backend="numpy_nullable",
                 encoding="utf-8-sig",  # a BOM, as Windows editors write one
+                encoding_errors=LEGACY_BYTES,
             ):
                 yield _numpy_columns(df)
     except ConfigError:

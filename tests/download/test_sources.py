@@ -263,6 +263,21 @@ def test_a_jsonl_manifest_with_a_byte_order_mark_is_read(tmp_path):
     assert list(parts["js-000000"]["url"]) == ["a.jpg"]
 
 
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_a_manifest_byte_that_is_no_utf8_is_read_as_latin1_not_lost_nor_refusing_the_file(tmp_path, fmt):
+    """A stray cp1252 byte in one scraped row: a sidecar keeps its letter, so must a manifest."""
+    caption = b"caf\xe9 au lait"
+    path = tmp_path / f"m.{fmt}"
+    if fmt == "csv":
+        path.write_bytes(b"url,caption\na.jpg,ok\nb.jpg," + caption + b"\n")
+    elif fmt == "jsonl":
+        path.write_bytes(b'{"url": "a.jpg", "caption": "ok"}\n{"url": "b.jpg", "caption": "' + caption + b'"}\n')
+    else:
+        pd.DataFrame({"url": ["a.jpg", "b.jpg"], "caption": [b"ok", caption]}).to_parquet(path)
+    _, parts = plan(tmp_path, manifest("m", path))
+    assert [f["caption"] for f in fields(parts["m-000000"])] == ["ok", "café au lait"]
+
+
 @pytest.mark.parametrize("case", ["cut_gzip", "not_parquet"])
 def test_a_manifest_that_cannot_be_read_is_a_one_line_error_naming_it(tmp_path, case):
     if case == "cut_gzip":
