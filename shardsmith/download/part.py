@@ -57,7 +57,7 @@ from shardsmith.download.sidecars import read_sidecars
 from shardsmith.download.source_shards import iter_shard, shard_keys
 from shardsmith.download.sources import local_folders
 from shardsmith.formats.tario import ShardWriter
-from shardsmith.storage.localfiles import local_path
+from shardsmith.storage.localfiles import FetchError, local_path
 from shardsmith.storage.s3 import S3Settings
 
 
@@ -139,7 +139,7 @@ def download_records(
                 if got.ok:
                     try:
                         write(each, outcome.data)
-                    except Refused as e:
+                    except (Refused, FetchError) as e:
                         got = Outcome(reason=e.reason, detail=e.detail, attempts=outcome.attempts)
                     got.data = None
                 outcomes[each] = got
@@ -195,7 +195,7 @@ def _rewrite_kept(
             return _REFETCH
     try:
         write(rec["rid"], data, reuse=True)
-    except Refused as e:
+    except (Refused, FetchError) as e:
         return Outcome(reason=e.reason, detail=e.detail, attempts=0)
     return None
 
@@ -222,7 +222,8 @@ def _record_writer(
     processor: Processor | None,
 ) -> Callable[..., None]:
     def write(rid: int, data: bytes, reuse: bool = False) -> None:
-        """Write one record's image and fields; raises Refused (nothing written) for a sidecar out of bounds.
+        """Write one record's image and fields; raises Refused or FetchError (nothing written) for a sidecar out
+        of bounds or unreadable.
         `reuse`: the bytes are kept ones, whose processing a stopped run may have committed."""
         fields = json.loads(by_rid[rid]["fields"])
         if source["type"] == "folder":

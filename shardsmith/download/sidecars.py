@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from shardsmith.download.fetch.netguard import Guard
+from shardsmith.storage.localfiles import FetchError
 
 SIDECARS = ("txt", "json")
 
@@ -42,11 +43,18 @@ def member_fields(members: dict[str, bytes]) -> dict[str, object]:
 
 def read_sidecars(image_path: str, guard: Guard | None = None) -> dict[str, object]:
     """`photo.txt` / `photo.json` beside `photo.jpg`; with `guard`, a sidecar that resolves outside the allowed
-    folders (a symbolic link out) raises Refused and is not opened."""
+    folders (a symbolic link out) raises Refused and is not opened. A sidecar that cannot be read (no
+    permission, a folder of that name) raises FetchError `unreadable`: its record's caption is unknown."""
     stem = os.path.splitext(image_path)[0]
     members = {}
     for ext in SIDECARS:
-        if os.path.exists(f"{stem}.{ext}"):
-            path = guard.check_local(f"{stem}.{ext}") if guard is not None else f"{stem}.{ext}"
-            members[ext] = Path(path).read_bytes()
+        side = f"{stem}.{ext}"
+        if os.path.exists(side):
+            path = guard.check_local(side) if guard is not None else side
+            try:
+                members[ext] = Path(path).read_bytes()
+            except IsADirectoryError:
+                raise FetchError("unreadable", f"sidecar {side} is a folder, not a file") from None
+            except OSError as e:
+                raise FetchError("unreadable", f"sidecar {side}: {e.strerror or e}") from None
     return member_fields(members)

@@ -497,6 +497,14 @@ def test_folder_with_txt_and_json_sidecars(tmp_path):
     check_against_schema(config)
 
 
+def test_folder_with_an_unreadable_sidecar_counts_that_image_as_without_a_caption(tmp_path):
+    folder = make_folder(tmp_path / "photos")
+    (folder / "a0.txt").unlink()
+    (folder / "a0.txt").mkdir()
+    config, lines = guess([folder], out=tmp_path / "build")
+    assert any("without a caption: 2 of 6 images" in ln for ln in lines)
+
+
 def test_folder_without_any_caption_is_refused(tmp_path):
     (tmp_path / "bare").mkdir()
     (tmp_path / "bare" / "x.jpg").write_bytes(jpeg_bytes())

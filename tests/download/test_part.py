@@ -129,6 +129,21 @@ def test_sidecar_text_is_decoded_by_its_byte_order_mark(tmp_path):
     assert captions == ["hello wörld", "café crème", "café"]
 
 
+def test_a_sidecar_that_cannot_be_read_rejects_its_record_and_the_part_goes_on(tmp_path):
+    """A folder named like a sidecar (or one without permission) stopped the whole part with a traceback."""
+    root = tmp_path / "photos"
+    root.mkdir()
+    for name in ("a", "b", "c"):
+        (root / f"{name}.jpg").write_bytes(jpeg_bytes())
+        (root / f"{name}.txt").write_text(f"caption {name}")
+    (root / "b.txt").unlink()
+    (root / "b.txt").mkdir()
+    [status], [raw] = run(tmp_path, {"name": "photos", "type": "folder", "path": str(root)})
+    assert list(status["status"]) == ["ok", "error", "ok"]
+    assert status["reason"][1] == "unreadable" and f"sidecar {root / 'b.txt'} is a folder" in status["detail"][1]
+    assert sorted(raw) == ["r0000000", "r0000002"]
+
+
 def shard_source(pattern) -> dict:
     return {"name": "old", "type": "shards", "path": str(pattern)}
 

@@ -24,6 +24,7 @@ from shardsmith.download.fetch.responses import sniff_image
 from shardsmith.download.sidecars import member_fields, read_sidecars
 from shardsmith.download.sources import iter_folder_parts
 from shardsmith.formats.tario import iter_tar_groups
+from shardsmith.storage.localfiles import FetchError
 
 # --- folders and shards ---------------------------------------------------------------------------------
 
@@ -59,7 +60,10 @@ def inspect_folder(path: str, name: str, opts: Options) -> Inspected:
     bare = 0
     metas = []
     for rec in images:
-        fields = read_sidecars(rec["url"])
+        try:
+            fields = read_sidecars(rec["url"])
+        except FetchError:  # an unreadable sidecar: that record goes to the ledger as download/unreadable
+            fields = {}
         sidecars.update(fields.keys())
         found = caption_members(fields)
         seen.update(found)
