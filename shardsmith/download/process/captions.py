@@ -41,6 +41,10 @@ _ENTITY_RE = re.compile(r"&(?:#[0-9]{1,8}|#[xX][0-9a-fA-F]{1,7}|[A-Za-z][A-Za-z0
 # they are nearly always cp1252 bytes of mojibake ("â€\x9d" is a closing quote).
 _C0_TO_SPACE = {code: " " for code in [*range(0x20), 0x7F]}
 
+# Letters and symbols that render as blank space: the Braille blank and the Hangul fillers, pasted where a
+# caption or name must look empty ("blank" alt text, invisible user names).
+_BLANK_LOOKALIKES = frozenset("\u2800\u115f\u1160\u3164\uffa0")
+
 # When a cap is needed, a word boundary is preferred if it lies within this last share of it.
 _WORD_BOUNDARY_WINDOW = 0.2
 
@@ -219,6 +223,12 @@ def normalize_caption(text: str, max_chars: int = 1000) -> str:
     return _cap(text, max_chars)
 
 
+def _visible(text: str) -> bool:
+    """True when some character shows: a letter, digit, punctuation or symbol; not only joiners, marks with
+    nothing to sit on, variation selectors or blank look-alikes."""
+    return any(unicodedata.category(ch)[0] in "LNPS" and ch not in _BLANK_LOOKALIKES for ch in text)
+
+
 def _to_text(value: object) -> tuple[str | None, str]:
     """Raw caption text for a field value, or (None, why it is not usable)."""
     if _is_absent(value):
@@ -260,10 +270,12 @@ def pick_caption(fields: Mapping, s: CaptionSettings = CaptionSettings()) -> tup
         raw, why = _to_text(get_field(fields, path))
         if raw is not None:
             caption = normalize_caption(raw, s.max_chars)
-            if len(caption) >= s.min_chars:
+            if len(caption) >= s.min_chars and _visible(caption):
                 return caption, path
             if not caption:
                 why = "empty after normalization"
+            elif not _visible(caption):
+                why = f"no visible character after normalization ({caption.encode('unicode_escape').decode()})"
             else:
                 why = f"{len(caption)} chars after normalization, fewer than min_chars={s.min_chars}"
         findings.append(f"{path} ({why})")

@@ -57,6 +57,19 @@ def test_empty_and_whitespace_fields_fall_through_to_the_next():
     assert pick_caption(record, DEFAULT) == ("alt text", "alt")
 
 
+@pytest.mark.parametrize("invisible", ["\u200d", "\u200c\u200d", "\u0301", "\ufe0f", "\u2800", "\u3164 \u115f"])
+def test_a_caption_with_no_visible_character_falls_through_and_is_named_in_the_detail(invisible):
+    """A joiner, a lone mark or a blank look-alike survives normalization but is no caption a reader can see."""
+    assert pick_caption({"txt": invisible, "alt": "alt text"}, DEFAULT) == ("alt text", "alt")
+    with pytest.raises(Rejection, match=r"txt \(no visible character after normalization") as e:
+        pick_caption({"txt": invisible}, DEFAULT)
+    assert e.value.reason == "no_caption"
+    assert (
+        pick_caption({"txt": "\u3164 a cat \U0001f408\u200d\u2b1b"}, DEFAULT)[0]
+        == "\u3164 a cat \U0001f408\u200d\u2b1b"
+    )
+
+
 def test_nan_manifest_cell_falls_through_to_the_next_field():
     record = {"txt": float("nan"), "caption": None, "alt": "the alt"}
     assert pick_caption(record, DEFAULT) == ("the alt", "alt")
