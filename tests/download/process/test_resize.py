@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from PIL import Image, ImageOps
+from PIL import Image, ImageCms, ImageOps
 
 from shardsmith.core.errors import ConfigError, Rejection
 from shardsmith.download.process.resize import STAGE, ImageResult, ResizeSettings, fit_within, process_image
@@ -231,6 +231,19 @@ def test_cmyk_jpeg_becomes_rgb() -> None:
     out = assert_valid_output(result, DEFAULT)
     assert_colour(out, (10, 32), (255, 0, 0))
     assert_colour(out, (54, 32), (0, 255, 255))
+
+
+def test_icc_profile_is_kept_on_pass_through_and_neither_applied_nor_kept_on_re_encode() -> None:
+    """docs/output.md, Colour: the pixel values stay the file's, whichever path the image takes."""
+    profile = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    small = encode(Image.new("RGB", (200, 100), (40, 180, 60)), "JPEG", quality=95, icc_profile=profile)
+    big = encode(Image.new("RGB", (2000, 1000), (40, 180, 60)), "JPEG", quality=95, icc_profile=profile)
+    kept = process_image(small, DEFAULT)
+    assert kept.passthrough and decode(kept.data).info.get("icc_profile") == profile
+    shrunk = process_image(big, DEFAULT)
+    out = decode(shrunk.data)
+    assert not shrunk.passthrough and "icc_profile" not in out.info
+    assert_colour(out, (500, 250), (40, 180, 60))
 
 
 def test_palette_png_with_transparency_composites_onto_white() -> None:
