@@ -4,10 +4,9 @@ Latin-1)."""
 
 import json
 import os
-from pathlib import Path
 
 from shardsmith.download.fetch.netguard import Guard
-from shardsmith.storage.localfiles import FetchError
+from shardsmith.storage.localfiles import FetchError, open_source
 
 SIDECARS = ("txt", "json")
 
@@ -44,7 +43,8 @@ def member_fields(members: dict[str, bytes]) -> dict[str, object]:
 def read_sidecars(image_path: str, guard: Guard | None = None) -> dict[str, object]:
     """`photo.txt` / `photo.json` beside `photo.jpg`; with `guard`, a sidecar that resolves outside the allowed
     folders (a symbolic link out) raises Refused and is not opened. A sidecar that cannot be read (no
-    permission, a folder of that name) raises FetchError `unreadable`: its record's caption is unknown."""
+    permission, a folder or a named pipe of that name) raises FetchError `unreadable`: its record's caption is
+    unknown."""
     stem = os.path.splitext(image_path)[0]
     members = {}
     for ext in SIDECARS:
@@ -52,9 +52,8 @@ def read_sidecars(image_path: str, guard: Guard | None = None) -> dict[str, obje
         if os.path.exists(side):
             path = guard.check_local(side) if guard is not None else side
             try:
-                members[ext] = Path(path).read_bytes()
-            except IsADirectoryError:
-                raise FetchError("unreadable", f"sidecar {side} is a folder, not a file") from None
-            except OSError as e:
-                raise FetchError("unreadable", f"sidecar {side}: {e.strerror or e}") from None
+                with open_source(path) as f:
+                    members[ext] = f.read()
+            except FetchError as e:
+                raise FetchError(e.reason, f"sidecar: {e.detail}") from None
     return member_fields(members)

@@ -3,6 +3,8 @@
 Which folders may be read at all is shardsmith.download.fetch.netguard's to decide, before anything here opens a file.
 """
 
+import os
+import stat
 from typing import IO
 from urllib.parse import unquote, urlparse
 
@@ -25,15 +27,28 @@ def local_path(url: str) -> str | None:
 
 
 def open_source(url: str) -> IO[bytes]:
-    """Open a local path or file:// URL for reading; FetchError (not_found, unreadable, unsupported_url) if not."""
+    """Open a local path or file:// URL for reading; FetchError (not_found, unreadable, unsupported_url) if not.
+
+    Only a regular file is read: a named pipe (or a device) would block the job on its first read, or on
+    the open itself, which no deadline or SIGTERM ends. It is opened non-blocking and checked before reading.
+    """
     path = local_path(url)
     if path is None:
         raise FetchError("unsupported_url", f"no local file for {url.split('://')[0]}:// URLs")
     try:
-        return open(path, "rb")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise FetchError("not_found", f"no such file: {path}") from None
     except IsADirectoryError:
         raise FetchError("unreadable", f"is a folder, not a file: {path}") from None
     except OSError as e:
         raise FetchError("unreadable", f"{path}: {e.strerror or e}") from None
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISDIR(mode):
+        os.close(fd)
+        raise FetchError("unreadable", f"is a folder, not a file: {path}")
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise FetchError("unreadable", f"not a regular file (a named pipe, socket or device): {path}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")

@@ -140,8 +140,34 @@ def test_a_sidecar_that_cannot_be_read_rejects_its_record_and_the_part_goes_on(t
     (root / "b.txt").mkdir()
     [status], [raw] = run(tmp_path, {"name": "photos", "type": "folder", "path": str(root)})
     assert list(status["status"]) == ["ok", "error", "ok"]
-    assert status["reason"][1] == "unreadable" and f"sidecar {root / 'b.txt'} is a folder" in status["detail"][1]
+    assert status["detail"][1] == f"sidecar: is a folder, not a file: {root / 'b.txt'}"
     assert sorted(raw) == ["r0000000", "r0000002"]
+
+
+def test_a_named_pipe_as_image_or_sidecar_is_unreadable_and_never_blocks_the_part(tmp_path):
+    """Opening a pipe with no writer waits forever, past any deadline and SIGTERM: it is never read."""
+    root = tmp_path / "photos"
+    root.mkdir()
+    for name in ("a", "b"):
+        (root / f"{name}.txt").write_text(f"caption {name}")
+    (root / "a.jpg").write_bytes(jpeg_bytes())
+    os.mkfifo(root / "b.jpg")  # an image that is a pipe
+    (root / "c.jpg").write_bytes(jpeg_bytes())
+    os.mkfifo(root / "c.txt")  # a sidecar that is a pipe
+    source = {"name": "photos", "type": "folder", "path": str(root)}
+    child = multiprocessing.get_context("fork").Process(target=run, args=(tmp_path, source))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail("download_part blocked on a named pipe")
+    assert child.exitcode == 0
+    status = pd.read_parquet(tmp_path / "raw" / "photos-000000.status.parquet")
+    assert list(status["reason"]) == ["", "unreadable", "unreadable"]
+    assert status["detail"][1] == f"not a regular file (a named pipe, socket or device): {root / 'b.jpg'}"
+    assert status["detail"][2] == f"sidecar: not a regular file (a named pipe, socket or device): {root / 'c.txt'}"
+    assert sorted(read_raw(tmp_path / "raw" / "photos-000000.tar")) == ["r0000000"]
 
 
 def shard_source(pattern) -> dict:
