@@ -301,6 +301,27 @@ def _well_formed_jpeg_header(data: bytes) -> bool:
     return False
 
 
+# Start-of-frame markers (SOF0-SOF15 but DHT, JPG and DAC, which share the range).
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def _jpeg_sample_bits(data: bytes) -> int | None:
+    """The sample precision its start-of-frame segment declares (8, or 12 for the medical and raw-camera kind
+    Pillow refuses), or None where no frame header is found before the scan."""
+    i, n = 2, len(data)
+    while i + 3 < n and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xFF:
+            i += 1
+            continue
+        if marker in _SOF_MARKERS:
+            return data[i + 4] if i + 4 < n else None
+        if marker == 0xDA:
+            return None
+        i += 2 if marker in _STANDALONE_MARKERS else 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return None
+
+
 def _to_rgb_or_premultiplied(im: Image.Image) -> Image.Image:
     """Convert any decoded mode to 8-bit RGB, or to premultiplied RGBa when it has transparency.
 
@@ -337,6 +358,9 @@ def _unidentified_rejection(data: bytes) -> Rejection:
         if verdict and not isinstance(verdict, str):  # a str is PIL's "plugin unavailable" note
             if _shorter_than_declared(data):
                 return Rejection(STAGE, "truncated", f"{fmt} data ends before its declared length")
+            bits = _jpeg_sample_bits(data) if fmt in _JPEG_FORMATS else None
+            if bits is not None and bits != 8:
+                return Rejection(STAGE, "undecodable", f"{fmt} with {bits}-bit samples: only 8-bit JPEG is decoded")
             return Rejection(STAGE, "undecodable", f"{fmt} signature, but the header cannot be parsed")
     known = sniff_image(data)  # an image all the same (HEIF from a phone, a PSD): name it
     if known:

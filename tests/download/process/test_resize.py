@@ -392,6 +392,15 @@ def test_random_garbage_is_rejected(seed: int) -> None:
     assert reject_reason(data).reason in ("not_an_image", "undecodable")
 
 
+def test_a_12_bit_jpeg_is_rejected_saying_so() -> None:
+    """Pillow refuses JPEGs of other than 8-bit samples; "the header cannot be parsed" hid why."""
+    data = bytearray(encode(quadrants(), "JPEG"))
+    sof = data.index(b"\xff\xc0")
+    data[sof + 4] = 12  # the frame header's sample precision
+    err = reject_reason(bytes(data))
+    assert err.reason == "undecodable" and err.detail == "JPEG with 12-bit samples: only 8-bit JPEG is decoded"
+
+
 def test_jpeg_signature_with_garbage_body_is_rejected() -> None:
     data = b"\xff\xd8\xff\xe0" + np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()
     assert reject_reason(data).reason in ("undecodable", "truncated")
