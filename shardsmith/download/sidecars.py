@@ -4,11 +4,26 @@ Latin-1)."""
 
 import json
 import os
+import re
 
 from shardsmith.download.fetch.netguard import Guard
 from shardsmith.storage.localfiles import FetchError, open_source
 
 SIDECARS = ("txt", "json")
+# JSON may escape half of a surrogate pair ("\ud83d", an emoji cut in two by a length limit): Python reads it
+# as a lone surrogate, which no UTF-8 file can hold, so the record's fields could not be written.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(value: object) -> object:
+    """`value` (JSON: str, list, dict) with every lone surrogate in a string or key replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [without_lone_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {without_lone_surrogates(k): without_lone_surrogates(v) for k, v in value.items()}
+    return value
 
 
 def _decode_text(data: bytes) -> str:
@@ -32,7 +47,7 @@ def member_fields(members: dict[str, bytes]) -> dict[str, object]:
         if ext == "json":
             text = _decode_text(data)
             try:
-                fields["json"] = json.loads(text)
+                fields["json"] = without_lone_surrogates(json.loads(text))
             except ValueError:
                 fields["json"] = text
         elif ext in ("txt", "text", "caption", "cls"):

@@ -34,6 +34,7 @@ from shardsmith.core.config import REMOTE, expand_paths, folder_files, static_di
 from shardsmith.core.errors import ConfigError
 from shardsmith.core.keys import make_key
 from shardsmith.download.filters import FILTER_COLUMNS, ID_LISTS, Filter, IdLists, apply_filters, check_columns
+from shardsmith.download.sidecars import without_lone_surrogates
 
 if TYPE_CHECKING:
     from shardsmith.download.fetch.client import Fetcher
@@ -92,6 +93,8 @@ def _plain(value: object) -> object:
         value = value.item()  # numpy scalar
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
         return None
+    if isinstance(value, str):
+        return without_lone_surrogates(value)
     if isinstance(value, bytes):
         return value.decode("utf-8", LEGACY_BYTES)
     if isinstance(value, (list, tuple)):
@@ -163,7 +166,7 @@ def iter_manifest_chunks(path: str, src: dict, chunk: int, shown: str | None = N
                     )
                 yield df.set_axis(names, axis=1) if names else df
         else:
-            for df in pd.read_json(
+            reader = pd.read_json(
                 path,
                 lines=True,
                 chunksize=chunk,
@@ -172,8 +175,16 @@ def iter_manifest_chunks(path: str, src: dict, chunk: int, shown: str | None = N
                 dtype_backend="numpy_nullable",
                 encoding="utf-8-sig",  # a BOM, as Windows editors write one
                 encoding_errors=LEGACY_BYTES,
-            ):
-                yield _numpy_columns(df)
+            )
+            with reader:
+                while True:
+                    # strings stored by Python: pyarrow's would refuse a lone surrogate escape ("\ud83d", half an
+                    # emoji) in one row, and with it the whole file; _plain replaces it
+                    with pd.option_context("mode.string_storage", "python"):
+                        df = next(reader, None)
+                    if df is None:
+                        break
+                    yield _numpy_columns(df)
     except ConfigError:
         raise
     except pd.errors.EmptyDataError:  # no line at all: a source without records, which plan_parts names

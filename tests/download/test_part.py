@@ -129,6 +129,17 @@ def test_sidecar_text_is_decoded_by_its_byte_order_mark(tmp_path):
     assert captions == ["hello wörld", "café crème", "café"]
 
 
+def test_a_json_sidecar_with_half_a_surrogate_pair_is_read_with_a_replacement_character(tmp_path):
+    """JSON may escape a lone surrogate, which no UTF-8 file holds: it stopped the whole part."""
+    root = tmp_path / "photos"
+    root.mkdir()
+    (root / "a.jpg").write_bytes(jpeg_bytes())
+    (root / "a.json").write_text('{"caption": "cut \\ud83d", "tags": ["\\udc00"]}')
+    [status], [raw] = run(tmp_path, {"name": "photos", "type": "folder", "path": str(root)})
+    assert list(status["status"]) == ["ok"]
+    assert json.loads(raw["r0000000"]["meta"]) == {"json": {"caption": "cut \ufffd", "tags": ["\ufffd"]}}
+
+
 def test_a_sidecar_that_cannot_be_read_rejects_its_record_and_the_part_goes_on(tmp_path):
     """A folder named like a sidecar (or one without permission) stopped the whole part with a traceback."""
     root = tmp_path / "photos"

@@ -278,6 +278,14 @@ def test_a_manifest_byte_that_is_no_utf8_is_read_as_latin1_not_lost_nor_refusing
     assert [f["caption"] for f in fields(parts["m-000000"])] == ["ok", "café au lait"]
 
 
+def test_a_jsonl_row_with_half_a_surrogate_pair_is_read_with_a_replacement_character(tmp_path):
+    """An emoji cut in two by a length limit ("\\ud83d") in one row refused the whole file."""
+    rows = ['{"url": "a.jpg", "caption": "ok \\ud83d\\ude00"}', '{"url": "b.jpg", "caption": "half \\ude00 a pair"}']
+    (tmp_path / "m.jsonl").write_text("\n".join(rows) + "\n")
+    _, parts = plan(tmp_path, manifest("m", tmp_path / "m.jsonl"))
+    assert [f["caption"] for f in fields(parts["m-000000"])] == ["ok \U0001f600", "half \ufffd a pair"]
+
+
 @pytest.mark.parametrize("case", ["cut_gzip", "not_parquet"])
 def test_a_manifest_that_cannot_be_read_is_a_one_line_error_naming_it(tmp_path, case):
     if case == "cut_gzip":
