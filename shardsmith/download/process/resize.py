@@ -39,6 +39,9 @@ _JPEG_FORMATS = ("JPEG", "MPO")
 # processed in a thread pool.
 warnings.filterwarnings("ignore", module=r"PIL\.")
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+# Every image's header is checked against resize.max_decode_pixels before it is decoded; Pillow's own limit
+# (178,956,970 pixels) would otherwise reject, as its bomb, what a larger setting allows.
+Image.MAX_IMAGE_PIXELS = None
 
 # Leading bytes of text that often hides behind an image URL (error pages, SVG, JSON APIs).
 _TEXT_MARKERS = (

@@ -439,6 +439,14 @@ def test_max_decode_pixels_rejects_before_decoding() -> None:
     assert err.reason == "decompression_bomb" and "200x200" in err.detail
 
 
+def test_max_decode_pixels_above_pillows_own_limit_is_honoured() -> None:
+    """Pillow rejects over 178,956,970 pixels by itself; a larger setting must let such a header through."""
+    data = png_with_declared_size(20_000, 10_000)  # 200M pixels; its data is a 16x16 image's
+    assert reject_reason(data).reason == "decompression_bomb"
+    err = reject_reason(data, ResizeSettings(max_decode_pixels=300_000_000))
+    assert err.reason != "decompression_bomb", err.detail
+
+
 def test_pillow_bomb_warning_is_neither_raised_nor_printed() -> None:
     s = ResizeSettings(max_decode_pixels=10_000)
     with warnings.catch_warnings():
