@@ -56,15 +56,16 @@ def member_fields(members: dict[str, bytes]) -> dict[str, object]:
 
 
 def read_sidecars(image_path: str, guard: Guard | None = None) -> dict[str, object]:
-    """`photo.txt` / `photo.json` beside `photo.jpg`; with `guard`, a sidecar that resolves outside the allowed
-    folders (a symbolic link out) raises Refused and is not opened. A sidecar that cannot be read (no
-    permission, a folder or a named pipe of that name) raises FetchError `unreadable`: its record's caption is
-    unknown."""
+    """`photo.txt` / `photo.json` (or `.TXT` / `.JSON`) beside `photo.jpg`; with `guard`, a sidecar that
+    resolves outside the allowed folders (a symbolic link out) raises Refused and is not opened. A sidecar that
+    cannot be read (no permission, a folder or a named pipe of that name) raises FetchError `unreadable`: its
+    record's caption is unknown."""
     stem = os.path.splitext(image_path)[0]
     members = {}
     for ext in SIDECARS:
-        side = f"{stem}.{ext}"
-        if os.path.exists(side):
+        # PHOTO.TXT beside PHOTO.JPG, as cameras and old Windows tools name files
+        side = next((p for p in (f"{stem}.{ext}", f"{stem}.{ext.upper()}") if os.path.exists(p)), None)
+        if side is not None:
             path = guard.check_local(side) if guard is not None else side
             try:
                 with open_source(path) as f:

@@ -129,6 +129,19 @@ def test_sidecar_text_is_decoded_by_its_byte_order_mark(tmp_path):
     assert captions == ["hello wörld", "café crème", "café"]
 
 
+def test_upper_case_sidecars_are_read_as_upper_case_images_are(tmp_path):
+    """X.JPG was an image, but its X.TXT was not its caption: the record went to the ledger as no_caption."""
+    root = tmp_path / "photos"
+    root.mkdir()
+    (root / "X.JPG").write_bytes(jpeg_bytes())
+    (root / "X.TXT").write_text("upper case caption")
+    (root / "y.jpg").write_bytes(jpeg_bytes())
+    (root / "y.JSON").write_text('{"caption": "upper case json"}')
+    [status], [raw] = run(tmp_path, {"name": "photos", "type": "folder", "path": str(root)})
+    assert json.loads(raw["r0000000"]["meta"]) == {"txt": "upper case caption"}
+    assert json.loads(raw["r0000001"]["meta"]) == {"json": {"caption": "upper case json"}}
+
+
 def test_a_json_sidecar_with_half_a_surrogate_pair_is_read_with_a_replacement_character(tmp_path):
     """JSON may escape a lone surrogate, which no UTF-8 file holds: it stopped the whole part."""
     root = tmp_path / "photos"
