@@ -47,7 +47,8 @@ def member_fields(members: dict[str, bytes]) -> dict[str, object]:
         if ext == "json":
             text = _decode_text(data)
             try:
-                fields["json"] = without_lone_surrogates(json.loads(text))
+                # NaN and Infinity, which Python's json writes by default, are no JSON: null, as pandas writes them
+                fields["json"] = without_lone_surrogates(json.loads(text, parse_constant=lambda _: None))
             except ValueError:
                 fields["json"] = text
         elif ext in ("txt", "text", "caption", "cls"):

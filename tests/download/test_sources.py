@@ -278,6 +278,15 @@ def test_a_manifest_byte_that_is_no_utf8_is_read_as_latin1_not_lost_nor_refusing
     assert [f["caption"] for f in fields(parts["m-000000"])] == ["ok", "café au lait"]
 
 
+def test_infinite_manifest_cells_become_null_in_the_fields_as_nan_does(tmp_path):
+    """JSON has no Infinity: the sample's json would be refused by strict readers."""
+    path = tmp_path / "m.parquet"
+    pd.DataFrame({"url": ["a.jpg"] * 3, "caption": ["x"] * 3, "s": [float("inf"), float("-inf"), 0.5]}).to_parquet(path)
+    _, parts = plan(tmp_path, manifest("m", path))
+    assert [f["s"] for f in fields(parts["m-000000"])] == [None, None, 0.5]
+    assert "Infinity" not in "".join(parts["m-000000"]["fields"])
+
+
 def test_a_jsonl_row_with_half_a_surrogate_pair_is_read_with_a_replacement_character(tmp_path):
     """An emoji cut in two by a length limit ("\\ud83d") in one row refused the whole file."""
     rows = ['{"url": "a.jpg", "caption": "ok \\ud83d\\ude00"}', '{"url": "b.jpg", "caption": "half \\ude00 a pair"}']
