@@ -172,10 +172,27 @@ def _clean_char(ch: str) -> str:
     return ch
 
 
+def _is_tag(ch: str) -> bool:
+    """A tag character: after an emoji, tags spell a subdivision flag (England's is the black flag, g b e n g,
+    cancel tag); alone they are invisible."""
+    return "\U000e0020" <= ch <= "\U000e007f"
+
+
+def _clean_chars(text: str) -> str:
+    """`_clean_char` of each character, but tags that follow an emoji (or a tag) are kept: its tag sequence."""
+    out: list[str] = []
+    for ch in text:
+        if _is_tag(ch) and out and (unicodedata.category(out[-1]) == "So" or _is_tag(out[-1])):
+            out.append(ch)
+        elif cleaned := _clean_char(ch):
+            out.append(cleaned)
+    return "".join(out)
+
+
 def _attaches_to_previous(text: str, i: int) -> bool:
     """True when text[i] renders as part of the character before it (mark, joiner, modifier)."""
     ch = text[i]
-    if unicodedata.category(ch) in ("Mn", "Mc", "Me") or ch in _KEPT_FORMAT_CHARS:
+    if unicodedata.category(ch) in ("Mn", "Mc", "Me") or ch in _KEPT_FORMAT_CHARS or _is_tag(ch):
         return True
     if "\U0001f3fb" <= ch <= "\U0001f3ff":  # emoji skin-tone modifiers
         return True
@@ -206,7 +223,8 @@ def normalize_caption(text: str, max_chars: int = 1000) -> str:
     "&amp;amp;" stays "&amp;"), turn C0 controls into spaces, fix mojibake with ftfy (curly
     quotes are kept, not straightened; C1 controls are read as the cp1252 they usually are),
     turn any remaining control character (Cc) into a space and drop zero-width format
-    characters (Cf, except ZWJ/ZWNJ which shape emoji and scripts), NFC-normalize, collapse every
+    characters (Cf, except ZWJ/ZWNJ which shape emoji and scripts, and the tags of an emoji tag
+    sequence), NFC-normalize, collapse every
     whitespace run (newlines, tabs, NBSP, ...) to one space, strip, and cap at `max_chars`
     code points. HTML tags are text and are kept. Entities are unescaped before ftfy so that
     ftfy judges the real characters. The result may be empty; `pick_caption` rejects that.
@@ -217,7 +235,7 @@ def normalize_caption(text: str, max_chars: int = 1000) -> str:
         raise ValueError(f"max_chars must be an integer >= 1, got {max_chars!r}")
     text = _unescape_entities(text).translate(_C0_TO_SPACE)
     text = ftfy.fix_text(text, config=_FTFY_CONFIG)
-    text = "".join(_clean_char(ch) for ch in text)
+    text = _clean_chars(text)
     text = unicodedata.normalize("NFC", text)
     text = " ".join(text.split())
     return _cap(text, max_chars)

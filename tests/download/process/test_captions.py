@@ -70,6 +70,14 @@ def test_a_caption_with_no_visible_character_falls_through_and_is_named_in_the_d
     )
 
 
+def test_a_subdivision_flag_keeps_its_tag_sequence_and_stray_tags_are_dropped():
+    """England's flag is a black flag and tag characters: dropping the tags left a plain black flag."""
+    england = "\U0001f3f4\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f"
+    assert normalize_caption(f"go {england} team") == f"go {england} team"
+    assert normalize_caption("a\U000e0067\U000e007f cat") == "a cat"
+    assert normalize_caption("x" * 20 + england, max_chars=24) == "x" * 20  # never cut inside the sequence
+
+
 def test_nan_manifest_cell_falls_through_to_the_next_field():
     record = {"txt": float("nan"), "caption": None, "alt": "the alt"}
     assert pick_caption(record, DEFAULT) == ("the alt", "alt")
