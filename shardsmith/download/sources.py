@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import numpy as np
 import pandas as pd
@@ -328,6 +328,15 @@ def host_sorted(window: list[dict], part_size: int) -> Iterator[list[dict]]:
         yield [window[i] for i in sorted(part)]
 
 
+def _is_utf8(text: str) -> bool:
+    """False for a file name whose bytes are no UTF-8 (os gives them as lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _image_exts(src: dict) -> set[str]:
     return {e.lower().lstrip(".") for e in src.get("image_extensions", DEFAULT_IMAGE_EXTENSIONS)}
 
@@ -342,11 +351,17 @@ def iter_folder_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
         if "." not in name or name.rsplit(".", 1)[-1].lower() not in exts:
             continue
         rel = os.path.relpath(path, root)
+        if not _is_utf8(path):  # a name in a legacy encoding: no parquet file holds it as text
+            shown = rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            rel, path = shown, "file://" + quote(path, errors="surrogateescape")
+            key_text = shown
+        else:
+            key_text = rel
         part.append(
             {
                 "source_id": rel,
                 "url": path,
-                "key": make_key(src["name"], rel.rsplit(".", 1)[0]),
+                "key": make_key(src["name"], key_text.rsplit(".", 1)[0]),
                 "fields": "{}",
             }
         )

@@ -20,7 +20,7 @@ class FetchError(ReasonError):
 def local_path(url: str) -> str | None:
     """The filesystem path of a local URL (plain path or file://), else None."""
     if url[:7].lower() == "file://":  # a scheme's case does not matter
-        return unquote(urlparse(url).path)
+        return unquote(urlparse(url).path, errors="surrogateescape")  # a file name that is no UTF-8
     if "://" in url:
         return None
     return url

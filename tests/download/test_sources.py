@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import os
 
 import pandas as pd
 import pyarrow as pa
@@ -14,6 +15,7 @@ from shardsmith.core.errors import ConfigError
 from shardsmith.core.keys import make_key
 from shardsmith.download import sources
 from shardsmith.download.sources import HOST_RECORDS_TOGETHER, RECORD_COLUMNS, plan_parts, url_host
+from shardsmith.storage.localfiles import open_source
 
 
 def manifest(name: str, path, **extra) -> dict:
@@ -341,6 +343,21 @@ def test_folder_source_honours_image_extensions(tmp_path):
     root = make_folder(tmp_path / "imgs")
     _, parts = plan(tmp_path, {"name": "f", "type": "folder", "path": str(root), "image_extensions": [".WEBP"]})
     assert list(parts["f-000000"]["source_id"]) == ["sub/c.webp"]
+
+
+def test_a_file_name_that_is_no_utf8_is_planned_with_a_url_that_opens_it(tmp_path):
+    """A Latin-1 name (from an old zip) made plan_parts fail: no parquet file holds it as text."""
+    root = tmp_path / "imgs"
+    root.mkdir()
+    name = os.fsencode(root) + b"/caf\xe9.jpg"
+    with open(name, "wb") as f:
+        f.write(b"img")
+    _, parts = plan(tmp_path, {"name": "f", "type": "folder", "path": str(root)})
+    [rec] = parts["f-000000"].to_dict("records")
+    assert rec["source_id"] == "caf\\xe9.jpg" and rec["key"] == "f-caf_xe9"
+    assert rec["url"] == f"file://{root}/caf%E9.jpg"
+    with open_source(rec["url"]) as f:
+        assert f.read() == b"img"
 
 
 def test_folder_source_skips_hidden_folders(tmp_path):

@@ -248,7 +248,7 @@ class Guard:
         Symbolic links and `..` are resolved first, so a link inside a folder pointing out of it is refused;
         nothing is opened here.
         """
-        path = unquote(urlsplit(url).path) if url[:7].lower() == "file://" else url
+        path = unquote(urlsplit(url).path, errors="surrogateescape") if url[:7].lower() == "file://" else url
         real = os.path.realpath(path)
         for folder in self.folders:
             if real == folder or real.startswith(folder.rstrip(os.sep) + os.sep):
