@@ -13,7 +13,7 @@ from shardsmith.download.fetch.client import Fetcher
 from shardsmith.download.fetch.responses import AttemptError
 from shardsmith.download.rawcache import error_row, ok_row
 from shardsmith.download.sidecars import member_fields
-from shardsmith.download.sources import DEFAULT_IMAGE_EXTENSIONS, path_stem
+from shardsmith.download.sources import DEFAULT_IMAGE_EXTENSIONS, legible_name, path_stem
 from shardsmith.download.streams import StreamError, open_stream_url
 from shardsmith.formats.tario import iter_tar_groups
 from shardsmith.storage.localfiles import FetchError, local_path, open_source
@@ -64,6 +64,7 @@ def iter_shard(
         with _open_shard(url, fetcher) as (stream, http_status, attempts):
             try:
                 for orig_key, members, problems in iter_tar_groups(stream):
+                    orig_key = legible_name(orig_key)  # a member name in a legacy encoding
                     rec = {
                         **base,
                         "rid": rid,

@@ -329,12 +329,17 @@ def host_sorted(window: list[dict], part_size: int) -> Iterator[list[dict]]:
 
 
 def _is_utf8(text: str) -> bool:
-    """False for a file name whose bytes are no UTF-8 (os gives them as lone surrogates)."""
+    """False for a file name whose bytes are no UTF-8 (os and tarfile give them as lone surrogates)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         return False
     return True
+
+
+def legible_name(name: str) -> str:
+    """A file or member name as text any file can hold: bytes that are no UTF-8 written as `\\xe9`."""
+    return name if _is_utf8(name) else name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _image_exts(src: dict) -> set[str]:
@@ -352,9 +357,8 @@ def iter_folder_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
             continue
         rel = os.path.relpath(path, root)
         if not _is_utf8(path):  # a name in a legacy encoding: no parquet file holds it as text
-            shown = rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-            rel, path = shown, "file://" + quote(path, errors="surrogateescape")
-            key_text = shown
+            rel, path = legible_name(rel), "file://" + quote(path, errors="surrogateescape")
+            key_text = rel
         else:
             key_text = rel
         part.append(

@@ -1,6 +1,8 @@
 """Source shards over s3:// and https:// (shardsmith.download.source_shards), streamed from servers on 127.0.0.1."""
 
+import io
 import json
+import tarfile
 
 import pandas as pd
 from generated import jpeg_bytes
@@ -9,7 +11,8 @@ from httpserver import Reply
 from shardsmith.core.keys import make_key
 from shardsmith.download.source_shards import iter_shard, shard_keys
 from shardsmith.storage.s3 import upload
-from tests.download.test_part import reasons, shard_tar, snakemake_deletes_outputs
+from tests.download.test_part import reasons, shard_source, shard_tar, snakemake_deletes_outputs
+from tests.download.test_part import run as run_local
 from tests.download.test_part import run_remote as run
 
 
@@ -67,3 +70,17 @@ def test_keys_recomputed_for_kept_rows_are_the_keys_first_given_when_a_path_or_n
     status = pd.DataFrame(rows)
     assert list(status["key"]) == ["old-old-000000-a", make_key("old", "old-000000", "b#2")]
     assert shard_keys(status, src) == list(status["key"])
+
+
+def test_a_member_name_that_is_no_utf8_becomes_a_record_with_its_name_escaped(tmp_path):
+    """A member name in a legacy encoding (caf\\xe9.jpg) stopped the part: no parquet file holds it as text."""
+    with tarfile.open(tmp_path / "old-000000.tar", "w", format=tarfile.USTAR_FORMAT, encoding="latin-1") as tar:
+        for name, data in (("café.jpg", jpeg_bytes()), ("café.txt", b"a cafe"), ("ok.jpg", jpeg_bytes())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    [status], [raw] = run_local(tmp_path, shard_source(tmp_path / "old-{000000..000000}.tar"))
+    assert list(status["status"]) == ["ok", "ok"]
+    assert list(status["key"]) == ["old-old-000000-caf_xe9", "old-old-000000-ok"]
+    assert status["source_id"][0].endswith("old-000000.tar#caf\\xe9")
+    assert json.loads(raw["r0000000"]["meta"]) == {"txt": "a cafe"}
