@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import zlib
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -342,6 +343,11 @@ def legible_name(name: str) -> str:
     return name if _is_utf8(name) else name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
+# Image formats a folder may hold that image_extensions leaves out by default (HEIF and JPEG XL have no decoder
+# here and would be rejected as undecodable; .jfif is a JPEG; .avif decodes where Pillow has AVIF).
+OTHER_IMAGE_EXTENSIONS = frozenset({"avif", "heic", "heif", "jxl", "jfif", "jpe", "jp2", "j2k", "ico", "psd", "dng"})
+
+
 def _image_exts(src: dict) -> set[str]:
     return {e.lower().lstrip(".") for e in src.get("image_extensions", DEFAULT_IMAGE_EXTENSIONS)}
 
@@ -351,21 +357,21 @@ def iter_folder_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
     root = src["path"]
     exts = _image_exts(src)
     part: list[dict] = []
+    skipped: Counter = Counter()
     for path in folder_files(root):
         name = os.path.basename(path)
-        if "." not in name or name.rsplit(".", 1)[-1].lower() not in exts:
+        ext = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+        if ext not in exts:
+            skipped[ext] += ext in OTHER_IMAGE_EXTENSIONS
             continue
         rel = os.path.relpath(path, root)
         if not _is_utf8(path):  # a name in a legacy encoding: no parquet file holds it as text
             rel, path = legible_name(rel), "file://" + quote(path, errors="surrogateescape")
-            key_text = rel
-        else:
-            key_text = rel
         part.append(
             {
                 "source_id": rel,
                 "url": path,
-                "key": make_key(src["name"], key_text.rsplit(".", 1)[0]),
+                "key": make_key(src["name"], rel.rsplit(".", 1)[0]),
                 "fields": "{}",
             }
         )
@@ -374,6 +380,13 @@ def iter_folder_parts(src: dict, part_size: int) -> Iterator[list[dict]]:
             part = []
     if part:
         yield part
+    if +skipped:  # not records, so not in the ledger: said here, since a user may well have meant them
+        listed = ", ".join(f".{e} {n}" for e, n in sorted((+skipped).items()))
+        log.warning(
+            "source %s: %d image files left out, their extensions not in image_extensions (%s); add those "
+            "to the source's image_extensions to read them",
+            src["name"], sum(skipped.values()), listed,
+        )  # fmt: skip
 
 
 def iter_shard_parts(src: dict, part_size: int) -> Iterator[list[dict]]:

@@ -417,3 +417,18 @@ def test_a_remote_manifest_that_cannot_be_read_is_a_one_line_config_error(tmp_pa
     fetcher = Fetcher(FetchSettings(retries=0, **ALLOW_LOOPBACK), log=lambda _: None)
     with pytest.raises(ConfigError, match=r"manifest http://127\.0\.0\.1:\d+/gone\.tsv cannot be read: not_found"):
         plan_parts([manifest("web", http_server.url("/gone.tsv"))], 100, tmp_path / "parts", fetcher)
+
+
+def test_image_files_a_folder_source_leaves_out_by_extension_are_named_in_the_log(tmp_path, caplog):
+    for name in ("a.jpg", "b.heic", "c.JFIF", "d.jfif", "notes.txt", "a.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    src = {"name": "photos", "type": "folder", "path": str(tmp_path)}
+    with caplog.at_level("WARNING"):
+        parts = list(sources.iter_folder_parts(src, 10))
+    assert [r["source_id"] for p in parts for r in p] == ["a.jpg"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "source photos: 3 image files left out" in warning and "(.heic 1, .jfif 2)" in warning
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        list(sources.iter_folder_parts({**src, "image_extensions": ["jpg", "heic", "jfif"]}, 10))
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
