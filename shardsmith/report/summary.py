@@ -120,20 +120,71 @@ def _main_logs(main_log: str | list[str] | None) -> list[str]:
     return [str(p) for p in logs if p and Path(p).is_file()]
 
 
+_RULE = "=" * 80  # the lines show-failed-logs puts above and below a job log it copies
+
+
+def without_shown_logs(text: str) -> str:
+    """Snakemake's log without the job logs that show-failed-logs (on in the cluster profile) copies into it.
+
+    A job's own Snakemake wrote those, with job headers and Error blocks of their own about the same job, and
+    a SLURM job's log holds the logs its inner Snakemake showed in turn: copies are dropped however nested."""
+    kept: list[str] = []
+    depth = 0
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        opens = line.startswith("Logfile ") and line.endswith(":") and i + 1 < len(lines) and lines[i + 1] == _RULE
+        if opens:
+            depth += 1
+        elif line == _RULE and depth and not (i and lines[i - 1].startswith("Logfile ")):
+            depth -= 1
+        elif not depth:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+_SEE_LOGS = "For further error details see the cluster/cloud log and the log files of the involved rule(s)."
+
+
 def failed_jobs(main_log: str | list[str] | None) -> list[dict]:
-    """[{rule, log, wildcards}] of each `Error in rule` block of Snakemake's run log."""
-    jobs: list[dict] = []
-    text = "\n".join(Path(p).read_text(errors="replace") for p in _main_logs(main_log))
-    for line in text.splitlines():
+    """[{rule, log, wildcards, message}] of each `Error in rule` block of Snakemake's run log, one per job (its
+    rule and own log file): a job retried is listed once, as its last attempt. `message` is what the executor
+    said (an sbatch error, the SLURM state of a job it ended), all there is when the job never wrote its log."""
+    jobs: dict[tuple[str, str], dict] = {}
+    job: dict | None = None
+    in_message = False
+
+    def finish(job: dict) -> None:
+        job["message"] = " ".join(job["message"].replace(_SEE_LOGS, "").split())
+        key = (job["rule"], job["log"][0] if job["log"] else job["wildcards"])
+        jobs.pop(key, None)
+        jobs[key] = job
+
+    text = without_shown_logs("\n".join(Path(p).read_text(errors="replace") for p in _main_logs(main_log)))
+    for line in [*text.splitlines(), ""]:
         if line.startswith("Error in rule "):
-            jobs.append({"rule": line.removeprefix("Error in rule ").rstrip(":"), "log": [], "wildcards": ""})
-        elif jobs and line.startswith("    "):
+            if job is not None:
+                finish(job)
+            job = {"rule": line.removeprefix("Error in rule ").rstrip(":"), "log": [], "wildcards": "", "message": ""}
+            in_message = False
+        elif job is None or line.startswith(_SEE_LOGS):
+            continue
+        elif line.startswith("    ") and not line.startswith("     "):
             key, _, value = line.strip().partition(": ")
+            in_message = key == "message"
             if key == "log":
-                jobs[-1]["log"] = value.removesuffix(" (check log file(s) for error details)").split(", ")
+                job["log"] = value.removesuffix(" (check log file(s) for error details)").split(", ")
             elif key == "wildcards":
-                jobs[-1]["wildcards"] = value
-    return jobs
+                job["wildcards"] = value
+            elif in_message and value != "None":
+                job["message"] = value
+        elif in_message and line and not line.startswith(" "):
+            job["message"] += " " + line  # the message's own line breaks (sbatch's error lines)
+        elif not line.startswith(" "):  # the block ends: what follows is Snakemake's next message
+            finish(job)
+            job = None
+        else:
+            in_message = False
+    return list(jobs.values())
 
 
 def job_message(log_path: str, max_lines: int = 6) -> str:
@@ -160,7 +211,9 @@ def failure_text(main_log: str | list[str] | None, out_dir: str) -> str:
     lines = []
     for job in jobs:
         where = f" ({job['wildcards']})" if job["wildcards"] else ""
-        message = next((m for m in (job_message(p) for p in job["log"]) if m), "")
+        message = job_message(job["log"][0]) if job["log"] else ""  # the rule's own; others are the executor's
+        if job["message"] and (not message or message.startswith("unexpected error: ")):
+            message = job["message"] + (f" ({message})" if message else "")
         lines.append(f"shardsmith: {job['rule']}{where} failed" + (f": {message}" if message else ""))
         lines += [f"  log: {p}" for p in job["log"]]
     stats_path = Path(out_dir) / "stats.json"

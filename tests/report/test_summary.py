@@ -22,7 +22,9 @@ def test_failure_text_quotes_the_jobs_own_message_and_its_log(tmp_path):
         "working\nshardsmith: resize.quality must be set\n  fix: set it\nTraceback (most recent call last):\n  x\n"
     )
     main = snakemake_log(tmp_path, job_log)
-    assert failed_jobs([main]) == [{"rule": "process_part", "log": [str(job_log)], "wildcards": "part=web-000001"}]
+    assert failed_jobs([main]) == [
+        {"rule": "process_part", "log": [str(job_log)], "wildcards": "part=web-000001", "message": ""}
+    ]
     assert job_message(str(job_log)) == "resize.quality must be set\n  fix: set it"
     text = failure_text([main], str(tmp_path / "no-output"))
     assert text.splitlines()[:3] == [
@@ -40,6 +42,61 @@ def test_failure_text_names_an_unexpected_error_by_its_last_line(tmp_path):
     assert (
         text.splitlines()[0] == "shardsmith: process_part (part=web-000001) failed: unexpected error: KeyError: 'width'"
     )
+
+
+def test_failure_text_says_why_a_job_that_never_ran_failed_once_per_job(tmp_path):
+    """On SLURM a job sbatch refused (an unknown partition, no sbatch) has an empty log: the reason is only in
+    Snakemake's message, and each of its retries adds a block; the summary names it once, with that reason."""
+    job_log = tmp_path / "plan_parts.log"
+    job_log.write_text("")
+    block = (
+        "Error in rule plan_parts:\n"
+        "    message: SLURM sbatch failed. The error message was 'sbatch: error: invalid partition specified: nosuch\n"
+        "sbatch: error: Batch job submission failed: Invalid partition name specified'.\n"
+        "    sbatch call:\n        sbatch --parsable --job-name shardsmith_x -p nosuch -t 720\n"
+        "For further error details see the cluster/cloud log and the log files of the involved rule(s).\n"
+        f"    jobid: 4\n    output: out/plan/parts\n    log: {job_log} (check log file(s) for error details)\n"
+        "Trying to restart job 4.\n"
+    )
+    main = tmp_path / "snakemake.log"
+    main.write_text(block * 3)
+    lines = failure_text(str(main), str(tmp_path)).splitlines()
+    assert lines[:2] == [
+        "shardsmith: plan_parts failed: SLURM sbatch failed. The error message was 'sbatch: error: invalid partition"
+        " specified: nosuch sbatch: error: Batch job submission failed: Invalid partition name specified'.",
+        f"  log: {job_log}",
+    ]
+    assert len(lines) == 3 and lines[2].startswith("  Snakemake's log: ")
+
+
+def test_failure_text_names_each_failed_slurm_job_once_by_its_own_log(tmp_path):
+    """SLURM's Error blocks have no wildcards line and name the sbatch log after the rule's; the job's own log that
+    show-failed-logs copies after a block (headers, an Error block of its own) is not part of it. Each part is
+    named once, with its last attempt and the executor's message."""
+
+    def block(part, job_id):
+        logs = f"{tmp_path}/{part}.log, {tmp_path}/slurm/{job_id}.log"
+        return (
+            f"Error in rule download_part:\n    message: SLURM-job '{job_id}' failed, SLURM status is: 'FAILED'."
+            "For further error details see the cluster/cloud log and the log files of the involved rule(s).\n"
+            f"    jobid: 3\n    log: {logs} (check log file(s) for error details)\n    external_jobid: {job_id}\n"
+            f"Logfile {tmp_path}/slurm/{job_id}.log:\n{'=' * 80}\nlocalrule download_part:\n"
+            f"    wildcards: part=other\nLogfile {tmp_path}/{part}.log:\n{'=' * 80}\ninner\n{'=' * 80}\n"
+            f"Error in rule download_part:\n    message: None\n"
+            f"    log: {tmp_path}/{part}.log (check log file(s) for error details)\n{'=' * 80}\n"
+        )
+
+    main = tmp_path / "snakemake.log"
+    main.write_text(block("web-000001", 11) + block("web-000002", 12) + block("web-000001", 13))
+    lines = failure_text(str(main), str(tmp_path)).splitlines()
+    assert lines[:-1] == [
+        "shardsmith: download_part failed: SLURM-job '12' failed, SLURM status is: 'FAILED'.",
+        f"  log: {tmp_path}/web-000002.log",
+        f"  log: {tmp_path}/slurm/12.log",
+        "shardsmith: download_part failed: SLURM-job '13' failed, SLURM status is: 'FAILED'.",
+        f"  log: {tmp_path}/web-000001.log",
+        f"  log: {tmp_path}/slurm/13.log",
+    ]
 
 
 def test_failure_text_adds_the_top_reasons_when_nothing_was_published(tmp_path):
