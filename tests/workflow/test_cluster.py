@@ -244,3 +244,18 @@ def test_every_gpu_rule_asks_the_profile_for_a_gpu_as_embed_part_does():
     assert want["gpu"] and want["partition"] != expected_request("download_part")["partition"]
     for rule in derived:
         assert expected_request(rule) == want, rule
+
+
+def test_the_jobs_docs_say_grow_with_attempt_ask_for_more_memory_on_each_retry():
+    """docs/slurm.md promises `2 GB x attempt` for some whole-dataset jobs: a retry after an out-of-memory kill
+    must ask for more, or it fails the same way twice more. The profile's value is what SLURM is asked for."""
+    docs = (REPO / "docs" / "slurm.md").read_text()
+    listed = re.search(r"((?:`\w+`(?:, | and )?)+) 2 GB x attempt", docs)
+    assert listed, "docs/slurm.md no longer names the jobs whose memory grows with attempt"
+    rules = re.findall(r"`(\w+)`", listed.group(1))
+    assert "index_shards" in rules
+    profile = yaml.safe_load((REPO / "cluster" / "config.yaml").read_text())
+    for rule in rules:
+        mem = profile["set-resources"][rule]["mem_mb"]
+        asked = [eval(str(mem), {}, {"attempt": attempt}) for attempt in (1, 2, 3)]
+        assert asked == [2000, 4000, 6000], (rule, mem)
