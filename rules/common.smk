@@ -23,6 +23,7 @@ from shardsmith.formats.batches import (
     shards_per_job,
 )
 from shardsmith.report.summary import print_failure, print_success, stop_scheduler_timers
+from shardsmith.workflow.cluster import check_signal_leads
 from shardsmith.workflow.lookups import Lookups
 from shardsmith.workflow.settings import Settings
 
@@ -40,6 +41,8 @@ prepare_config(
         check_keep_rule,
     ],
 )
+
+check_signal_leads(workflow.resource_settings)
 
 # What the rules read from the config (shardsmith.workflow.settings): folders, the optional steps, settings.
 SETTINGS = Settings(config)

@@ -28,6 +28,7 @@ from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
 
 from shardsmith.cli.demo import make_demo
 from shardsmith.cli.tinyclip import NAME, write_tiny_clip
+from shardsmith.workflow.cluster import signal_lead_problems
 
 pytestmark = pytest.mark.workflow
 
@@ -259,3 +260,29 @@ def test_the_jobs_docs_say_grow_with_attempt_ask_for_more_memory_on_each_retry()
         mem = profile["set-resources"][rule]["mem_mb"]
         asked = [eval(str(mem), {}, {"attempt": attempt}) for attempt in (1, 2, 3)]
         assert asked == [2000, 4000, 6000], (rule, mem)
+
+
+def test_a_runtime_shorter_than_the_signal_lead_stops_the_run_before_any_submission(tmp_path):
+    """`--signal=TERM@120` on a job whose runtime is 2 min reaches it as it starts (SLURM sends it up to 60 s
+    early): every attempt of every download_part would be stopped. The run says so in one line instead."""
+    profile = yaml.safe_load((REPO / "cluster" / "config.yaml").read_text())
+    default_runtime = profile["default-resources"]["runtime"]
+    assert signal_lead_problems(profile["set-resources"], default_runtime) == []
+    data = tmp_path / "data"
+    make_demo(data)
+    extra = "download_part:slurm_extra='--signal=TERM@120'"
+    proc = run_workflow(
+        tmp_path / "run", demo_config(data, tmp_path / "run"), "-n", "--set-resources", "download_part:runtime=2",
+        extra, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    message = [line for line in proc.stderr.splitlines() if line.startswith("shardsmith:")]
+    assert message == [
+        "shardsmith: cluster profile: download_part: runtime 2 min leaves no time before its --signal=...@120 "
+        "(SLURM sends it up to 60 s early), so SLURM would stop every attempt as it starts; set runtime above "
+        "3 min, or a shorter signal lead in slurm_extra"
+    ], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    ok = run_workflow(tmp_path / "run", demo_config(data, tmp_path / "run"), "-n", "--set-resources",
+                      "download_part:runtime=4", extra)  # fmt: skip
+    assert ok.returncode == 0
