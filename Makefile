@@ -4,8 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SNAKEMAKE := $(VENV)/bin/snakemake
 CORES ?= 2
-# the config of `make retry-failed` (e.g. make retry-failed CONFIG=my.yaml)
+# the config of `make retry-failed` (e.g. make retry-failed CONFIG=my.yaml), and on SLURM its profile
+# (make retry-failed CONFIG=my.yaml PROFILE=cluster): the refetch then runs as batch jobs, not here
 CONFIG ?= config/demo.yaml
+PROFILE ?=
 
 .PHONY: setup demo demo-data demo-model test lint clean-demo retry-failed bench
 
@@ -31,7 +33,7 @@ test: setup
 # Fetch again only the records whose download failed for a transient reason (docs/running.md: Retrying failed downloads).
 retry-failed: setup
 	$(PY) -m shardsmith retry-failed $(CONFIG)
-	$(SNAKEMAKE) --workflow-profile none --cores $(CORES) --configfile $(CONFIG)
+	$(SNAKEMAKE) $(if $(PROFILE),--profile $(PROFILE),--workflow-profile none --cores $(CORES)) --configfile $(CONFIG)
 
 # Speed against img2dataset (its own venv, created by bench/setup_img2dataset.sh) and the resize ceiling (bench/README.md).
 bench: setup

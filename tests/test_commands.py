@@ -55,3 +55,24 @@ def test_nothing_runs_a_module_by_its_path():
         text = path.read_text(errors="replace")
         hits += [f"{name}: {m.group(0)}" for m in pattern.finditer(text)]
     assert hits == []
+
+
+@pytest.mark.parametrize(
+    ("make_args", "snakemake_args"),
+    [
+        ([], "--workflow-profile none --cores 2 --configfile my.yaml"),
+        (["PROFILE=cluster"], "--profile cluster --configfile my.yaml"),
+    ],
+)
+def test_make_retry_failed_runs_the_refetch_through_the_profile_given(make_args, snakemake_args):
+    """docs/slurm.md sends SLURM users to `make retry-failed`: with PROFILE=cluster the refetch is submitted as
+    batch jobs; without, it runs locally as before."""
+    proc = subprocess.run(
+        ["make", "-n", "-o", "setup", "retry-failed", "CONFIG=my.yaml", *make_args],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    lines = proc.stdout.splitlines()
+    assert lines[-2:] == [
+        ".venv/bin/python -m shardsmith retry-failed my.yaml",
+        f".venv/bin/snakemake {snakemake_args}",
+    ], proc.stdout
