@@ -286,3 +286,20 @@ def test_a_runtime_shorter_than_the_signal_lead_stops_the_run_before_any_submiss
     ok = run_workflow(tmp_path / "run", demo_config(data, tmp_path / "run"), "-n", "--set-resources",
                       "download_part:runtime=4", extra)  # fmt: skip
     assert ok.returncode == 0
+
+
+def test_the_rules_run_on_the_login_node_are_those_docs_slurm_md_names():
+    """docs/slurm.md says which jobs run where snakemake does (not through sbatch): `all` and the `list_*`
+    rules. Any other local rule would do a compute node's work on the login node, unannounced."""
+    text = "\n".join(p.read_text() for p in [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))])
+    local = set()
+    for block in re.split(r"\n(?=(?:rule|checkpoint|use rule) )", text):
+        name = re.match(r"(?:rule|checkpoint|use rule \w+ as) (\w+)", block)
+        if name and re.search(r"^    localrule: True$", block, re.M):
+            local.add(name.group(1))
+    for listed in re.findall(r"^localrules:\n((?:    \w+,?\n)+)", text, re.M):
+        local.update(re.findall(r"\w+", listed))
+    assert "list_parts" in local and "list_near_pairs" in local
+    docs = (REPO / "docs" / "slurm.md").read_text()
+    assert "Only `all` and the `list_*` rules run on the login node" in docs
+    assert {rule for rule in local if not rule.startswith("list_")} <= {"all"}, local
