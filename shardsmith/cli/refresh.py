@@ -30,6 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 from shardsmith import REPO
+from shardsmith.report.summary import without_shown_logs
 
 RERUN_TRIGGERS = ("mtime", "params", "input", "software-env")
 MAX_CHECKSUM_FILE_SIZE = "64MB"
@@ -58,10 +59,11 @@ def refresh_commands(
 
 
 def jobs_run(log_text: str) -> list[tuple[str, dict[str, str]]]:
-    """(rule, wildcards) of every job a Snakemake log says it started, in order."""
+    """(rule, wildcards) of every job a Snakemake log says it started, in order: a job retried counts once, and
+    the job headers in the failed jobs' logs it shows (show-failed-logs, on in the cluster profile) not at all."""
     jobs: list[tuple[str, dict[str, str]]] = []
     in_block = False
-    for line in log_text.splitlines():
+    for line in without_shown_logs(log_text).splitlines():
         if m := _JOB.match(line):
             jobs.append((m.group(1), {}))
             in_block = True
@@ -69,7 +71,7 @@ def jobs_run(log_text: str) -> list[tuple[str, dict[str, str]]]:
             jobs[-1][1].update(dict(kv.split("=", 1) for kv in m.group(1).split(", ")))
         elif not line.startswith(" "):
             in_block = False
-    return jobs
+    return list({(rule, tuple(sorted(wildcards.items()))): (rule, wildcards) for rule, wildcards in jobs}.values())
 
 
 def summarize(jobs: list[tuple[str, dict[str, str]]]) -> str:

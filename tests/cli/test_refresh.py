@@ -65,6 +65,29 @@ def test_jobs_run_are_read_from_the_snakemake_log():
     assert summarize([]) == "refresh: nothing changed, no job ran"
 
 
+def test_jobs_run_on_slurm_count_a_retried_job_once_and_not_the_logs_shown():
+    """With the cluster profile a failed job is retried (`retries: 2`) and its logs are copied into Snakemake's
+    own (show-failed-logs), each with its own Snakemake's job headers: one job, not nine."""
+    rule = "=" * 80
+    attempt = (
+        "rule plan_publish:\n    jobid: 2\n"
+        "Error in rule plan_publish:\n    message: SLURM-job '7' failed\n"
+        f"Logfile logs/slurm/rule_plan_publish/7.log:\n{rule}\nrule plan_publish:\n    jobid: 0\n"
+        f"localrule plan_publish:\n    jobid: 0\nLogfile logs/demo/plan_publish.log:\n{rule}\nshardsmith: x\n{rule}\n"
+        f"{rule}\nTrying to restart job 2.\n"
+    )
+    jobs = jobs_run(
+        "rule download_part:\n    wildcards: part=web-000001\nrule download_part:\n    wildcards: part=web-000002\n"
+        + attempt * 3
+    )
+    assert jobs == [
+        ("download_part", {"part": "web-000001"}),
+        ("download_part", {"part": "web-000002"}),
+        ("plan_publish", {}),
+    ]
+    assert summarize(jobs).splitlines()[-1] == "  plan_publish x1"
+
+
 def test_refresh_sh_skips_while_another_refresh_holds_the_lock(tmp_path):
     lock = tmp_path / ".shardsmith-refresh.lock"
     (tmp_path / "config.yaml").write_text("dataset: x\n")
