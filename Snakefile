@@ -34,6 +34,7 @@ rule all:
 
 
 onstart:
+    check_no_earlier_jobs(os.getcwd(), getattr(workflow.executor_plugin, "name", None))
     remove_leftovers_of_killed_runs(*SETTINGS.leftover_folders())
 
 

@@ -23,7 +23,7 @@ from shardsmith.formats.batches import (
     shards_per_job,
 )
 from shardsmith.report.summary import print_failure, print_success, stop_scheduler_timers
-from shardsmith.workflow.cluster import check_signal_leads
+from shardsmith.workflow.cluster import check_no_earlier_jobs, check_signal_leads
 from shardsmith.workflow.lookups import Lookups
 from shardsmith.workflow.settings import Settings
 

@@ -3,8 +3,10 @@
 Every file is written under a temporary name and renamed into place, so a killed job leaves its temporary
 name, never a truncated file at a final path. A later run removes those names before it starts any job
 (the workflow's `onstart`, which runs once in the main Snakemake process; Snakemake's lock on the working
-folder means no job of another run is writing then). Only names this workflow makes are matched, and only
-inside the folders it owns: a user's own files are never touched, whatever they are called.
+folder means no job of another run is writing then, and on SLURM, where a killed run's jobs go on, the run
+stops first while any are queued or running: shardsmith.workflow.cluster.check_no_earlier_jobs). Only names
+this workflow makes are matched, and only inside the folders it owns: a user's own files are never touched,
+whatever they are called.
 """
 
 import os

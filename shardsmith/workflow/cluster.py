@@ -1,4 +1,5 @@
-"""Cluster resources checked before anything is submitted: a job's early-warning signal against its time limit.
+"""Cluster checks made before anything is submitted: a job's early-warning signal against its time limit, and
+no job of an earlier run still queued or running in the same folder.
 
 The profile asks SLURM for SIGTERM some time before a long job's limit (`--signal=TERM@120` in `slurm_extra`),
 so that it commits and ends cleanly. SLURM sends that signal up to 60 s earlier than asked; where the runtime
@@ -6,7 +7,9 @@ is not longer than both together, the signal comes as the job starts, and every 
 stopped before it has done anything.
 """
 
+import os
 import re
+import subprocess
 
 SLURM_EARLY_S = 60  # SLURM's signal may come this much earlier than asked (sbatch --signal)
 _SIGNAL = re.compile(r"--signal[= ]\S*?@(\d+)")  # sbatch --signal=[{R|B}:]<sig_num>[@sig_time]
@@ -49,3 +52,35 @@ def check_signal_leads(resource_settings) -> None:
     problems = signal_lead_problems(by_rule, default_runtime)
     if problems:
         raise SystemExit("\n".join(f"shardsmith: cluster profile: {p}" for p in problems))
+
+
+def jobs_in_folder(folder: str | os.PathLike) -> list[str]:
+    """Ids of this user's SLURM jobs queued or running with `folder` as their working directory (squeue's WorkDir);
+    none where squeue cannot be asked."""
+    try:
+        proc = subprocess.run(["squeue", "--me", "-h", "-o", "%i %Z"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if proc.returncode:
+        return []
+    here = os.path.realpath(folder)
+    rows = (line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    return [job_id for job_id, workdir in rows if os.path.realpath(workdir.strip()) == here]
+
+
+def check_no_earlier_jobs(folder: str | os.PathLike, executor: str | None) -> None:
+    """On SLURM, exit with one line if jobs of an earlier run of this folder are still queued or running.
+
+    The snakemake process that submitted them was killed (or lost with its login session) and they went on; a
+    new run would submit the same jobs beside them, both writing the same files, and this run's start would
+    remove the temporary files they are writing as a killed run's leftovers."""
+    if executor != "slurm":
+        return
+    ids = jobs_in_folder(folder)
+    if ids:
+        shown = " ".join(ids[:20]) + (" ..." if len(ids) > 20 else "")
+        raise SystemExit(
+            f"shardsmith: {len(ids)} SLURM job(s) of an earlier run in {os.path.realpath(folder)} are still queued "
+            f"or running ({shown}), writing the files this run would: cancel them (scancel {shown}) or wait "
+            "until squeue no longer shows them, then run again"
+        )

@@ -28,7 +28,7 @@ from workflow_helpers import REPO, SNAKEMAKE, demo_config, run_workflow, sha256
 
 from shardsmith.cli.demo import make_demo
 from shardsmith.cli.tinyclip import NAME, write_tiny_clip
-from shardsmith.workflow.cluster import signal_lead_problems
+from shardsmith.workflow.cluster import check_no_earlier_jobs, signal_lead_problems
 
 pytestmark = pytest.mark.workflow
 
@@ -303,3 +303,51 @@ def test_the_rules_run_on_the_login_node_are_those_docs_slurm_md_names():
     docs = (REPO / "docs" / "slurm.md").read_text()
     assert "Only `all` and the `list_*` rules run on the login node" in docs
     assert {rule for rule in local if not rule.startswith("list_")} <= {"all"}, local
+
+
+def test_a_run_on_slurm_refuses_to_start_beside_an_earlier_runs_jobs(tmp_path, monkeypatch):
+    """A killed snakemake leaves its SLURM jobs running; a new run (after --unlock) would submit the same jobs
+    beside them and remove their temporary files as leftovers. Jobs in the run's folder are named instead."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    squeue.write_text(f"#!/bin/sh\necho '4242 {tmp_path}/run'\necho '4243 {tmp_path}/other'\n")
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    (tmp_path / "run").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        check_no_earlier_jobs(tmp_path / "run", "slurm")
+    assert str(stop.value).startswith(
+        f"shardsmith: 1 SLURM job(s) of an earlier run in {tmp_path}/run are still queued or running (4242)"
+    )
+    assert "scancel 4242" in str(stop.value)
+    check_no_earlier_jobs(tmp_path / "run", "local")  # not on SLURM: not asked
+    check_no_earlier_jobs(tmp_path / "other-run", "slurm")  # no job there
+
+
+@pytest.mark.timeout(600)
+def test_an_earlier_runs_job_still_in_slurm_stops_the_run_before_any_submission(slurm, tmp_path):
+    """The same on the real SLURM: a job left in the run's folder, and the next run submits nothing."""
+    data = tmp_path / "data"
+    make_demo(data)
+    root = tmp_path / "run"
+    root.mkdir()
+    cfg = root / "config.yaml"
+    cfg.write_text(yaml.safe_dump(demo_config(data, root), sort_keys=False))
+    (root / "cluster").symlink_to(REPO / "cluster")
+    left = subprocess.run(
+        ["sbatch", "--parsable", "-p", "cpu", "--chdir", str(root), "-o", "/dev/null", "--wrap", "sleep 300"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    try:
+        proc = subprocess.run(
+            [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "--profile", "cluster", "--directory", str(root),
+             "--configfile", str(cfg), "--until", "plan_parts"],
+            cwd=root, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        subprocess.run(["scancel", left], check=False, timeout=60)
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    want = f"shardsmith: 1 SLURM job(s) of an earlier run in {root} are still queued or running ({left})"
+    assert any(line.startswith(want) for line in proc.stderr.splitlines()), proc.stderr[-3000:]
+    assert "submitted with SLURM jobid" not in proc.stderr and "Traceback" not in proc.stderr
