@@ -54,18 +54,27 @@ def check_signal_leads(resource_settings) -> None:
         raise SystemExit("\n".join(f"shardsmith: cluster profile: {p}" for p in problems))
 
 
+# The slurm executor names every job it submits after its run's UUID (sbatch --job-name)
+_RUN_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def jobs_in_folder(folder: str | os.PathLike) -> list[str]:
-    """Ids of this user's SLURM jobs queued or running with `folder` as their working directory (squeue's WorkDir);
-    none where squeue cannot be asked."""
+    """Ids of this user's SLURM jobs that a snakemake run submitted (named after its run's UUID), queued or running
+    with `folder` as their working directory (squeue's WorkDir); none where squeue cannot be asked. The job this
+    process runs in is not one: snakemake itself may run as a batch job or in an allocation from that folder."""
     try:
-        proc = subprocess.run(["squeue", "--me", "-h", "-o", "%i %Z"], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(["squeue", "--me", "-h", "-o", "%i|%j|%Z"], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
         return []
     if proc.returncode:
         return []
-    here = os.path.realpath(folder)
-    rows = (line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
-    return [job_id for job_id, workdir in rows if os.path.realpath(workdir.strip()) == here]
+    here, own = os.path.realpath(folder), os.environ.get("SLURM_JOB_ID")
+    rows = (line.split("|", 2) for line in proc.stdout.splitlines() if line.count("|") >= 2)
+    return [
+        job_id
+        for job_id, name, workdir in rows
+        if job_id != own and _RUN_UUID.fullmatch(name) and os.path.realpath(workdir.strip()) == here
+    ]
 
 
 def check_no_earlier_jobs(folder: str | os.PathLike, executor: str | None) -> None:

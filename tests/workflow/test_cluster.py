@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -311,9 +312,17 @@ def test_a_run_on_slurm_refuses_to_start_beside_an_earlier_runs_jobs(tmp_path, m
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     squeue = bin_dir / "squeue"
-    squeue.write_text(f"#!/bin/sh\necho '4242 {tmp_path}/run'\necho '4243 {tmp_path}/other'\n")
+    run_uuid = "0b0e2f3c-1d2e-4f5a-8b6c-7d8e9fa0b1c2"
+    squeue.write_text(
+        "#!/bin/sh\n"
+        f"echo '4242|{run_uuid}|{tmp_path}/run'\n"
+        f"echo '4243|{run_uuid}|{tmp_path}/other'\n"
+        f"echo '4244|interactive|{tmp_path}/run'\n"  # an allocation the user opened there: not a run's job
+        f"echo '4245|{run_uuid}|{tmp_path}/run'\n"  # the job this snakemake itself runs in
+    )
     squeue.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4245")
     (tmp_path / "run").mkdir()
     with pytest.raises(SystemExit) as stop:
         check_no_earlier_jobs(tmp_path / "run", "slurm")
@@ -336,7 +345,8 @@ def test_an_earlier_runs_job_still_in_slurm_stops_the_run_before_any_submission(
     cfg.write_text(yaml.safe_dump(demo_config(data, root), sort_keys=False))
     (root / "cluster").symlink_to(REPO / "cluster")
     left = subprocess.run(
-        ["sbatch", "--parsable", "-p", "cpu", "--chdir", str(root), "-o", "/dev/null", "--wrap", "sleep 300"],
+        ["sbatch", "--parsable", "-p", "cpu", "--chdir", str(root), "-o", "/dev/null", "--wrap", "sleep 300",
+         "--job-name", str(uuid.uuid4())],  # named as the slurm executor names a run's jobs
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     try:
