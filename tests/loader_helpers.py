@@ -20,6 +20,9 @@ def installed(module: str) -> bool:
 needs_dali = pytest.mark.skipif(
     not installed("nvidia.dali"), reason="nvidia-dali is not installed (envs/requirements.txt: nvidia-dali-cuda130)"
 )
+needs_hf_datasets = pytest.mark.skipif(
+    not installed("datasets"), reason="Hugging Face datasets is not installed (envs/requirements.txt: datasets)"
+)
 needs_energon = pytest.mark.skipif(
     not installed("megatron.energon"), reason="megatron-energon is not installed (tools/setup.sh: envs/energon.txt)"
 )
