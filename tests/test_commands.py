@@ -68,7 +68,7 @@ def test_make_retry_failed_runs_the_refetch_through_the_profile_given(make_args,
     """docs/slurm.md sends SLURM users to `make retry-failed`: with PROFILE=cluster the refetch is submitted as
     batch jobs; without, it runs locally as before."""
     proc = subprocess.run(
-        ["make", "-n", "-o", "setup", "retry-failed", "CONFIG=my.yaml", *make_args],
+        ["make", "--no-print-directory", "-n", "-o", "setup", "retry-failed", "CONFIG=my.yaml", *make_args],
         cwd=REPO, capture_output=True, text=True, check=True,
     )  # fmt: skip
     lines = proc.stdout.splitlines()
