@@ -380,8 +380,8 @@ def queue_time(step, rounds: int = 5) -> float:
 def graph_rate(model, images, tokens, device: torch.device, precision: str, iters: int) -> dict:
     """The forward pass captured once as a CUDA graph and replayed: its images/s, its host milliseconds a
     batch, and whether its embeddings equal the eager pass's bit for bit. Whether launching the kernels
-    bounds the job's loop (queue_ms against a batch's device time) is what this says; the job does not
-    use graphs."""
+    bounds the job's loop (queue_ms against a batch's device time) is what this says; the `+graph` paths
+    measure the job with embed.cuda_graph."""
     try:
         eager = [t.clone() for t in embed.encode(model, images, tokens, device, precision)]
         side = torch.cuda.Stream()

@@ -142,13 +142,19 @@ def test_upper_case_sidecars_are_read_as_upper_case_images_are(tmp_path):
     assert json.loads(raw["r0000001"]["meta"]) == {"json": {"caption": "upper case json"}}
 
 
-def test_nan_and_infinity_in_a_json_sidecar_become_null(tmp_path):
-    """Python's json writes and reads them, but they are no JSON: the published sample's json must be."""
+def run_json_sidecar(tmp_path, text: str):
+    """A folder source of one image with `text` as its JSON sidecar, downloaded: (status, raw members)."""
     root = tmp_path / "photos"
     root.mkdir()
     (root / "a.jpg").write_bytes(jpeg_bytes())
-    (root / "a.json").write_text('{"caption": "a cat", "score": NaN, "range": [-Infinity, Infinity]}')
+    (root / "a.json").write_text(text)
     [status], [raw] = run(tmp_path, {"name": "photos", "type": "folder", "path": str(root)})
+    return status, raw
+
+
+def test_nan_and_infinity_in_a_json_sidecar_become_null(tmp_path):
+    """Python's json writes and reads them, but they are no JSON: the published sample's json must be."""
+    status, raw = run_json_sidecar(tmp_path, '{"caption": "a cat", "score": NaN, "range": [-Infinity, Infinity]}')
     meta = raw["r0000000"]["meta"].decode()
     assert json.loads(meta) == {"json": {"caption": "a cat", "score": None, "range": [None, None]}}
     assert "NaN" not in meta and "Infinity" not in meta
@@ -156,11 +162,7 @@ def test_nan_and_infinity_in_a_json_sidecar_become_null(tmp_path):
 
 def test_a_json_sidecar_with_half_a_surrogate_pair_is_read_with_a_replacement_character(tmp_path):
     """JSON may escape a lone surrogate, which no UTF-8 file holds: it stopped the whole part."""
-    root = tmp_path / "photos"
-    root.mkdir()
-    (root / "a.jpg").write_bytes(jpeg_bytes())
-    (root / "a.json").write_text('{"caption": "cut \\ud83d", "tags": ["\\udc00"]}')
-    [status], [raw] = run(tmp_path, {"name": "photos", "type": "folder", "path": str(root)})
+    status, raw = run_json_sidecar(tmp_path, '{"caption": "cut \\ud83d", "tags": ["\\udc00"]}')
     assert list(status["status"]) == ["ok"]
     assert json.loads(raw["r0000000"]["meta"]) == {"json": {"caption": "cut \ufffd", "tags": ["\ufffd"]}}
 
