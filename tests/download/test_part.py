@@ -535,12 +535,19 @@ def test_s3_urls_in_a_manifest_are_fetched_with_the_aws_cli(tmp_path, s3_server,
     upload(str(tmp_path / "page.jpg"), f"s3://{s3_bucket}/img/page.jpg", s3_server)
     rows = [{"url": f"s3://{s3_bucket}/img/{n}", "caption": n} for n in ("a.jpg", "missing.jpg", "page.jpg")]
     rows.append({"url": "s3://no-such-bucket-here/x.jpg", "caption": "x"})
+    rows += [{"url": u, "caption": u} for u in ("s3:///img/a.jpg", f"s3://{s3_bucket}/img/", f"s3://{s3_bucket}")]
     write_manifest(tmp_path / "m.parquet", rows)
     # each object is one `aws s3 cp` (a CLI start-up of about a second): allow for it on a busy machine
     [(status, raw)] = run_remote(tmp_path, manifest_source(tmp_path / "m.parquet"), s3=s3_server, request_timeout_s=60)
     assert reasons(status)[:3] == ["ok", "not_found", "not_an_image"]
     assert reasons(status)[3] in ("no_such_bucket", "not_found")
-    assert list(status["attempts"]) == [1, 1, 1, 1]
+    assert reasons(status)[4:] == ["bad_url"] * 3
+    assert list(status["detail"])[4:] == [
+        "no bucket in s3:///img/a.jpg",
+        f"no object key in s3://{s3_bucket}/img/ (a prefix, not an object)",
+        f"no object key in s3://{s3_bucket} (a prefix, not an object)",
+    ]
+    assert list(status["attempts"]) == [1] * 7
     assert raw["r0000000"]["img"] == img
 
 

@@ -458,6 +458,11 @@ class Fetcher:
         return reason, detail
 
     def _s3(self, url: str) -> bytearray:
+        u = urlsplit(url)
+        if not u.netloc:  # the CLI would say only that the parameter is invalid
+            raise AttemptError("bad_url", f"no bucket in {url[:200]}")
+        if not u.path.strip("/") or u.path.endswith("/"):
+            raise AttemptError("bad_url", f"no object key in {url[:200]} (a prefix, not an object)")
         try:
             with open_stream(url, self.s3, timeout=max(0.1, min(self.s.request_timeout_s, self.left()))) as f:
                 self._tls.held = self.budget.take(None, min(self.s.request_timeout_s, self.left()))
