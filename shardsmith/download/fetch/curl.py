@@ -386,6 +386,8 @@ def failure(code: int, message: str) -> tuple[str, str]:
         return "connection_error", text
     if code == 1 and "HTTP/0.9" in message:  # no status line came: the URL is fine, the server's answer is not
         return "connection_error", f"the server's answer is not HTTP ({text})"
+    if code == 100:  # CURLE_TOO_LARGE: in a response, a header line past libcurl's 100 KB
+        return "connection_error", f"a response header over curl's limit of 100 KB ({text})"
     if code in (1, 3):
         return "bad_url", text
     return "fetch_error", text

@@ -1,6 +1,7 @@
 """shardsmith.download.fetch.curl against a real HTTP server on 127.0.0.1: one request, its head and body, and
 the connections it keeps."""
 
+import contextlib
 import gzip
 import socket
 import threading
@@ -129,6 +130,30 @@ def test_a_server_answering_without_a_status_line_is_a_connection_error_not_a_ba
         )  # fmt: skip
     reason, detail = failure(*reply.error)
     assert reason == "connection_error" and "not HTTP" in detail and "HTTP/0.9" in detail
+
+
+def test_a_response_header_over_curls_limit_is_a_connection_error_that_says_so():
+    """libcurl stops at a header line over 100 KB with error 100, whose own message is generic."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                cookie = b"Set-Cookie: c=" + b"x" * 150_000 + b"\r\n"
+                with contextlib.suppress(OSError):  # curl hangs up at its limit
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: image/jpeg\r\n" + cookie + b"\r\n")
+
+        threading.Thread(target=serve, daemon=True).start()
+        port = listener.getsockname()[1]
+        reply = Curl(LOOPBACK, {}).get(
+            f"http://127.0.0.1:{port}/a.jpg", "127.0.0.1", port, connect_timeout_s=2, timeout_s=5, silence_s=2,
+            max_bytes=1000,
+        )  # fmt: skip
+    reason, detail = failure(*reply.error)
+    assert reason == "connection_error" and "header over" in detail and "curl error 100" in detail
 
 
 def test_header_values_in_utf8_are_read_as_utf8_and_other_bytes_as_latin1():
