@@ -73,8 +73,11 @@ def iter_shard(
                     }
                     rid += 1
                     image_ext = next((e for e in exts if e in members), None)
-                    if problems:
-                        yield error_row(rec, "unsafe_member", "; ".join(problems), http_status, attempts)
+                    if problems:  # an unsafe member names the record's reason, whatever else is wrong
+                        reasons = [reason for reason, _ in problems]
+                        reason = "unsafe_member" if "unsafe_member" in reasons else reasons[0]
+                        detail = "; ".join(detail for _, detail in problems)
+                        yield error_row(rec, reason, detail, http_status, attempts)
                     elif image_ext is None:
                         detail = f"no image member among {sorted(members) or 'none'}"
                         yield error_row(rec, "no_image", detail, http_status, attempts)

@@ -236,11 +236,12 @@ def unsafe_member_reason(info: tarfile.TarInfo) -> str | None:
 
 def iter_tar_groups(
     fileobj: BinaryIO,
-) -> Iterator[tuple[str, dict[str, bytes], list[str]]]:
+) -> Iterator[tuple[str, dict[str, bytes], list[tuple[str, str]]]]:
     """Stream a source tar as (key, {ext: bytes}, problems) groups of ADJACENT members with the same key.
 
-    Unsafe members (links, devices, absolute or '..' paths) are never read; they are reported in
-    `problems` of the group they belong to. A member whose extension repeats within a group is reported too.
+    Each problem is (reason, detail). Unsafe members (links, devices, absolute or '..' paths) are never read
+    (`unsafe_member`); a member whose extension repeats within a group (`repeated_member`: which one is the
+    sample's is unknowable) and a member without an extension (`member_without_extension`) are reported too.
     """
     with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
         key: str | None = None
@@ -257,13 +258,13 @@ def iter_tar_groups(
                 key, members, problems = k, {}, []
             reason = unsafe_member_reason(info)
             if reason:
-                problems.append(reason)
+                problems.append(("unsafe_member", reason))
                 continue
             if not ext:
-                problems.append(f"member without extension: {info.name}")
+                problems.append(("member_without_extension", f"member without extension: {info.name}"))
                 continue
             if ext in members:
-                problems.append(f"repeated member: {info.name}")
+                problems.append(("repeated_member", f"repeated member: {info.name}"))
                 continue
             f = tar.extractfile(info)
             members[ext] = f.read() if f else b""

@@ -222,14 +222,23 @@ def test_shards_source_groups_become_records_and_bad_groups_are_errors(tmp_path)
             tar_entry("textonly.txt", b"no picture"),
             tar_entry("img.0.jpg", img), tar_entry("img.0.json", b'{"description": "dotted"}'),
             tar_entry("img.1.PNG", b"png"),
+            tar_entry("twice.jpg", img), tar_entry("twice.jpg", img), tar_entry("twice.txt", b"which one?"),
+            tar_entry("LICENSE", b"cc-by"),
+            tar_entry("both.jpg", type=tarfile.SYMTYPE, linkname="x"), tar_entry("both.txt", b"a"),
+            tar_entry("both.txt", b"b"),
         ],
     )  # fmt: skip
     [status], [raw] = run(tmp_path, shard_source(tmp_path / "old-000000.tar"))
     rows = by_id(status)
     url = str(tmp_path / "old-000000.tar")
-    assert list(rows) == [f"{url}#{k}" for k in ("good", "sym", "textonly", "img.0", "img.1")]
-    assert [r["reason"] for r in rows.values()] == ["", "unsafe_member", "no_image", "", ""]
+    keys = ("good", "sym", "textonly", "img.0", "img.1", "twice", "LICENSE", "both")
+    assert list(rows) == [f"{url}#{k}" for k in keys]
+    assert [r["reason"] for r in rows.values()] == [
+        "", "unsafe_member", "no_image", "", "", "repeated_member", "member_without_extension", "unsafe_member"
+    ]  # fmt: skip
     assert "link: sym.jpg" in rows[f"{url}#sym"]["detail"]
+    assert rows[f"{url}#twice"]["detail"] == "repeated member: twice.jpg"
+    assert rows[f"{url}#both"]["detail"] == "link: both.jpg; repeated member: both.txt"
     assert rows[f"{url}#img.0"]["key"] == "old-old-000000-img_0"
     good, dotted, png = (f"r{rows[f'{url}#{k}']['rid']:07d}" for k in ("good", "img.0", "img.1"))
     assert raw[good]["img"] == img and json.loads(raw[good]["meta"]) == {"txt": "good caption"}

@@ -172,7 +172,15 @@ def test_iter_tar_groups_groups_adjacent_members_by_key(tmp_path):
 def test_iter_tar_groups_reports_repeated_members(tmp_path):
     path = write_tar(tmp_path / "s.tar", [tar_entry("a.jpg", b"1"), tar_entry("a.jpg", b"2")])
     [(key, members, problems)] = groups(path)
-    assert members == {"jpg": b"1"} and problems == ["repeated member: a.jpg"]
+    assert members == {"jpg": b"1"} and problems == [("repeated_member", "repeated member: a.jpg")]
+
+
+def test_iter_tar_groups_reports_a_member_without_an_extension(tmp_path):
+    path = write_tar(tmp_path / "s.tar", [tar_entry("README", b"notes"), tar_entry("a.jpg", b"1")])
+    assert groups(path) == [
+        ("README", {}, [("member_without_extension", "member without extension: README")]),
+        ("a", {"jpg": b"1"}, []),
+    ]
 
 
 def test_iter_tar_groups_reports_links_and_unsafe_paths_without_reading_them(tmp_path):
@@ -187,10 +195,10 @@ def test_iter_tar_groups_reports_links_and_unsafe_paths_without_reading_them(tmp
         ],
     )  # fmt: skip
     got = {key: (members, problems) for key, members, problems in groups(path)}
-    assert got["s"] == ({"txt": b"sym"}, ["link: s.jpg"])
-    assert got["h"] == ({}, ["link: h.jpg"])
-    assert got["/abs/x"] == ({}, ["absolute path: /abs/x.jpg"])
-    assert got["../up"] == ({}, ["path with '..': ../up.jpg"])
+    assert got["s"] == ({"txt": b"sym"}, [("unsafe_member", "link: s.jpg")])
+    assert got["h"] == ({}, [("unsafe_member", "link: h.jpg")])
+    assert got["/abs/x"] == ({}, [("unsafe_member", "absolute path: /abs/x.jpg")])
+    assert got["../up"] == ({}, [("unsafe_member", "path with '..': ../up.jpg")])
     assert got["ok"] == ({"jpg": b"OK"}, [])
     assert sorted(os.listdir(tmp_path)) == ["s.tar"]  # nothing extracted
 
