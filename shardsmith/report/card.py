@@ -262,14 +262,13 @@ def _intro(config: dict, stats: dict, sizes: dict[str, int], loader: str | None,
 
 def _train_section(config: dict, sizes: dict[str, int]) -> list[str]:
     shards = sorted(sizes)
-    workers = max(1, min(2, len(shards)))
     return [
         "## Train on it",
         "",
         "From the folder this card is in:",
         "",
         "```sh",
-        openclip_command(".", sizes, workers=workers),
+        openclip_command(".", sizes),
         "```",
         "",
         f"From elsewhere, put this folder's path in front of `{brace_pattern(shards)}`; from S3, use",

@@ -13,9 +13,11 @@ from pathlib import Path
 from shardsmith.formats.names import brace_pattern
 
 
-def openclip_command(shard_dir: str, sizes: dict[str, int], workers: int = 2) -> str:
-    """The exact OpenCLIP training command for the shards listed in sizes.json."""
+def openclip_command(shard_dir: str, sizes: dict[str, int]) -> str:
+    """The exact OpenCLIP training command for the shards listed in sizes.json. Two data loader workers, or one
+    for a single shard: OpenCLIP asserts at least workers x GPUs shards."""
     pattern = f"{shard_dir.rstrip('/')}/{brace_pattern(list(sizes))}"
+    workers = max(1, min(2, len(sizes)))
     return (
         "python -m open_clip_train.main --dataset-type webdataset "
         f"--train-data '{pattern}' --train-num-samples {sum(sizes.values())} "

@@ -168,3 +168,29 @@ def test_summary_of_a_folder_that_is_no_build_says_so_in_one_line(tmp_path, caps
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"shardsmith: summary: {tmp_path / 'ds'} is not a built")
     assert err.rstrip().endswith(f"names {tmp_path / 'ds' / 'v2'}")
+
+
+def test_summary_training_command_runs_with_openclips_loader_on_a_single_shard(tmp_path, capsys):
+    """OpenCLIP asserts at least workers x GPUs shards: the command printed for a one-shard build must pass it
+    (its own data setup, on the real shard)."""
+    import io
+    import shlex
+
+    import webdataset as wds
+    from open_clip_train.data import get_wds_dataset
+    from open_clip_train.params import parse_args
+    from PIL import Image
+
+    jpg = io.BytesIO()
+    Image.new("RGB", (40, 30), (200, 100, 50)).save(jpg, format="JPEG")
+    with wds.TarWriter(str(tmp_path / "ds-000000.tar")) as sink:
+        sink.write({"__key__": "k0", "jpg": jpg.getvalue(), "txt": "a red square"})
+    (tmp_path / "sizes.json").write_text(json.dumps({"ds-000000.tar": 1}))
+    stats = {"dataset": "ds", "input_records": 1, "published": 1, "shards": 1, "rejected": 0}
+    (tmp_path / "stats.json").write_text(json.dumps({**stats, "rejected_by_reason": {}}))
+    assert main(["summary", str(tmp_path)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "open_clip_train.main" in x)
+    args = parse_args(shlex.split(line)[3:])
+    args.world_size, args.batch_size = 1, 1
+    data = get_wds_dataset(args, lambda image: image.size, is_train=True, tokenizer=lambda text: text)
+    assert data.dataloader.num_samples == 1
