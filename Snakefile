@@ -40,7 +40,7 @@ onstart:
 
 onsuccess:
     stop_scheduler_timers()
-    print_success(OUT, SETTINGS.published_dir)
+    print_success(OUT, SETTINGS.published_dir, workflow.dag_settings)
 
 
 onerror:

@@ -53,12 +53,24 @@ def summary_text(out_dir: str) -> str:
     return "\n".join(lines)
 
 
-def print_success(out_dir: str, published_dir: str | None = None) -> None:
-    """The run's last screen (Snakemake `onsuccess`): the funnel, the rejections and the training command."""
+def partial_run(dag_settings) -> bool:
+    """Whether a run built less than the whole dataset (`--until`, `--omit-from`, a rule or file as target): its
+    end must not show the summary of an earlier build's files as if this run had made them."""
+    if dag_settings is None:
+        return False
+    targets = set(dag_settings.targets) | set(dag_settings.target_jobs)
+    return bool(dag_settings.until or dag_settings.omit_from or targets - {"all"})
+
+
+def print_success(out_dir: str, published_dir: str | None = None, dag_settings=None) -> None:
+    """The run's last screen (Snakemake `onsuccess`): the funnel, the rejections and the training command.
+    `dag_settings` (Snakemake's `workflow.dag_settings`) tells a partial run, which shows nothing."""
+    if partial_run(dag_settings):
+        return
     if published_dir and Path(published_dir).is_file():  # the `latest` pointer (version: auto)
         published_dir = str(Path(published_dir).parent / Path(published_dir).read_text().strip())
     folder = published_dir if published_dir and (Path(published_dir) / "stats.json").exists() else out_dir
-    if not (Path(folder) / "stats.json").exists():  # a partial target (--until, a single file): nothing to sum up
+    if not (Path(folder) / "stats.json").exists():  # nothing built yet
         return
     try:
         text = summary_text(folder)

@@ -194,3 +194,26 @@ def test_summary_training_command_runs_with_openclips_loader_on_a_single_shard(t
     args.world_size, args.batch_size = 1, 1
     data = get_wds_dataset(args, lambda image: image.size, is_train=True, tokenizer=lambda text: text)
     assert data.dataloader.num_samples == 1
+
+
+def test_a_partial_run_does_not_end_with_an_earlier_builds_summary(tmp_path, capsys):
+    """A refresh first runs `--until plan_parts` over the last build's files: that run's end shows no summary,
+    which would be the old version's counts; a whole run (no target, or `all`) shows it."""
+    from snakemake.settings.types import DAGSettings
+
+    from shardsmith.report.summary import print_success
+
+    (tmp_path / "sizes.json").write_text(json.dumps({"ds-000000.tar": 3}))
+    stats = {"dataset": "ds", "input_records": 3, "published": 3, "shards": 1, "rejected": 0}
+    (tmp_path / "stats.json").write_text(json.dumps({**stats, "rejected_by_reason": {}}))
+    for partial in (
+        DAGSettings(until={"plan_parts"}, forcerun={"plan_parts"}),
+        DAGSettings(omit_from={"publish_dataset"}),
+        DAGSettings(targets={"validate_dataset"}),
+        DAGSettings(targets={str(tmp_path / "sizes.json")}),
+    ):
+        print_success(str(tmp_path), None, partial)
+        assert capsys.readouterr().out == ""
+    for whole in (DAGSettings(), DAGSettings(targets={"all"}), None):
+        print_success(str(tmp_path), None, whole)
+        assert "dataset ds: 3 input records -> 3 published" in capsys.readouterr().out
