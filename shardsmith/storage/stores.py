@@ -89,6 +89,8 @@ class LocalStore(Store):
             return Path(self.root, rel).read_bytes()
         except FileNotFoundError:
             return None
+        except NotADirectoryError:
+            raise self._not_a_folder(rel) from None
 
     def copy_to(self, rel: str, out: BinaryIO) -> str | None:
         try:
@@ -96,6 +98,15 @@ class LocalStore(Store):
                 return _copy_hashed(f, out)
         except FileNotFoundError:
             return None
+        except NotADirectoryError:
+            raise self._not_a_folder(rel) from None
+
+    def _not_a_folder(self, rel: str) -> PublishError:
+        """A file where the destination needs a folder (a --dest given as a file's path): said, not a traceback."""
+        path = Path(self.root, rel)
+        file = next((p for p in reversed(path.parents) if p.is_file()), path)
+        where = f" (in the destination {self.dest})" if file != Path(self.dest) else ": a destination is a folder"
+        return PublishError(f"{file} is a file, not a folder{where}")
 
     def copy_folder(self, rel: str, out_dir: str | os.PathLike) -> None:
         folder = Path(self.root, rel)

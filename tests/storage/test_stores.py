@@ -46,3 +46,18 @@ def test_a_folder_is_copied_whole_in_one_call(where, tmp_path, request):
     assert all((tmp_path / "got" / n).read_bytes() == (out / "manifest.parquet" / n).read_bytes() for n in got)
     store.copy_folder("v1/no-such-folder", tmp_path / "none")  # nothing there: nothing copied, no error
     assert not (tmp_path / "none").exists() or not any((tmp_path / "none").iterdir())
+
+
+def test_a_destination_through_a_file_is_refused_in_one_line(tmp_path, capsys):
+    """`versions --dest` given a file's path (a published sizes.json): a one-line error, no traceback."""
+    from shardsmith.__main__ import main
+
+    dest = tmp_path / "fast"
+    publish(make_files(tmp_path / "a"), str(dest), "ds", "v1", now=T0)
+    sizes = dest / "ds" / "v1" / "sizes.json"
+    assert sizes.is_file()
+    with pytest.raises(PublishError, match="sizes.json is a file, not a folder"):
+        complete_versions(str(sizes), "ds")
+    assert main(["versions", "--dest", str(sizes), "--dataset", "ds"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"shardsmith: {sizes} is a file, not a folder")
