@@ -50,3 +50,15 @@ def test_the_code_fingerprint_covers_every_module_in_every_folder(tmp_path):
         assert build_info({"dataset": "ds"}, "9", tmp_path)["code_fingerprint"] != before, module
         path.write_bytes(original)
     assert build_info({"dataset": "ds"}, "9", tmp_path)["code_fingerprint"] == before
+
+
+def test_the_docs_name_every_key_the_fingerprint_leaves_out():
+    """A user comparing fingerprints reads which settings are outside them: each page that lists them lists all."""
+    import re
+
+    from shardsmith.formats.build import FINGERPRINT_EXCLUDES
+
+    for page in ("docs/running.md", "docs/publishing.md"):
+        text = " ".join((REPO / page).read_text().split())
+        listed = re.search(r"validated config(?:, defaults filled in,)? without (`[^:(]*)", text).group(1)
+        assert set(re.findall(r"`(\w+)`", listed)) == set(FINGERPRINT_EXCLUDES), page
