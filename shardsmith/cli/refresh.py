@@ -104,8 +104,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(run=refresh, pass_through=True)
 
 
+def config_problem(configfile: str) -> str | None:
+    """Why a config file cannot be read as YAML, in one line; None when it can. Snakemake would say it with a
+    traceback (a missing file) or over several lines; what is in the file is the workflow's to check."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(Path(configfile).read_text())
+    except OSError as e:
+        return f"cannot read {configfile} ({e.strerror or e})"
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        why = f"{e.problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else str(e).splitlines()[0]
+        return f"{configfile} is not valid YAML ({why})"
+    except UnicodeDecodeError:
+        return f"{configfile} is not a text file (no UTF-8)"
+    if not isinstance(config, dict):
+        return f"{configfile} holds no config (a YAML mapping of keys such as dataset, sources and paths)"
+    return None
+
+
 def refresh(args: argparse.Namespace) -> int:
     """Run the refresh's snakemake commands in order, then say what ran; `args.extra` goes to snakemake."""
+    if problem := config_problem(args.configfile):
+        print(f"shardsmith: refresh: {problem}", file=sys.stderr)
+        return 2
     extra = args.extra
     before = set(snakemake_logs(args.directory))
     code = 0

@@ -158,3 +158,21 @@ def test_systemd_units_are_valid(tmp_path):
         cwd=tmp_path, capture_output=True, text=True,
     )  # fmt: skip
     assert proc.returncode == 0 and "shardsmith-refresh" not in proc.stderr, proc.stderr
+
+
+def test_a_config_that_cannot_be_read_is_said_in_one_line_before_snakemake_starts(tmp_path, capsys):
+    """A missing or unparsable config file (refresh.sh passes whatever path it was given): one line, exit 2,
+    no Snakemake traceback, no Snakemake run in the folder."""
+    (tmp_path / "broken.yaml").write_text("dataset: [unclosed\n")
+    (tmp_path / "list.yaml").write_text("- dataset\n")
+    for name, said in (
+        ("missing.yaml", "cannot read"),
+        ("broken.yaml", "is not valid YAML"),
+        ("list.yaml", "holds no config"),
+    ):
+        argv = ["refresh", "--configfile", str(tmp_path / name), "--directory", str(tmp_path)]
+        assert shardsmith_main([*argv, "--workflow-profile", "none"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("shardsmith: refresh: ") and said in err and str(tmp_path / name) in err
+        assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / ".snakemake").exists()
