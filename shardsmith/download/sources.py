@@ -87,13 +87,14 @@ def path_stem(path: str, pattern: str) -> str:
 
 
 def _plain(value: object) -> object:
-    """A JSON-safe Python value from a pandas/numpy cell; NaN, infinities and NA become None (JSON has none of
-    them: a sample's json with `Infinity` in it is refused by strict readers)."""
+    """A JSON-safe Python value from a pandas/numpy cell; NaN, infinities, NA and NaT (an empty time) become None
+    (JSON has none of them: a sample's json with `Infinity` in it is refused by strict readers, and "NaT" would
+    be read as text)."""
     if isinstance(value, np.ndarray):  # a parquet list column's cell (face_bboxes: an array of arrays)
         return [_plain(v) for v in value]
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         value = value.item()  # numpy scalar
-    if value is None or (isinstance(value, float) and not math.isfinite(value)) or value is pd.NA:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)) or value is pd.NA or value is pd.NaT:
         return None
     if isinstance(value, str):
         return without_lone_surrogates(value)

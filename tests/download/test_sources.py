@@ -289,6 +289,14 @@ def test_infinite_manifest_cells_become_null_in_the_fields_as_nan_does(tmp_path)
     assert "Infinity" not in "".join(parts["m-000000"]["fields"])
 
 
+def test_an_empty_time_cell_becomes_null_in_the_fields_not_the_text_nat(tmp_path):
+    path = tmp_path / "m.parquet"
+    when = pd.to_datetime(["2024-01-01", None])
+    pd.DataFrame({"url": ["a.jpg", "b.jpg"], "caption": ["x", "y"], "when": when}).to_parquet(path)
+    _, parts = plan(tmp_path, manifest("m", path))
+    assert [f["when"] for f in fields(parts["m-000000"])] == ["2024-01-01 00:00:00", None]
+
+
 def test_a_jsonl_row_with_half_a_surrogate_pair_is_read_with_a_replacement_character(tmp_path):
     """An emoji cut in two by a length limit ("\\ud83d") in one row refused the whole file."""
     rows = ['{"url": "a.jpg", "caption": "ok \\ud83d\\ude00"}', '{"url": "b.jpg", "caption": "half \\ude00 a pair"}']
