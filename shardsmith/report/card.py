@@ -147,6 +147,14 @@ def _selection_section(selection: dict) -> list[str]:
     ]
 
 
+def _keep_order(settings: dict) -> str:
+    """Which copy of a group is kept, in the order `dedupe.keep` names (docs/near-duplicates.md)."""
+    sizes = "the largest image, then the largest file as fetched, then the earliest record"
+    if settings.get("keep") == "best_caption":
+        return f"already published, else the caption that matches its image best (CLIP similarity), then {sizes}"
+    return f"already published, else {sizes}"
+
+
 def _near_section(near: dict) -> list[str]:
     """Near-duplicate images: the settings, the counts, and the distances found (plan_shards' summary)."""
     s = near["settings"]
@@ -160,8 +168,7 @@ def _near_section(near: dict) -> list[str]:
         f"Of {near['samples_compared']:,} samples compared, {near['samples_in_groups']:,} fall in "
         f"{near['groups']:,} groups "
         f"of near-duplicate images ({signals}), within this version and against the published ones. One sample",
-        f"of each group is kept (already published, else the largest image, else the earliest record); the other "
-        f"{near['near_duplicates']:,} are {left}.",
+        f"of each group is kept ({_keep_order(s)}); the other {near['near_duplicates']:,} are {left}.",
         "",
     ]
     if "near_reference" in near:  # evaluation_sets: their near copies are left out in either mode

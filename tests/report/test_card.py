@@ -204,3 +204,32 @@ def test_card_of_a_build_that_published_nothing_does_not_fail():
     card = card_text(config(), stats, {}, None, versions={})
     assert "**0 samples in 0 shards**" in card and "OpenCLIP's loader" in card
     assert "| web | manifest | `in/web.parquet` | 14 | 0 | 14 |" in card
+
+
+def test_card_names_the_keep_rule_the_build_used_for_near_duplicates():
+    """With dedupe.keep: best_caption the caption decides first: the card must not say the largest image did."""
+    from shardsmith.shards.neardup import NearSettings
+
+    for keep, first in (("largest_source", "else the largest image"), ("best_caption", "else the caption that")):
+        near = {
+            "samples_compared": 11, "near_duplicates": 2, "groups": 2, "samples_in_groups": 4,
+            "distances": {"phash": {"2": 2}}, "settings": NearSettings(near="exclude", keep=keep).recorded(),
+        }  # fmt: skip
+        card = card_text(config(), STATS, SIZES, LOADER, versions={}, near=near)
+        section = card.split("## Near-duplicates", 1)[1].split("\n## ", 1)[0]
+        kept = " ".join(section.split()).split("of each group is kept (", 1)[1]
+        assert kept.startswith(f"already published, {first}") and "largest file as fetched" in kept
+        assert "the other 2 are left out." in " ".join(section.split())
+
+
+def test_the_reports_near_duplicate_caption_names_the_keep_rule_the_build_used():
+    """report/near_distances.rst, rendered as Snakemake renders a report caption (Jinja over `snakemake`)."""
+    from types import SimpleNamespace
+
+    import jinja2
+
+    template = jinja2.Template((REPO / "report" / "near_distances.rst").read_text())
+    for keep, says in ((None, "then the largest image"), ("best_caption", "then the caption that matches")):
+        dedupe = {"near": "report", **({"keep": keep} if keep else {})}
+        text = " ".join(template.render(snakemake=SimpleNamespace(config={"dedupe": dedupe})).split())
+        assert f"(published first, {says}" in text and "largest file as fetched" in text
