@@ -276,5 +276,11 @@ def _summary_command(args: argparse.Namespace) -> int:
         message = f"shardsmith: summary: {folder} is not a built dataset's folder (it has no {missing}){hint}"
         print(message, file=sys.stderr)
         return 1
-    print(summary_text(args.folder))
+    try:
+        text = summary_text(args.folder)
+    except (ValueError, LookupError, TypeError, AttributeError) as e:  # another tool's stats.json, or a cut one
+        why = f"no {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        print(f"shardsmith: summary: {folder}: stats.json or sizes.json is not a build's ({why})", file=sys.stderr)
+        return 1
+    print(text)
     return 0

@@ -217,3 +217,13 @@ def test_a_partial_run_does_not_end_with_an_earlier_builds_summary(tmp_path, cap
     for whole in (DAGSettings(), DAGSettings(targets={"all"}), None):
         print_success(str(tmp_path), None, whole)
         assert "dataset ds: 3 input records -> 3 published" in capsys.readouterr().out
+
+
+def test_summary_of_a_folder_with_another_tools_stats_json_says_so_in_one_line(tmp_path, capsys):
+    """A folder whose stats.json is another tool's (or cut short): one line naming the folder, no traceback."""
+    (tmp_path / "sizes.json").write_text(json.dumps({"ds-000000.tar": 3}))
+    for stats in ('{"count": 3}', "{cut", "[1, 2]"):
+        (tmp_path / "stats.json").write_text(stats)
+        assert main(["summary", str(tmp_path)]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"shardsmith: summary: {tmp_path}: stats.json or sizes.json")
