@@ -236,7 +236,8 @@ def card_text(
     if near is not None:
         out += _near_section(near)
     out += _build_section(config, versions)
-    out += _files_section(shards, emb_stats is not None)
+    saved = emb_stats is not None and bool((config.get("embed") or {}).get("save_embeddings"))
+    out += _files_section(shards, emb_stats is not None, saved)
     return "\n".join(out) + "\n"
 
 
@@ -406,7 +407,8 @@ def _build_section(config: dict, versions: dict[str, str]) -> list[str]:
     ]
 
 
-def _files_section(shards: list[str], embedded: bool) -> list[str]:
+def _files_section(shards: list[str], embedded: bool, embeddings_saved: bool = False) -> list[str]:
+    """Every file of the version (docs/output.md), those of optional stages where the build made them."""
     files = [
         [f"`{brace_pattern(shards)}`" if shards else "(no shards)", "the shards"],
         ["`sizes.json`", "samples per shard (OpenCLIP reads it for epoch accounting)"],
@@ -425,7 +427,11 @@ def _files_section(shards: list[str], embedded: bool) -> list[str]:
         ["`rejected.parquet/`", "one row per rejected record, with stage, reason and detail (parquet files)"],
         ["`stats.json`", "the counts above"],
         ["`validation.json`", "what validation checked, and with which loader"],
+        ["`build.json`", "config fingerprint, the fingerprinted config, package versions, the code's fingerprint"],
     ]
     if embedded:
         files.append(["`embedding_stats.json`", "CLIP score statistics and their provenance"])
+        files.append(["`*.scores.parquet`", "per shard: each sample's key and CLIP scores, in shard order"])
+    if embeddings_saved:
+        files.append(["`*.embeddings.npz`", "per shard: each sample's L2-normalised image and text embeddings (fp16)"])
     return ["## Files", ""] + _table(["file", "content"], files)

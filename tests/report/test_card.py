@@ -233,3 +233,25 @@ def test_the_reports_near_duplicate_caption_names_the_keep_rule_the_build_used()
         dedupe = {"near": "report", **({"keep": keep} if keep else {})}
         text = " ".join(template.render(snakemake=SimpleNamespace(config={"dedupe": dedupe})).split())
         assert f"(published first, {says}" in text and "largest file as fetched" in text
+
+
+def test_card_files_table_names_every_file_of_the_output_contract_the_build_made():
+    """docs/output.md's table of a version's files, each as the build makes it (embedding files with embed, the
+    embeddings with save_embeddings); the card itself and the publish marker are not in its own table."""
+    rows = re.findall(r"^\| `([^`]+)`[^|]*\| (.*) \|$", (REPO / "docs" / "output.md").read_text(), re.M)
+    emb = {"model": "m", "counts": {}, "similarity": {}, "provenance": {}}
+    for embed, emb_stats in (({}, None), ({"enabled": True}, emb), ({"enabled": True, "save_embeddings": True}, emb)):
+        card = card_text(config(embed=dict(embed)), STATS, SIZES, LOADER, emb_stats=emb_stats, versions={})
+        files = card.split("## Files", 1)[1]
+        for name, content in rows:
+            if name in ("README.md", "_COMPLETE.json"):
+                continue
+            if ("(with `embed.enabled`)" in content and not embed) or (
+                "(with `embed.save_embeddings`)" in content and not embed.get("save_embeddings")
+            ):
+                assert name.split("..N}")[-1] not in files, name
+                continue
+            shown = f"`*{name.split('..N}')[1]}`" if "..N}" in name and not name.endswith("}.tar") else f"`{name}`"
+            if name.endswith("}.tar"):
+                shown = "`ds-{000000..000002}.tar`"
+            assert shown in files, (name, embed)
