@@ -155,12 +155,13 @@ def _keep_order(settings: dict) -> str:
     return f"already published, else {sizes}"
 
 
-def _near_section(near: dict) -> list[str]:
-    """Near-duplicate images: the settings, the counts, and the distances found (plan_shards' summary)."""
+def _near_section(near: dict, embedded: bool) -> list[str]:
+    """Near-duplicate images: the settings, the counts, and the distances found (plan_shards' summary). The
+    semantic signal only where embed.enabled gave the search embeddings, whatever embedding_min_similarity says."""
     s = near["settings"]
     left = "left out" if s["near"] == "exclude" else "only reported (`dedupe.near: report`): every one is in the shards"
     signals = f"pHash distance at most {s['phash_max_distance']} of 64 bits (an image or its mirror image)"
-    if s.get("embedding_min_similarity") is not None:
+    if s.get("embedding_min_similarity") is not None and embedded:
         signals += f", or CLIP image cosine similarity at least {s['embedding_min_similarity']}"
     out = [
         "## Near-duplicates",
@@ -234,7 +235,7 @@ def card_text(
     if selection:
         out += _selection_section(selection)
     if near is not None:
-        out += _near_section(near)
+        out += _near_section(near, bool((config.get("embed") or {}).get("enabled")))
     out += _build_section(config, versions)
     saved = emb_stats is not None and bool((config.get("embed") or {}).get("save_embeddings"))
     out += _files_section(shards, emb_stats is not None, saved)

@@ -255,3 +255,17 @@ def test_card_files_table_names_every_file_of_the_output_contract_the_build_made
             if name.endswith("}.tar"):
                 shown = "`ds-{000000..000002}.tar`"
             assert shown in files, (name, embed)
+
+
+def test_card_claims_the_clip_signal_for_near_duplicates_only_where_embeddings_were_made():
+    """dedupe.embedding_min_similarity without embed.enabled: the search had no embeddings, only pHash."""
+    from shardsmith.shards.neardup import NearSettings
+
+    near = {
+        "samples_compared": 11, "near_duplicates": 2, "groups": 2, "samples_in_groups": 4, "distances": {},
+        "settings": NearSettings(near="exclude", embedding_min_similarity=0.9).recorded(),
+    }  # fmt: skip
+    emb = {"model": "m", "counts": {}, "similarity": {}, "provenance": {}}
+    for embed, emb_stats, claimed in (({"enabled": False}, None, False), ({"enabled": True}, emb, True)):
+        card = card_text(config(embed=embed), STATS, SIZES, LOADER, emb_stats=emb_stats, versions={}, near=near)
+        assert ("CLIP image cosine similarity at least 0.9" in card) == claimed
