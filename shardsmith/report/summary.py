@@ -108,6 +108,18 @@ STAGE_HINTS = {
     "resize": "check resize.min_side and resize.max_decode_pixels, and that the inputs are images",
     "process": "check that sample keys are unique (key_column)",
     "shard": "check that sample keys are unique across sources",
+    "filter": "check the filters (each one's column, op and value) against the manifests' columns",
+    "embed": "check embed.min_similarity, and the model (random weights score nothing)",
+    "select": "check the select rules (each one's column and threshold)",
+    "dedupe": "check publish.dedupe, dedupe and evaluation_sets",
+}
+# Reasons whose setting is not their stage's usual one.
+REASON_HINTS = {
+    "caption/language": "check captions.languages and captions.min_language_score",
+    "caption/too_few_words": "check captions.min_words",
+    "resize/aspect_ratio": "check resize.max_aspect_ratio",
+    "resize/bad_boxes": "check each source's blur_boxes field (a list of [x0, y0, x1, y1] boxes a record)",
+    "dedupe/already_published": "every record is already in a published version (publish.dedupe)",
 }
 # Refusals of the download guard (shardsmith.download.fetch.netguard): the setting that lifts each.
 GUARD_HINTS = {
@@ -238,7 +250,12 @@ def failure_text(main_log: str | list[str] | None, out_dir: str) -> str:
 
             top = sorted(stats["rejected_by_reason"].items(), key=lambda kv: -kv[1])[:3]
             stage, _, code = top[0][0].partition("/") if top else ("", "", "")
-            hint = GUARD_HINTS.get(code) or TRANSIENT_HINTS.get(code) or STAGE_HINTS.get(stage, "see rejected.parquet")
+            download = stage == "download"  # a filter's or rule's own name may read like a download reason
+            hint = (
+                REASON_HINTS.get(top[0][0] if top else "")
+                or (download and (GUARD_HINTS.get(code) or TRANSIENT_HINTS.get(code)))
+                or STAGE_HINTS.get(stage, "see rejected.parquet")
+            )
             if code in S3_HINTS:  # credentials, endpoint, bucket: say which setting
                 hint += f"; for s3:// sources, {S3_HINTS[code]}"
             reasons = ", ".join(f"{r} {n}" for r, n in top)

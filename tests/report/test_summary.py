@@ -227,3 +227,23 @@ def test_summary_of_a_folder_with_another_tools_stats_json_says_so_in_one_line(t
         assert main(["summary", str(tmp_path)]) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(f"shardsmith: summary: {tmp_path}: stats.json or sizes.json")
+
+
+def test_when_nothing_was_published_the_hint_names_the_setting_of_the_top_reason(tmp_path):
+    """Every record left out by a caption language rule, a filter or a selection: the settings named are those
+    rules', not captions.fields or the sources' paths."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for reason, says in (
+        ("caption/language", "captions.languages"),
+        ("caption/too_few_words", "captions.min_words"),
+        ("filter/timeout", "check the filters"),
+        ("select/top_clip", "check the select rules"),
+        ("embed/low_similarity", "embed.min_similarity"),
+        ("dedupe/already_published", "already in a published version"),
+    ):
+        stats = {"input_records": 4, "published": 0, "rejected_by_reason": {reason: 4}}
+        (out / "stats.json").write_text(json.dumps(stats))
+        text = failure_text(snakemake_log(tmp_path, tmp_path / "gone.log"), str(out))
+        assert f"all 4 input records were rejected ({reason} 4): " in text and says in text, reason
+        assert "captions.fields" not in text and "paths or URLs" not in text and "retry-failed" not in text
