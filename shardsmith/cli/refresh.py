@@ -75,9 +75,11 @@ def jobs_run(log_text: str) -> list[tuple[str, dict[str, str]]]:
 
 
 def summarize(jobs: list[tuple[str, dict[str, str]]]) -> str:
-    """One line per rule: how many jobs ran and for which parts or shards."""
-    if not jobs:
-        return "refresh: nothing changed, no job ran"
+    """One line per rule: how many jobs ran and for which parts or shards. The re-plan of the sources, which
+    every refresh forces, and the `all` target are not a change: with nothing else, nothing changed."""
+    if all(rule in (*FORCED, "all") for rule, _ in jobs):
+        replanned = " but the re-read of the sources (plan_parts)" if jobs else ""
+        return f"refresh: nothing changed, no job ran{replanned}"
     counts = Counter(rule for rule, _ in jobs)
     lines = [f"refresh: {len(jobs)} jobs ran"]
     for rule, n in counts.items():

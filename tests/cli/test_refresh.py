@@ -65,6 +65,13 @@ def test_jobs_run_are_read_from_the_snakemake_log():
     assert summarize([]) == "refresh: nothing changed, no job ran"
 
 
+def test_a_refresh_that_only_read_the_sources_again_says_nothing_changed():
+    """Every refresh forces plan_parts; when nothing else ran, the data did not change: said so, not '1 jobs ran'."""
+    text = summarize([("plan_parts", {})])
+    assert text.startswith("refresh: nothing changed") and "jobs ran" not in text
+    assert "2 jobs ran" in summarize([("plan_parts", {}), ("download_part", {"part": "web-000001"})])
+
+
 def test_jobs_run_on_slurm_count_a_retried_job_once_and_not_the_logs_shown():
     """With the cluster profile a failed job is retried (`retries: 2`) and its logs are copied into Snakemake's
     own (show-failed-logs), each with its own Snakemake's job headers: one job, not nine."""
