@@ -1,9 +1,10 @@
-"""The front door stays short and every link in the docs leads somewhere."""
+"""The front door stays short, every link in the docs leads somewhere, and the output page's code runs as written."""
 
 import re
 from pathlib import Path
 
 import pytest
+from loader_helpers import needs_hf_datasets
 from workflow_helpers import REPO
 
 PAGES = [REPO / "README.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -122,3 +123,37 @@ def test_each_glossary_term_is_a_word_of_the_code_and_its_config_keys_exist():
                 missing.append(key)
     assert not unknown, f"glossary terms the code never uses: {unknown}"
     assert not missing, f"config keys the glossary names that the schema lacks: {missing}"
+
+
+@needs_hf_datasets
+def test_the_hugging_face_snippet_of_the_output_page_runs_as_written(tmp_path, monkeypatch):
+    """docs/output.md's `datasets` code over a version folder (its path swapped for one written here): every
+    shard named in sizes.json, nothing left for the reader to fill in."""
+    import io
+    import json
+
+    import webdataset as wds
+    from PIL import Image
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    version = tmp_path / "v1"
+    version.mkdir()
+    sizes = {}
+    for shard in range(2):
+        name = f"demo-{shard:06d}.tar"
+        with wds.TarWriter(str(version / name)) as sink:
+            for i in range(3):
+                jpg = io.BytesIO()
+                Image.new("RGB", (32, 24), (40 * i, 80, 120)).save(jpg, format="JPEG")
+                meta = json.dumps({"key": f"k{shard}{i}"})
+                sink.write({"__key__": f"k{shard}{i}", "jpg": jpg.getvalue(), "txt": f"caption {i}", "json": meta})
+        sizes[name] = 3
+    (version / "sizes.json").write_text(json.dumps(sizes))
+    text = (REPO / "docs" / "output.md").read_text()
+    code = next(c for c in re.findall(r"```python\n(.*?)```", text, re.S) if "load_dataset" in c)
+    namespace: dict = {}
+    exec(code.replace("/fast/storage/demo/v1", str(version)), namespace)
+    train = namespace["train"]
+    assert len(train) == 6 and sorted(train["__key__"]) == [f"k{s}{i}" for s in range(2) for i in range(3)]
