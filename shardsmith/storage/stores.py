@@ -9,6 +9,7 @@ partial version is never taken for a complete one.
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,10 +31,19 @@ def is_s3(dest: str) -> bool:
     return dest.startswith("s3://")
 
 
+# A dataset's folder is one plain name under the destination: `../x` or `a/b` would put versions elsewhere.
+DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
 class Store:
     """One dataset's folder on a destination, `{dest}/{dataset}/`."""
 
     def __init__(self, dest: str, dataset: str) -> None:
+        if not DATASET_NAME.fullmatch(dataset):
+            raise PublishError(
+                f"dataset {dataset!r} is not a dataset name: letters, digits, '.', '_' and '-', starting with a "
+                "letter or digit (one folder under the destination)"
+            )
         self.dest = dest.rstrip("/")
         self.dataset = dataset
         self.root = f"{self.dest}/{dataset}"

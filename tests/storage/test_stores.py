@@ -61,3 +61,20 @@ def test_a_destination_through_a_file_is_refused_in_one_line(tmp_path, capsys):
     assert main(["versions", "--dest", str(sizes), "--dataset", "ds"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"shardsmith: {sizes} is a file, not a folder")
+
+
+def test_a_dataset_name_that_is_no_single_folder_name_is_refused_before_anything_is_written(tmp_path, capsys):
+    """`publish --dataset ../x` put the version beside the destination, outside it; `a/b` one level down."""
+    from shardsmith.__main__ import main
+
+    files = [str(f) for f in make_files(tmp_path / "a")]
+    dest = tmp_path / "fast" / "dest"
+    for name in ("../escaped", "a/b", "", ".hidden"):
+        with pytest.raises(PublishError, match="is not a dataset name"):
+            complete_versions(str(dest), name)
+        assert main(["publish", "--dest", str(dest), "--dataset", name, "--version", "v1", *files]) == 1
+        assert capsys.readouterr().err.count("\n") == 1
+        assert main(["versions", "--dest", str(dest), "--dataset", name]) == 1
+        assert "is not a dataset name" in capsys.readouterr().err
+    assert not (tmp_path / "fast").exists()
+    assert main(["publish", "--dest", str(dest), "--dataset", "ds.v2-x", "--version", "v1", *files]) == 0
