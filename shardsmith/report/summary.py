@@ -6,6 +6,7 @@ python -m shardsmith summary demo/results/demo
 import argparse
 import json
 import os
+import shlex
 import sys
 import threading
 from pathlib import Path
@@ -17,10 +18,11 @@ def openclip_command(shard_dir: str, sizes: dict[str, int]) -> str:
     """The exact OpenCLIP training command for the shards listed in sizes.json. Two data loader workers, or one
     for a single shard: OpenCLIP asserts at least workers x GPUs shards."""
     pattern = f"{shard_dir.rstrip('/')}/{brace_pattern(list(sizes))}"
+    quoted = shlex.quote(pattern) if "'" in pattern else f"'{pattern}'"  # a folder like /home/o'brien
     workers = max(1, min(2, len(sizes)))
     return (
         "python -m open_clip_train.main --dataset-type webdataset "
-        f"--train-data '{pattern}' --train-num-samples {sum(sizes.values())} "
+        f"--train-data {quoted} --train-num-samples {sum(sizes.values())} "
         f"--workers {workers} --batch-size 256 --model ViT-B-32 --epochs 32"
     )
 

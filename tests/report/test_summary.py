@@ -247,3 +247,21 @@ def test_when_nothing_was_published_the_hint_names_the_setting_of_the_top_reason
         text = failure_text(snakemake_log(tmp_path, tmp_path / "gone.log"), str(out))
         assert f"all 4 input records were rejected ({reason} 4): " in text and says in text, reason
         assert "captions.fields" not in text and "paths or URLs" not in text and "retry-failed" not in text
+
+
+def test_the_training_command_is_one_shell_word_for_a_folder_with_a_quote(tmp_path, capsys):
+    """A build under /home/o'brien: the printed command, pasted into a shell, gets the shard pattern whole."""
+    import shlex
+
+    from braceexpand import braceexpand
+
+    out = tmp_path / "o'brien's data" / "v1"
+    out.mkdir(parents=True)
+    (out / "sizes.json").write_text(json.dumps({"ds-000000.tar": 2, "ds-000001.tar": 1}))
+    stats = {"dataset": "ds", "input_records": 3, "published": 3, "shards": 2, "rejected": 0}
+    (out / "stats.json").write_text(json.dumps({**stats, "rejected_by_reason": {}}))
+    assert main(["summary", str(out)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "open_clip_train.main" in x)
+    argv = shlex.split(line)
+    pattern = argv[argv.index("--train-data") + 1]
+    assert list(braceexpand(pattern)) == [str(out / "ds-000000.tar"), str(out / "ds-000001.tar")]
