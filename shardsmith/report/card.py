@@ -5,6 +5,7 @@ config built in another folder give a byte-identical card, like every other publ
 training command names the shards relative to the folder the card sits in.
 """
 
+import re
 from pathlib import Path
 
 from shardsmith.core.ledger import filter_name
@@ -15,11 +16,21 @@ from shardsmith.report.summary import openclip_command
 CARD_QUANTILES = ("0.05", "0.25", "0.5", "0.75", "0.95")
 
 
+def _code(text: object) -> str:
+    """`text` as a Markdown code span that holds it whole: a path or value from the config may itself hold
+    backticks (a longer fence then) and line breaks (a space: a table row is one line)."""
+    text = " ".join(str(text).splitlines())
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _table(header: list[str], rows: list[list[object]]) -> list[str]:
     """A Markdown table; columns of numbers are right-aligned."""
 
     def cell(v: object) -> str:
-        return (f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)).replace("|", "\\|")
+        text = f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else " ".join(str(v).splitlines())
+        return text.replace("|", "\\|")
 
     def numeric(i: int) -> bool:
         values = [r[i] for r in rows if r[i] != ""]
@@ -298,7 +309,7 @@ def _counts_section(config: dict, stats: dict) -> list[str]:
     src_rows = []
     for src in config.get("sources", []):
         published, rejected = by_source.get(src["name"], 0), rejected_by_source.get(src["name"], 0)
-        src_rows.append([src["name"], src["type"], f"`{src['path']}`", published + rejected, published, rejected])
+        src_rows.append([src["name"], src["type"], _code(src["path"]), published + rejected, published, rejected])
     out += _table(["source", "type", "path", "input", "published", "rejected"], src_rows)
     return out
 
@@ -319,9 +330,8 @@ def _curation_section(config: dict, stats: dict, id_lists: dict) -> list[str]:
             where += f"; {listed['ids']:,} ids, {listed['matched']:,} match a record"
             if listed["ids"] and not listed["matched"]:
                 unmatched.append(name)
-        rows.append(
-            [f"filter/{name}", f"`{f['column']} {f['op']} {shown}` ({where})", reasons.get(f"filter/{name}", 0)]
-        )
+        rule = _code(" ".join(str(x) for x in (f["column"], f["op"], shown)))
+        rows.append([f"filter/{name}", f"{rule} ({where})", reasons.get(f"filter/{name}", 0)])
     if captions.get("min_words", 1) > 1:
         rows.append(
             [

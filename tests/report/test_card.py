@@ -269,3 +269,14 @@ def test_card_claims_the_clip_signal_for_near_duplicates_only_where_embeddings_w
     for embed, emb_stats, claimed in (({"enabled": False}, None, False), ({"enabled": True}, emb, True)):
         card = card_text(config(embed=embed), STATS, SIZES, LOADER, emb_stats=emb_stats, versions={}, near=near)
         assert ("CLIP image cosine similarity at least 0.9" in card) == claimed
+
+
+def test_a_source_path_or_filter_value_with_backticks_or_line_breaks_stays_in_its_table_cell():
+    """Config text in the card's tables: a backtick would end the code span, a line break the table row."""
+    sources = [{"name": "web", "type": "manifest", "path": "in/we`ird|name.parquet"}]
+    filters = [{"column": "caption", "op": "!=", "value": "a\nb`c"}]
+    card = card_text(config(sources=sources, filters=filters), STATS, SIZES, LOADER, versions={})
+    by_source = card.split("By source:", 1)[1].split("\n\n")[1].splitlines()
+    assert len(by_source) == 3 and "| web | manifest | ``in/we`ird\\|name.parquet`` | 14 | 11 | 3 |" in by_source
+    filter_rows = [line for line in card.splitlines() if line.startswith("| filter/caption |")]
+    assert len(filter_rows) == 1 and "``caption != a b`c``" in filter_rows[0]
