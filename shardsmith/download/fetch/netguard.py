@@ -24,6 +24,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
 
 from shardsmith.core.errors import ReasonError
+from shardsmith.storage.localfiles import shown_path
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 REMOTE_SCHEMES = ("http", "https", "s3")
@@ -253,8 +254,14 @@ class Guard:
         for folder in self.folders:
             if real == folder or real.startswith(folder.rstrip(os.sep) + os.sep):
                 return real
-        where = "no local folder is allowed" if not self.folders else f"allowed: {', '.join(self.folders)}"
-        shown = path if real == path else f"{path} (resolves to {real})"  # relative: from the current folder
+        folders = ", ".join(shown_path(f) for f in self.folders)
+        where = "no local folder is allowed" if not self.folders else f"allowed: {folders}"
+        if real == path:
+            shown = path
+        elif shown_path(real) == os.path.normpath(path):
+            shown = f"{path} (a relative path: from the folder the workflow runs in)"
+        else:
+            shown = f"{path} (resolves to {shown_path(real)})"
         raise Refused(
             "outside_allowed_folders", f"{shown} is outside the allowed folders ({where}; download.allow_local_folders)"
         )
