@@ -41,6 +41,10 @@ _ENTITY_RE = re.compile(r"&(?:#[0-9]{1,8}|#[xX][0-9a-fA-F]{1,7}|[A-Za-z][A-Za-z0
 # they are nearly always cp1252 bytes of mojibake ("â€\x9d" is a closing quote).
 _C0_TO_SPACE = {code: " " for code in [*range(0x20), 0x7F]}
 
+# Terminal escape sequences (colours, cursor moves, window titles) from text copied out of a terminal: they
+# show nothing, and once their ESC became a space their "[31m" would be left as words of the caption.
+_TERMINAL_ESCAPES_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
+
 # Letters and symbols that render as blank space: the Braille blank and the Hangul fillers, pasted where a
 # caption or name must look empty ("blank" alt text, invisible user names).
 _BLANK_LOOKALIKES = frozenset("\u2800\u115f\u1160\u3164\uffa0")
@@ -220,8 +224,8 @@ def normalize_caption(text: str, max_chars: int = 1000) -> str:
     """Clean one caption so identical captions look identical to the tokenizer.
 
     Steps, in order: unescape semicolon-terminated HTML entities once ("Tom &amp; Jerry";
-    "&amp;amp;" stays "&amp;"), turn C0 controls into spaces, fix mojibake with ftfy (curly
-    quotes are kept, not straightened; C1 controls are read as the cp1252 they usually are),
+    "&amp;amp;" stays "&amp;"), drop terminal escape sequences, turn C0 controls into spaces, fix
+    mojibake with ftfy (curly quotes are kept, not straightened; C1 controls are read as the cp1252 they usually are),
     turn any remaining control character (Cc) into a space and drop zero-width format
     characters (Cf, except ZWJ/ZWNJ which shape emoji and scripts, and the tags of an emoji tag
     sequence), NFC-normalize, collapse every
@@ -233,7 +237,7 @@ def normalize_caption(text: str, max_chars: int = 1000) -> str:
         raise TypeError(f"normalize_caption expects str, got {type(text).__name__}")
     if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 1:
         raise ValueError(f"max_chars must be an integer >= 1, got {max_chars!r}")
-    text = _unescape_entities(text).translate(_C0_TO_SPACE)
+    text = _TERMINAL_ESCAPES_RE.sub("", _unescape_entities(text)).translate(_C0_TO_SPACE)
     text = ftfy.fix_text(text, config=_FTFY_CONFIG)
     text = _clean_chars(text)
     text = unicodedata.normalize("NFC", text)

@@ -177,6 +177,13 @@ def test_control_characters_become_spaces():
     assert normalize_caption("a\x00b\x07c\x1bd\x7fe\x0bf") == "a b c d e f"
 
 
+def test_terminal_escape_sequences_are_dropped_whole_not_left_as_words():
+    assert normalize_caption("\x1b[31mred\x1b[0m sky") == "red sky"
+    assert normalize_caption("\x1b[1;38;5;208mbold orange\x1b[m text") == "bold orange text"
+    assert normalize_caption("\x1b]0;window title\x07a cat") == "a cat"
+    assert normalize_caption("a cat \x1b[") == "a cat ["  # a cut sequence: its ESC is a control, the rest text
+
+
 def test_c1_control_is_read_as_the_cp1252_character_it_stands_for():
     assert normalize_caption("wait\x85 what") == "wait\u2026 what"
 
