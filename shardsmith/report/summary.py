@@ -16,14 +16,18 @@ from shardsmith.formats.names import brace_pattern
 
 def openclip_command(shard_dir: str, sizes: dict[str, int]) -> str:
     """The exact OpenCLIP training command for the shards listed in sizes.json. Two data loader workers, or one
-    for a single shard: OpenCLIP asserts at least workers x GPUs shards."""
+    for a single shard: OpenCLIP asserts at least workers x GPUs shards. A batch of 256, or of the samples the
+    worker with the fewest gets (each takes every `workers`-th shard) where that is less: OpenCLIP drops a
+    worker's last partial batch, so a larger batch on a small build would train on nothing."""
     pattern = f"{shard_dir.rstrip('/')}/{brace_pattern(list(sizes))}"
     quoted = shlex.quote(pattern) if "'" in pattern else f"'{pattern}'"  # a folder like /home/o'brien
     workers = max(1, min(2, len(sizes)))
+    counts = [sizes[name] for name in sorted(sizes)]
+    batch = max(1, min([256, *(sum(counts[w::workers]) for w in range(workers))]))
     return (
         "python -m open_clip_train.main --dataset-type webdataset "
         f"--train-data {quoted} --train-num-samples {sum(sizes.values())} "
-        f"--workers {workers} --batch-size 256 --model ViT-B-32 --epochs 32"
+        f"--workers {workers} --batch-size {batch} --model ViT-B-32 --epochs 32"
     )
 
 

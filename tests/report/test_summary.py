@@ -3,6 +3,8 @@ nothing was published, and Snakemake's scheduler timers stopped."""
 
 import json
 
+import pytest
+
 from shardsmith.__main__ import main
 from shardsmith.report.summary import failed_jobs, failure_text, job_message
 
@@ -170,9 +172,11 @@ def test_summary_of_a_folder_that_is_no_build_says_so_in_one_line(tmp_path, caps
     assert err.rstrip().endswith(f"names {tmp_path / 'ds' / 'v2'}")
 
 
-def test_summary_training_command_runs_with_openclips_loader_on_a_single_shard(tmp_path, capsys):
-    """OpenCLIP asserts at least workers x GPUs shards: the command printed for a one-shard build must pass it
-    (its own data setup, on the real shard)."""
+@pytest.mark.parametrize("shard_sizes", [[1], [3], [5, 2], [300, 300, 40]])
+def test_summary_training_command_trains_on_a_small_build_with_openclips_loader(tmp_path, capsys, shard_sizes):
+    """OpenCLIP asserts at least workers x GPUs shards, and drops each worker's last partial batch: the command
+    printed for a small build must pass the one and give every worker a batch (its own data setup, on real
+    shards, iterated)."""
     import io
     import shlex
 
@@ -183,17 +187,24 @@ def test_summary_training_command_runs_with_openclips_loader_on_a_single_shard(t
 
     jpg = io.BytesIO()
     Image.new("RGB", (40, 30), (200, 100, 50)).save(jpg, format="JPEG")
-    with wds.TarWriter(str(tmp_path / "ds-000000.tar")) as sink:
-        sink.write({"__key__": "k0", "jpg": jpg.getvalue(), "txt": "a red square"})
-    (tmp_path / "sizes.json").write_text(json.dumps({"ds-000000.tar": 1}))
-    stats = {"dataset": "ds", "input_records": 1, "published": 1, "shards": 1, "rejected": 0}
+    for i, n in enumerate(shard_sizes):
+        with wds.TarWriter(str(tmp_path / f"ds-{i:06d}.tar")) as sink:
+            for k in range(n):
+                sink.write({"__key__": f"k{i}_{k}", "jpg": jpg.getvalue(), "txt": "a red square"})
+    sizes = {f"ds-{i:06d}.tar": n for i, n in enumerate(shard_sizes)}
+    (tmp_path / "sizes.json").write_text(json.dumps(sizes))
+    total = sum(shard_sizes)
+    stats = {"dataset": "ds", "input_records": total, "published": total, "shards": len(sizes), "rejected": 0}
     (tmp_path / "stats.json").write_text(json.dumps({**stats, "rejected_by_reason": {}}))
     assert main(["summary", str(tmp_path)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "open_clip_train.main" in x)
     args = parse_args(shlex.split(line)[3:])
-    args.world_size, args.batch_size = 1, 1
-    data = get_wds_dataset(args, lambda image: image.size, is_train=True, tokenizer=lambda text: text)
-    assert data.dataloader.num_samples == 1
+    args.world_size = 1
+    data = get_wds_dataset(args, lambda image: 0, is_train=True, tokenizer=lambda text: [0])
+    assert data.dataloader.num_batches > 0
+    seen = sum(len(images) for images, _ in data.dataloader)
+    fewest = min(sum(shard_sizes[w :: args.workers]) for w in range(args.workers))
+    assert seen > 0 and args.batch_size == min(256, fewest)
 
 
 def test_a_partial_run_does_not_end_with_an_earlier_builds_summary(tmp_path, capsys):
