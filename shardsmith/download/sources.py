@@ -230,6 +230,12 @@ def _check_columns(path: str, src: dict, columns: list[str], filters: list[Filte
     check_columns(filters, path, columns)
 
 
+def _read_columns(src: dict, filters: list[Filter], needed: Sequence[str]) -> list[str]:
+    """The columns _check_columns asks a manifest for."""
+    named = [src.get(k, "url" if k == "url_column" else None) for k in ("url_column", "key_column", "hash_column")]
+    return [c for c in dict.fromkeys([*needed, *named, src.get("blur_boxes"), *(f.column for f in filters)]) if c]
+
+
 def _carried(src: dict, columns: list[str], needed: Sequence[str] = ()) -> list[str]:
     """The columns copied into each record's fields: carry_columns (default all), and always the box column,
     which the resize process reads the boxes from, and the columns the selection reads (`needed`)."""
@@ -260,9 +266,18 @@ def iter_manifest_parts(
         stem = path_stem(path, src["path"])
         row = 0
         part: list[dict] = []
+        # a JSON line names its own keys: a chunk of lines none of which has a key is empty there, and the file
+        # lacks a column only when no line of it has it
+        by_line = manifest_format(path, src.get("format", "auto")) == "jsonl"
+        seen: dict[str, None] = {}
         with readable_manifest(path, fetcher) as local:
             for df in iter_manifest_chunks(local, src, part_size, path):
-                _check_columns(path, src, list(df.columns), filters, needed)
+                if by_line:
+                    seen.update(dict.fromkeys(df.columns))
+                    absent = [c for c in _read_columns(src, filters, needed) if c not in df]
+                    df = df.reindex(columns=[*df.columns, *absent])
+                else:
+                    _check_columns(path, src, list(df.columns), filters, needed)
                 carry = _carried(src, list(df.columns), needed)
                 failed = apply_filters(df, filters, id_lists) if filters else None
                 for i, rec in enumerate(df.to_dict("records")):
@@ -284,6 +299,8 @@ def iter_manifest_parts(
                     if len(part) == part_size * window_parts(part_size):
                         yield from host_sorted(part, part_size)
                         part = []
+        if by_line and seen:  # a file of no line has no records, which plan_parts names
+            _check_columns(path, src, list(seen), filters, needed)
         yield from host_sorted(part, part_size)
 
 

@@ -440,3 +440,21 @@ def test_image_files_a_folder_source_leaves_out_by_extension_are_named_in_the_lo
     with caplog.at_level("WARNING"):
         list(sources.iter_folder_parts({**src, "image_extensions": ["jpg", "heic", "jfif"]}, 10))
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_jsonl_key_some_lines_lack_is_an_empty_cell_at_any_part_size(tmp_path):
+    """A JSON line names its own keys: a part of lines without `punsafe` is not a manifest without the column."""
+    rows = [{"url": f"{i}.jpg", "caption": "x"} for i in range(5)] + [{"url": "5.jpg", "caption": "y", "punsafe": 0.1}]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    src = manifest("js", tmp_path / "m.jsonl")
+    rule = {"name": "unsafe", "column": "punsafe", "op": "<", "value": 0.5}
+    for size in (2, 100):
+        ids = plan_parts([src], size, tmp_path / f"parts{size}", filters=[rule])
+        df = pd.concat(pd.read_parquet(tmp_path / f"parts{size}" / f"{i}.parquet") for i in ids)
+        assert sorted(df["filter"]) == [""] + ["unsafe"] * 5
+        assert set(df.loc[df["filter"] == "unsafe", "filter_detail"]) == {"punsafe is empty; kept: punsafe < 0.5"}
+    with pytest.raises(
+        ConfigError,
+        match=r"names column 'nsfw', which manifest .* lacks; its columns are \['url', 'caption', 'punsafe'\]",
+    ):
+        plan_parts([src], 2, tmp_path / "nsfw", filters=[{**rule, "name": "nsfw", "column": "nsfw"}])
