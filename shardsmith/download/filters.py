@@ -185,6 +185,11 @@ def apply_filters(
                     held = np.isin(numbers, np.asarray(f.value, dtype=kind).astype("float64"))
                 else:
                     held = (NUMERIC_OPS | EQUALITY_OPS)[f.op](numbers, float(np.asarray(f.value, dtype=kind)))
+            # beyond 2^53 a float64 holds every other integer only: ids and hashes (a tweet's id, LAION's hash)
+            # are compared exactly there, as Python compares ints and floats (a float column's cells are floats)
+            exact = cells.dtype.kind != "f"
+            for i in np.flatnonzero(~missing & ~bad & (np.abs(numbers) >= _EXACT)) if exact else ():
+                held[i] = _holds_exactly(f, cells.iat[i])
         else:
             strings = text.fillna("").str.strip().to_numpy(dtype=object)
             bad = np.zeros(n, dtype=bool)
@@ -205,6 +210,24 @@ def apply_filters(
             names[i], details[i] = f.name, f"{seen}; kept: {f.rule}"
         open_rows &= ~fails
     return names.tolist(), details.tolist()
+
+
+_EXACT = 2.0**53  # the first integer from which a float64 cannot hold every integer
+
+
+def _holds_exactly(f: Filter, cell: object) -> bool:
+    """`cell op value` for a number cell, in Python's exact comparison of ints and floats."""
+    if isinstance(cell, str | bytes):
+        text = (cell.decode() if isinstance(cell, bytes) else cell).strip()
+        try:
+            cell = int(text)
+        except ValueError:
+            cell = float(text)
+    elif hasattr(cell, "item"):
+        cell = cell.item()  # a numpy scalar: its exact Python int or float
+    if f.op in SET_OPS:
+        return any(cell == v for v in f.value)
+    return (NUMERIC_OPS | EQUALITY_OPS)[f.op](cell, f.value)
 
 
 def id_list_format(path: str) -> str:

@@ -50,6 +50,24 @@ def test_every_comparison_keeps_the_records_for_which_it_holds(op, value, failin
     assert names[3:] == ["p", "p"]  # NaN and None: empty cells fail by default
 
 
+@pytest.mark.parametrize("column", ["int64", "object", "text"])
+def test_integers_beyond_a_doubles_precision_are_compared_exactly(column):
+    """Ids and hashes past 2^53 (a tweet's id, LAION's hash): a float64 would take the neighbours for the value."""
+    big = 2**60 + 1
+    ids = [big - 1, big, big + 1]
+    df = pd.DataFrame({"id": pd.Series(ids, dtype="int64" if column == "int64" else object)})
+    if column == "text":  # a CSV's cells
+        df["id"] = df["id"].map(str)
+    assert verdicts(df, {"column": "id", "op": "==", "value": big}) == ["id", "", "id"]
+    assert verdicts(df, {"column": "id", "op": "!=", "value": big}) == ["", "id", ""]
+    assert verdicts(df, {"column": "id", "op": "in", "value": [big, 5]}) == ["id", "", "id"]
+    assert verdicts(df, {"column": "id", "op": "not_in", "value": [big]}) == ["", "id", ""]
+    assert verdicts(df, {"column": "id", "op": ">", "value": big}) == ["id", "id", ""]
+    assert verdicts(df, {"column": "id", "op": "<=", "value": big}) == ["", "", "id"]
+    floats = pd.DataFrame({"x": np.array([1e20, 5e19], dtype="float32")})  # a float column: its own precision
+    assert verdicts(floats, {"column": "x", "op": "==", "value": 1e20}) == ["", "x"]
+
+
 def test_empty_cells_fail_unless_kept_and_the_detail_says_so():
     df = pd.DataFrame({"p": [None, "", "  ", "0.2"]})
     names, details = apply_filters(df, filters({"column": "p", "op": "<", "value": 0.5}))
