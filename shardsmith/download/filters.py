@@ -39,6 +39,10 @@ ID_LISTS = "id_lists.json"  # beside the part plans: what each id-list filter ma
 MISSING_TEXT = ["nan", "null", "none", "na", "n/a", "<na>"]
 
 
+# A cell's text read as a boolean: Python's and pandas' True, Spark's and JSON's true, a 0/1 flag column
+_TRUTH = {"true": True, "false": False, "1": True, "0": False, "1.0": True, "0.0": False}
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -74,6 +78,12 @@ class Filter:
 
     def applies_to(self, source: str) -> bool:
         return self.sources is None or source in self.sources
+
+    @property
+    def boolean(self) -> bool:
+        """Cells are read as true or false: == and != with true or false, in with those only."""
+        values = self.value if self.op in SET_OPS else (self.value,)
+        return self.op in (*EQUALITY_OPS, *SET_OPS) and all(isinstance(v, bool) for v in values)
 
     @property
     def numeric(self) -> bool:
@@ -173,6 +183,13 @@ def apply_filters(
             ids = (IdLists() if id_lists is None else id_lists).of(f)
             bad = np.zeros(n, dtype=bool)
             held = ids.holds(text.fillna("").str.strip().to_numpy(dtype=object))
+        elif f.boolean:
+            truth = text.str.strip().str.lower().map(_TRUTH).to_numpy(dtype=object, na_value=None)
+            bad = ~missing & np.array([t is None for t in truth], dtype=bool)
+            values = f.value if f.op in SET_OPS else (f.value,)
+            held = np.array([t in values for t in truth], dtype=bool)
+            if f.op == "!=":
+                held = ~held
         elif f.numeric:
             missing |= text.str.strip().str.lower().isin(MISSING_TEXT).to_numpy(dtype=bool, na_value=False)
             numbers = pd.to_numeric(cells, errors="coerce").astype("float64").to_numpy()
@@ -204,7 +221,8 @@ def apply_filters(
             if missing[i]:
                 seen = f"{f.column} is empty"
             elif bad[i]:
-                seen = f"{f.column} is {_shown(cells.iat[i])!r}, not a finite number"
+                kind = "true or false" if f.boolean else "a finite number"
+                seen = f"{f.column} is {_shown(cells.iat[i])!r}, not {kind}"
             else:
                 seen = f"{f.column} is {_shown(cells.iat[i])}"
             names[i], details[i] = f.name, f"{seen}; kept: {f.rule}"

@@ -68,6 +68,22 @@ def test_integers_beyond_a_doubles_precision_are_compared_exactly(column):
     assert verdicts(floats, {"column": "x", "op": "==", "value": 1e20}) == ["", "x"]
 
 
+def test_a_boolean_value_reads_every_writers_true_and_false():
+    """pandas writes True, Spark and JSON true, a flag column 1: `value: false` keeps each writer's false."""
+    df = pd.DataFrame({"nsfw": [True, False, "true", "FALSE", "1", 0, None, "maybe"]}, dtype=object)
+    assert (
+        verdicts(df, {"column": "nsfw", "op": "==", "value": False})
+        == ["nsfw", "", "nsfw", "", "nsfw", ""] + ["nsfw"] * 2
+    )
+    assert (
+        verdicts(df, {"column": "nsfw", "op": "!=", "value": True})
+        == verdicts(df, {"column": "nsfw", "op": "not_in", "value": [True]})
+        == verdicts(df, {"column": "nsfw", "op": "==", "value": False})
+    )
+    _, details = apply_filters(df, filters({"column": "nsfw", "op": "==", "value": False}))
+    assert details[-1] == "nsfw is 'maybe', not true or false; kept: nsfw == False"
+
+
 def test_empty_cells_fail_unless_kept_and_the_detail_says_so():
     df = pd.DataFrame({"p": [None, "", "  ", "0.2"]})
     names, details = apply_filters(df, filters({"column": "p", "op": "<", "value": 0.5}))
