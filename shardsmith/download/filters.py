@@ -265,6 +265,37 @@ def id_list_format(path: str) -> str:
     return "text"
 
 
+def _read_ids(path: str, kind: str, column: str) -> pa.Array:
+    """The cells of an id list as text (nulls dropped); an empty file lists no id (an empty takedown list)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if os.path.isfile(path) and os.path.getsize(path) == 0:
+        return pa.array([], pa.string())
+    if kind in ("parquet", "csv"):  # a table: the filter's column, or its only one
+        import pyarrow.dataset as ds
+
+        table = ds.dataset(path, format=kind)
+        if not table.files:
+            raise ConfigError(f"id list {path}: the folder holds no {kind} file.")
+        names = table.schema.names
+        if column not in names and len(names) != 1:
+            raise ConfigError(
+                f"id list {path}: give it one column, or one named {column!r} as the filter's; it has {names}."
+            )
+        cells = table.to_table(columns=[column if column in names else names[0]]).column(0)
+        return pc.cast(cells.combine_chunks(), pa.string()).drop_null()
+    from pyarrow import csv
+
+    cells = csv.read_csv(
+        path,
+        read_options=csv.ReadOptions(column_names=["id"]),
+        parse_options=csv.ParseOptions(delimiter="\x1f", quote_char=False, escape_char=False),
+        convert_options=csv.ConvertOptions(column_types={"id": pa.string()}),
+    ).column(0)
+    return cells.combine_chunks() if cells.num_chunks else pa.array([], pa.string())
+
+
 class IdList:
     """The ids of an id list file, and which of them a record has matched (`holds`, over every chunk of every
     source the filter reads), so that the ids no record has are named once every manifest is read.
@@ -281,27 +312,11 @@ class IdList:
         import pyarrow.compute as pc
 
         kind = id_list_format(path)
-        if kind in ("parquet", "csv"):  # a table: the filter's column, or its only one
-            import pyarrow.dataset as ds
-
-            table = ds.dataset(path, format=kind)
-            names = table.schema.names
-            if column not in names and len(names) != 1:
-                raise ConfigError(
-                    f"id list {path}: give it one column, or one named {column!r} as the filter's; it has {names}."
-                )
-            cells = table.to_table(columns=[column if column in names else names[0]]).column(0)
-            cells = pc.cast(cells.combine_chunks(), pa.string()).drop_null()
-        else:
-            from pyarrow import csv
-
-            cells = csv.read_csv(
-                path,
-                read_options=csv.ReadOptions(column_names=["id"]),
-                parse_options=csv.ParseOptions(delimiter="\x1f", quote_char=False, escape_char=False),
-                convert_options=csv.ConvertOptions(column_types={"id": pa.string()}),
-            ).column(0)
-            cells = cells.combine_chunks() if cells.num_chunks else pa.array([], pa.string())
+        try:
+            cells = _read_ids(path, kind, column)
+        except (pa.ArrowException, OSError) as e:  # a corrupt file, or one not of its format
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"id list {path} cannot be read as {kind}: {first}") from None
         listed = pc.utf8_trim_whitespace(cells)
         del cells  # each step copies the ids: the list is held twice at most while it is read
         listed = listed.filter(pc.not_equal(listed, ""))

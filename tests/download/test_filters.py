@@ -289,3 +289,24 @@ def test_an_id_list_in_a_format_without_text_ids_is_refused_naming_what_to_write
     np.save(tmp_path / "uids.npy", np.array([[1, 2]], dtype=np.uint64))
     with pytest.raises(ConfigError, match=r"uids.npy: a NumPy or pickle file holds no text ids; write them as parquet"):
         filters({"column": "uid", "op": "in_file", "value": str(tmp_path / "uids.npy")})
+
+
+@pytest.mark.parametrize("name", ["takedowns.txt", "takedowns.csv"])
+def test_an_empty_id_list_lists_no_id(tmp_path, name):
+    """A takedown list with nothing on it yet leaves out nothing; of a subset, it keeps nothing."""
+    df = pd.DataFrame({"uid": ["u0", "u1"]})
+    (tmp_path / name).write_text("")
+    item = {"name": "takedowns", "column": "uid", "op": "not_in_file", "value": str(tmp_path / name)}
+    assert verdicts(df, item) == ["", ""]
+    assert verdicts(df, {**item, "op": "in_file"}) == ["takedowns", "takedowns"]
+
+
+def test_an_id_list_that_cannot_be_read_is_one_line_naming_it(tmp_path):
+    df = pd.DataFrame({"uid": ["u0"]})
+    (tmp_path / "ids.parquet").write_text("u0\n")  # text under a parquet name
+    (tmp_path / "folder").mkdir()
+    item = {"name": "subset", "column": "uid", "op": "in_file", "value": str(tmp_path / "ids.parquet")}
+    with pytest.raises(ConfigError, match=r"^id list .*ids.parquet cannot be read as parquet: [^\n]*$"):
+        verdicts(df, item)
+    with pytest.raises(ConfigError, match=r"^id list .*folder: the folder holds no parquet file\.$"):
+        verdicts(df, {**item, "value": str(tmp_path / "folder")})
