@@ -290,21 +290,30 @@ def _fails(r: SelectRule, decided: dict, values: np.ndarray, group: str) -> np.n
     return fails
 
 
+def _shortest(value: float) -> str:
+    """A float32 score in the fewest digits that tell it from every other float32 (0.69999, not 0.7000)."""
+    return np.format_float_positional(np.float32(value), unique=True, trim="-")
+
+
 def _detail(r: SelectRule, decided: dict, value: float) -> str:
     if value != value:  # NaN
         return f"{r.column} has no score; kept: {r.describe()}"
-    if r.min is not None:
-        return f"{r.column} {value:.4f} < {r.min}"
+    shown = f"{value:.4f}"
+    if r.min is not None:  # in full where four places round it up to the minimum
+        return f"{r.column} {shown if float(shown) < r.min else _shortest(value)} < {r.min}"
     if r.max is not None:
-        return f"{r.column} {value:.4f} > {r.max}"
+        return f"{r.column} {shown if float(shown) > r.max else _shortest(value)} > {r.max}"
     threshold = decided["threshold"]
     if threshold is None:
         cut = "none kept"
     elif int(sort_keys(np.float32([value]))[0]) == decided["bin"]:  # as high as the kept, left out by the count
         cut = f"from {threshold:.4f}; of the scores tied there, the earliest samples"
     else:
-        cut = f"from {threshold:.4f}"
-    return f"{r.column} {value:.4f}; kept: the top {r.top_fraction:.4g} of {decided['scored']:,} scored ({cut})"
+        edge = f"{threshold:.4f}"
+        if edge == shown:  # below the threshold by less than four places show: each in full
+            shown, edge = _shortest(value), _shortest(threshold)
+        cut = f"from {edge}"
+    return f"{r.column} {shown}; kept: the top {r.top_fraction:.4g} of {decided['scored']:,} scored ({cut})"
 
 
 def select_samples(

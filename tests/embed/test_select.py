@@ -151,6 +151,19 @@ def test_a_minimum_is_exact_and_several_rules_name_the_first_a_sample_fails(tmp_
     assert all(d.startswith(f"{SIM} ") and "< 0.28" in d for d in excluded[excluded["reason"] == "clip"]["detail"])
 
 
+def test_a_score_just_below_the_cut_is_shown_below_it(tmp_path):
+    """A ledger detail says why: never `0.7000 < 0.7`, nor a score left out `from` a threshold it prints as."""
+    below = float(np.float32(0.69999))
+    _, excluded = run(tmp_path, np.array([0.7, below, 0.9], dtype=np.float32), [SelectRule("m", SIM, min=0.7)])
+    assert list(excluded["detail"]) == [f"{SIM} 0.69999 < 0.7"]
+    floor = np.float32(bin_floor(reference_bin(0.3)))  # the cut, where 0.3 is the lowest score kept
+    scores = np.array([0.9, 0.3, np.nextafter(floor, np.float32(0))], dtype=np.float32)  # the next bin down
+    selection, excluded = run(tmp_path / "top", scores, [SelectRule("top", SIM, top_fraction=0.6)])
+    threshold, value = (np.format_float_positional(v, unique=True) for v in (floor, scores[2]))
+    assert selection["rules"]["top"]["threshold"] == float(floor) and f"{floor:.4f}" == f"{scores[2]:.4f}"
+    assert list(excluded["detail"]) == [f"{SIM} {value}; kept: the top 0.6 of 3 scored (from {threshold})"]
+
+
 def test_bins_keep_float_order_and_state_their_floor():
     values = np.array([-1.0, -0.5, -1e-6, 0.0, 1e-6, 0.28, 0.2800001, 0.5, 1.0], dtype=np.float32)
     keys = sort_keys(values)
