@@ -164,8 +164,11 @@ def manifest_values(samples_path: str, records_path: str, columns: list[str]) ->
     fields = [json.loads(f) for f in records["fields"].to_numpy()[where]]
     out = pd.DataFrame({"key": samples["key"].to_numpy()})
     for c in columns:
-        values = pd.to_numeric(pd.Series([f.get(c) for f in fields], dtype=object), errors="coerce")
-        out[c] = values.to_numpy(dtype=np.float32)
+        cells = [f.get(c) for f in fields]
+        values = pd.to_numeric(pd.Series(cells, dtype=object), errors="coerce").to_numpy(dtype=np.float64, copy=True)
+        # true/false and the text "inf" are no score: never kept, never a fraction's top
+        values[~np.isfinite(values) | np.array([isinstance(v, bool) for v in cells], dtype=bool)] = np.nan
+        out[c] = values.astype(np.float32)
     return out
 
 

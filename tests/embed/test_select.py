@@ -245,8 +245,9 @@ def test_samples_an_earlier_exclusion_left_out_get_no_second_row(tmp_path):
 
 def test_a_manifest_column_selects_as_a_score_does_from_the_records_each_sample_came_from(tmp_path):
     """DataComp's metadata ships clip_l14_similarity_score: its top fraction, read from the records' fields, at
-    one part and at three; a record without the column (or with text) is not scored and never kept."""
-    values = [0.31, 0.12, None, 0.45, "n/a", 0.45, 0.2, 0.33, 0.28]
+    one part and at three; a record without the column (or with text, true or an infinity) is not scored and never
+    kept."""
+    values = [0.31, 0.12, None, 0.45, "n/a", 0.45, 0.2, 0.33, 0.28, True, "inf", "-Infinity"]
     rule = SelectRule("top", "clip_l14_similarity_score", top_fraction=0.5, manifest=True)
     kept = []
     for parts in (1, 3):
@@ -271,7 +272,7 @@ def test_a_manifest_column_selects_as_a_score_does_from_the_records_each_sample_
             out.append(pq.read_table(folder / f"{i}.parquet").to_pandas())
         left = pd.concat(out)
         assert selection["rules"]["top"]["scored"] == 7 and selection["rules"]["top"]["model"] == "manifest"
-        kept.append(sorted({f"s{j}" for j in range(9)} - set(left["key"])))
+        kept.append(sorted({f"s{j}" for j in range(len(values))} - set(left["key"])))
         assert left.set_index("key")["detail"]["s2"].startswith("clip_l14_similarity_score has no score")
     assert kept[0] == kept[1] == ["s0", "s3", "s5", "s7"]  # round(0.5 x 7) = 4: 0.45, 0.45, 0.33, 0.31
 
