@@ -50,10 +50,14 @@ def reference_images(path: str) -> Iterator[tuple[str, bytes]]:
             yield os.path.relpath(full, path), Path(full).read_bytes()
         return
     for shard in expand_paths(path):
-        with tarfile.open(shard) as tar:
-            for member in tar:
-                if member.isfile() and _ext(member.name) in IMAGE_EXTENSIONS:
-                    yield f"{os.path.basename(shard)}/{member.name}", tar.extractfile(member).read()
+        try:
+            with tarfile.open(shard) as tar:
+                for member in tar:
+                    if member.isfile() and _ext(member.name) in IMAGE_EXTENSIONS:
+                        yield f"{os.path.basename(shard)}/{member.name}", tar.extractfile(member).read()
+        except (tarfile.TarError, EOFError, OSError) as e:  # a cut or corrupt shard: tarfile's reason, one line
+            why = str(e).strip().splitlines()[0].rstrip(":") if str(e).strip() else type(e).__name__
+            raise ConfigError(f"evaluation set shard {shard} cannot be read as a tar: {why}") from None
 
 
 def check_evaluation_sets(config: dict) -> None:
@@ -71,6 +75,10 @@ def check_evaluation_sets(config: dict) -> None:
     for r in sets:
         if os.path.isdir(r["path"]):
             continue
+        if os.path.isfile(r["path"]) and _ext(r["path"]) in IMAGE_EXTENSIONS:
+            raise ConfigError(
+                f"evaluation_sets {r['name']}: {r['path']} is one image; give the folder that holds the set's images"
+            )
         shards = expand_paths(r["path"])
         if not [p for p in shards if os.path.isfile(p)]:
             raise ConfigError(f"evaluation_sets {r['name']}: {r['path']} is neither a folder of images nor tar shards")

@@ -160,3 +160,24 @@ def test_evaluation_sets_are_checked_in_one_line(tmp_path):
         check_evaluation_sets(
             {"dedupe": {"near": "report"}, "evaluation_sets": [{"name": "x", "path": str(tmp_path / "no-*.tar")}]}
         )
+
+
+def test_one_image_or_a_cut_shard_as_a_set_is_refused_in_one_line(tmp_path):
+    image = tmp_path / "val.jpg"
+    image.write_bytes(jpeg(scene(np.random.default_rng(0), 64, 48)))
+    with pytest.raises(ConfigError, match=r"^evaluation_sets val: .*val.jpg is one image; give the folder"):
+        check_evaluation_sets({"dedupe": {"near": "report"}, "evaluation_sets": [{"name": "val", "path": str(image)}]})
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for i in range(3):
+            info = tarfile.TarInfo(f"{i}.jpg")
+            info.size = len(image.read_bytes())
+            tar.addfile(info, io.BytesIO(image.read_bytes()))
+    (tmp_path / "cut.tar").write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])  # a copy that stopped
+    (tmp_path / "junk.tar").write_bytes(b"not a tar" * 100)
+    for name in ("cut.tar", "junk.tar"):
+        with pytest.raises(ConfigError, match=rf"^evaluation set shard .*{name} cannot be read as a tar: [^\n]+$"):
+            hash_references(
+                [{"name": "val", "path": str(tmp_path / name)}], str(tmp_path / "r.parquet"), str(tmp_path / "r.json")
+            )
+    assert not (tmp_path / "r.parquet").exists()
