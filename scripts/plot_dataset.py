@@ -12,7 +12,8 @@ MANIFEST_COLUMNS = ["source", "width_before", "height_before", "width", "height"
 
 def main() -> None:
     stats = json.loads(Path(snakemake.input.stats).read_text())
-    plots.plot_funnel(stats, report.rejection_summary(snakemake.input.rejected), snakemake.output.funnel)
+    summary = report.rejection_summary(snakemake.input.rejected)
+    plots.plot_funnel(stats, summary, snakemake.output.funnel, report.filter_names(snakemake.config))
     manifest, total = report.read_columns(snakemake.input.manifest, MANIFEST_COLUMNS)
     plots.plot_images(manifest, snakemake.output.images, max_side=snakemake.params.max_side, total=total)
     plots.plot_captions(manifest, snakemake.output.captions, max_chars=snakemake.params.max_chars, total=total)

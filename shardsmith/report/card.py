@@ -300,10 +300,11 @@ def _train_section(config: dict, sizes: dict[str, int]) -> list[str]:
 
 
 def _counts_section(config: dict, stats: dict) -> list[str]:
-    from shardsmith.report.numbers import funnel
+    from shardsmith.report.numbers import filter_names, funnel
 
     out = ["## Counts", ""]
-    out += _table(["step", "records left", "rejected here"], [[s, left, d or ""] for s, left, d in funnel(stats)])
+    steps = funnel(stats, filter_names(config))
+    out += _table(["step", "records left", "rejected here"], [[s, left, d or ""] for s, left, d in steps])
     out += ["", "By source:", ""]
     by_source, rejected_by_source = stats.get("published_by_source", {}), stats.get("rejected_by_source", {})
     src_rows = []

@@ -13,7 +13,7 @@ import math
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
@@ -37,19 +37,32 @@ def ordered_stages(stages: Iterable[str]) -> list[str]:
     return known + sorted(stages - set(known) - set(last)) + last
 
 
-def funnel(stats: dict) -> list[tuple[str, int, int]]:
-    """[(step, records left, records rejected at this step)] from the input records to the published samples."""
+def filter_names(config: dict | None) -> list[str]:
+    """The config's filters' names in its order: the order a record meets them in (the first it fails names it)."""
+    from shardsmith.core.ledger import filter_name
+
+    return [filter_name(f) for f in (config or {}).get("filters") or []]
+
+
+def funnel(stats: dict, filters: Sequence[str] = ()) -> list[tuple[str, int, int]]:
+    """[(step, records left, records rejected at this step)] from the input records to the published samples;
+    `filters`: the config's filter names in order (filter_names), each a step in that order, one that left out
+    nothing too; without them, the filters the ledger names, by name."""
     left = int(stats["input_records"])
     steps = [("input records", left, 0)]
     by_stage = stats.get("rejected_by_stage", {})
     by_reason = stats.get("rejected_by_reason", {})
-    for stage in ordered_stages(by_stage):
+    stages = ordered_stages([*by_stage, *([FILTER] if filters else [])])
+    for stage in stages:
         if stage == FILTER:  # a step per filter: each is a choice of the user's, with its own count
-            named = sorted(r for r in by_reason if r.startswith(f"{FILTER}/"))
-            if sum(by_reason[r] for r in named) == by_stage[stage]:
+            seen = sorted(r for r in by_reason if r.startswith(f"{FILTER}/"))
+            named = list(dict.fromkeys([*(f"{FILTER}/{n}" for n in filters), *seen]))
+            if sum(by_reason.get(r, 0) for r in named) == by_stage.get(stage, 0):
                 for r in named:
-                    left -= int(by_reason[r])
-                    steps.append((f"after {r}", left, int(by_reason[r])))
+                    left -= int(by_reason.get(r, 0))
+                    steps.append((f"after {r}", left, int(by_reason.get(r, 0))))
+                continue
+            if stage not in by_stage:
                 continue
         left -= int(by_stage[stage])
         steps.append((f"after {stage}", left, int(by_stage[stage])))
@@ -59,9 +72,9 @@ def funnel(stats: dict) -> list[tuple[str, int, int]]:
     return steps
 
 
-def funnel_line(stats: dict) -> str:
+def funnel_line(stats: dict, filters: Sequence[str] = ()) -> str:
     """`48 input -> 45 after download -> ... -> 39 published`, for the end-of-run summary."""
-    parts = [f"{n} {'input' if step == 'input records' else step}" for step, n, _ in funnel(stats)]
+    parts = [f"{n} {'input' if step == 'input records' else step}" for step, n, _ in funnel(stats, filters)]
     return " -> ".join(parts)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from shardsmith.core.atomic import atomic_open
@@ -76,12 +77,13 @@ def empty(ax, text: str) -> None:
     ax.set_yticks([])
 
 
-def plot_funnel(stats: dict, summary: dict | None, path: str) -> str:
-    """Left: records left after each stage. Right: per source, published and rejected by stage."""
+def plot_funnel(stats: dict, summary: dict | None, path: str, filters: Sequence[str] = ()) -> str:
+    """Left: records left after each stage (`filters`: the config's filter names, in order). Right: per source,
+    published and rejected by stage."""
     from matplotlib.ticker import MaxNLocator
 
     plt = pyplot()
-    steps = funnel(stats)
+    steps = funnel(stats, filters)
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=FIGSIZE, gridspec_kw={"width_ratios": [3, 2]})
     labels = [s for s, _, _ in steps]
     left = [n for _, n, _ in steps]

@@ -35,12 +35,14 @@ def summary_text(out_dir: str) -> str:
     out = Path(out_dir)
     stats = json.loads((out / "stats.json").read_text())
     sizes = json.loads((out / "sizes.json").read_text())
-    from shardsmith.report.numbers import funnel_line
+    from shardsmith.report.numbers import filter_names, funnel_line
 
+    build = out / "build.json"  # the config it was built with: the filters' order
+    filters = filter_names(json.loads(build.read_text()).get("config")) if build.exists() else []
     lines = [
         f"dataset {stats['dataset']}: {stats['input_records']} input records -> "
         f"{stats['published']} published in {stats['shards']} shards, {stats['rejected']} rejected",
-        f"  funnel: {funnel_line(stats)}",
+        f"  funnel: {funnel_line(stats, filters)}",
     ]
     for reason, n in sorted(stats["rejected_by_reason"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  rejected {n:>8}  {reason}")

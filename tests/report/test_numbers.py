@@ -67,6 +67,26 @@ def test_funnel_has_a_step_per_filter_before_download():
     ]
 
 
+def test_funnel_takes_the_filters_in_the_configs_order_each_a_step():
+    """A record meets the filters in config order: the funnel too, with a step for one that left out nothing."""
+    config = {"filters": [{"name": "unsafe", "column": "p"}, {"column": "W idth"}, {"name": "subset", "column": "u"}]}
+    stats = {
+        **STATS,
+        "input_records": 110,
+        "rejected_by_stage": {**STATS["rejected_by_stage"], "filter": 10},
+        "rejected_by_reason": {"filter/unsafe": 6, "filter/w_idth": 4},
+    }
+    assert report.filter_names(config) == ["unsafe", "w_idth", "subset"]
+    assert report.funnel(stats, report.filter_names(config))[:5] == [
+        ("input records", 110, 0),
+        ("after filter/unsafe", 104, 6),
+        ("after filter/w_idth", 100, 4),
+        ("after filter/subset", 100, 0),
+        ("after download", 90, 10),
+    ]
+    assert report.funnel(STATS, ["subset"])[1] == ("after filter/subset", 100, 0)  # none left out at all
+
+
 def test_funnel_refuses_stats_that_do_not_add_up():
     with pytest.raises(ValueError, match="do not add up"):
         report.funnel({**STATS, "published": 79})
