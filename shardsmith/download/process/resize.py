@@ -187,10 +187,12 @@ def _process(
             raise Rejection(STAGE, "too_small", f"{width}x{height}, short side < min_side {s.min_side}")
         if s.max_aspect_ratio is not None and max(width, height) > s.max_aspect_ratio * min(width, height):
             r = max(width, height) / min(width, height)
+            # two places, or as many as show it above the limit (3001x1000 is 3.001, not 3.00 > 3)
+            shown = next(t for d in range(2, 18) if float(t := f"{r:.{d}f}") > s.max_aspect_ratio or d == 17)
             raise Rejection(
                 STAGE,
                 "aspect_ratio",
-                f"{width}x{height}, aspect ratio {r:.2f} > max_aspect_ratio {s.max_aspect_ratio:g}",
+                f"{width}x{height}, aspect ratio {shown} > max_aspect_ratio {s.max_aspect_ratio:g}",
             )
 
         target = fit_within(width, height, s)  # symmetric, so valid for stored orientation

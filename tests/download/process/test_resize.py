@@ -494,6 +494,11 @@ def test_aspect_ratio_over_the_cap_is_rejected_for_its_own_reason(size: tuple[in
     assert err.detail == f"{size[0]}x{size[1]}, aspect ratio 4.00 > max_aspect_ratio 3"
 
 
+def test_an_aspect_ratio_just_over_the_cap_is_shown_over_it() -> None:
+    err = reject_reason(encode(quadrants((3001, 1000)), "PNG"), ResizeSettings(max_aspect_ratio=3))
+    assert err.detail == "3001x1000, aspect ratio 3.001 > max_aspect_ratio 3"  # never 3.00 > 3
+
+
 @pytest.mark.parametrize("cap", [None, 4, 3.0], ids=["no-cap", "cap-4", "cap-3-for-3:1"])
 def test_aspect_ratio_within_the_cap_or_without_one_is_kept(cap: float | None) -> None:
     size = (300, 100) if cap == 3.0 else (400, 100)  # exactly 3.0 is within a cap of 3
