@@ -316,4 +316,6 @@ def check_caption(caption: str, language: str, score: float, s: CaptionSettings)
     if same_language(language) not in s.kept_languages:
         raise Rejection(STAGE, "language", f"{found}, not in languages [{', '.join(s.languages)}]")
     if score < s.min_language_score:
+        if float(f"{score:.2f}") >= s.min_language_score:  # 0.4999 is not 0.50 below 0.5: the score in full
+            found = f"{language or 'none'} ({score:.4g})"
         raise Rejection(STAGE, "language", f"{found}, below min_language_score={s.min_language_score:g}")

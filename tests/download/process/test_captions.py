@@ -350,6 +350,7 @@ def test_caption_rules_name_the_rule_and_what_they_saw():
         (("a bicycle", "en", 0.9), "too_few_words", "2 words, fewer than min_words=3"),
         (("un vélo rouge", "fr", 0.93), "language", "fr (0.93), not in languages [en, de]"),
         (("a red bicycle", "en", 0.31), "language", "en (0.31), below min_language_score=0.5"),
+        (("a red bicycle", "en", 0.4981), "language", "en (0.4981), below min_language_score=0.5"),  # not 0.50
         (("🙂 🙂 🙂", "", 0.0), "language", "none (0.00), not in languages [en, de]"),
     ]:
         with pytest.raises(Rejection) as e:
