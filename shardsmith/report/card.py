@@ -315,6 +315,14 @@ def _counts_section(config: dict, stats: dict) -> list[str]:
     return out
 
 
+def _schema_default(section: str, key: str) -> object:
+    import yaml
+
+    from shardsmith import SCHEMA_PATH
+
+    return yaml.safe_load(SCHEMA_PATH.read_text())["properties"][section]["properties"][key]["default"]
+
+
 def _curation_section(config: dict, stats: dict, id_lists: dict) -> list[str]:
     """What the build chose to leave out or change, each rule with its count: filters on manifest columns (an id
     list's with how many of its ids matched a record), caption and image rules, blurred faces. Nothing when the
@@ -341,11 +349,17 @@ def _curation_section(config: dict, stats: dict, id_lists: dict) -> list[str]:
                 reasons.get("caption/too_few_words", 0),
             ]
         )
+    if captions.get("min_chars", 1) > 1:  # the ledger files a caption too short as none at all
+        rule = f"at least {captions['min_chars']} characters (counted with the records that have no caption)"
+        rows.append(["caption/no_caption", rule, reasons.get("caption/no_caption", 0)])
     if captions.get("languages"):
         rule = f"language in [{', '.join(captions['languages'])}]"
         if captions.get("min_language_score"):
             rule += f", language_score at least {captions['min_language_score']:g}"
         rows.append(["caption/language", rule, reasons.get("caption/language", 0)])
+    if resize.get("min_side") not in (None, _schema_default("resize", "min_side")):  # a choice, not the default
+        rule = f"short side at least {resize['min_side']} px"
+        rows.append(["resize/too_small", rule, reasons.get("resize/too_small", 0)])
     if resize.get("max_aspect_ratio"):
         rule = f"long side at most {resize['max_aspect_ratio']:g} x the short side"
         rows.append(["resize/aspect_ratio", rule, reasons.get("resize/aspect_ratio", 0)])

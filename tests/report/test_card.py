@@ -144,6 +144,19 @@ def test_card_lists_each_curation_rule_with_its_count_and_the_blurred_faces():
     assert "## Curation" not in card_text(config(), STATS, SIZES, LOADER, versions={"shardsmith": "0.1.0"})
 
 
+def test_card_lists_datacomp_basics_size_and_character_rules():
+    """min_chars and min_side are curation rules too (DataComp basic: 6 characters, 200 px); at their defaults,
+    no row."""
+    c = config(captions={"min_chars": 6}, resize={"min_side": 200})
+    reasons = {"caption/no_caption": 3, "resize/too_small": 2}
+    card = card_text(c, {**STATS, "rejected_by_reason": {**STATS["rejected_by_reason"], **reasons}}, SIZES, LOADER)
+    assert "| caption/no_caption | at least 6 characters (counted with the records that have no caption) | 3 |" in card
+    assert "| resize/too_small | short side at least 200 px | 2 |" in card
+    plain = card_text(config(captions={"min_words": 2}), STATS, SIZES, LOADER)
+    assert "caption/no_caption" not in plain.split("## Curation")[1].split("##")[0]
+    assert "resize/too_small" not in plain.split("## Curation")[1].split("##")[0]
+
+
 def test_card_says_how_many_ids_of_a_list_matched_and_warns_of_a_list_that_matched_none():
     c = config(
         filters=[
