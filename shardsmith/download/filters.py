@@ -158,6 +158,24 @@ def check_columns(filters: Sequence[Filter], path: str, columns: Sequence[str]) 
             )
 
 
+def _as_text(cells: pd.Series) -> pd.Series:
+    """Cells as text, a float as a person writes it (_written): an integer id column with an empty cell is float64
+    in a parquet file pandas wrote, and its 1000001.0 must be the 1000001 an id list or `in` names."""
+    import numpy as np
+    import pandas as pd
+
+    text = cells.astype("string")  # a float32 in its shortest form (0.8, not 0.800000011920929)
+    if cells.dtype.kind == "f":
+        values = cells.to_numpy()
+        with np.errstate(invalid="ignore"):
+            whole = np.isfinite(values) & (np.floor(values) == values) & (np.abs(values) < 1e16)
+        text[whole] = values[whole].astype(np.int64).astype(str)
+    elif cells.dtype == object and cells.map(lambda v: isinstance(v, float)).any():
+        text = pd.Series([_written(v) if isinstance(v, float) and v == v else v for v in cells], index=cells.index)
+        text = text.astype("string")
+    return text
+
+
 def _shown(cell: object) -> str:
     text = _written(cell)
     return text if len(text) <= _DETAIL_CHARS else text[: _DETAIL_CHARS - 3] + "..."
@@ -177,7 +195,7 @@ def apply_filters(
     open_rows = np.ones(n, dtype=bool)
     for f in filters:
         cells = df[f.column]
-        text = cells.astype("string")
+        text = cells.astype("string") if f.numeric else _as_text(cells)  # compared as numbers, or as text
         missing = (cells.isna() | text.str.strip().eq("")).to_numpy(dtype=bool, na_value=True)
         if f.op in FILE_OPS:
             ids = (IdLists() if id_lists is None else id_lists).of(f)

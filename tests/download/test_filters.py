@@ -310,3 +310,16 @@ def test_an_id_list_that_cannot_be_read_is_one_line_naming_it(tmp_path):
         verdicts(df, item)
     with pytest.raises(ConfigError, match=r"^id list .*folder: the folder holds no parquet file\.$"):
         verdicts(df, {**item, "value": str(tmp_path / "folder")})
+
+
+def test_an_integer_column_pandas_wrote_as_floats_matches_its_ids_as_text(tmp_path):
+    """pandas writes an int column with an empty cell as float64: its 1000001.0 is the 1000001 a list names."""
+    path = tmp_path / "m.parquet"
+    pd.DataFrame({"uid": [1000001, None, 1000003]}).to_parquet(path)
+    df = pd.read_parquet(path)
+    assert df["uid"].dtype == "float64"
+    (tmp_path / "ids.txt").write_text("1000001\n1000003\n")
+    item = {"name": "subset", "column": "uid", "op": "in_file", "value": str(tmp_path / "ids.txt")}
+    assert verdicts(df, item) == ["", "subset", ""]
+    assert verdicts(df, {**item, "op": "in", "value": ["1000003"]}) == ["subset", "subset", ""]
+    assert verdicts(df, {**item, "op": "==", "value": "1000001"}) == ["", "subset", "subset"]
