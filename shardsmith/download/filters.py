@@ -283,6 +283,18 @@ def id_list_format(path: str) -> str:
     return "text"
 
 
+def _csv_as_text(path: str) -> object:
+    """A CSV file's format with every column read as text: inferred, img2dataset's key 000000123 would be the
+    number 123 and an all-digit uid a float, and neither would match the record it names."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    from pyarrow import csv
+
+    with csv.open_csv(path) as reader:  # the header: the first block only
+        names = reader.schema.names
+    return ds.CsvFileFormat(convert_options=csv.ConvertOptions(column_types=dict.fromkeys(names, pa.string())))
+
+
 def _read_ids(path: str, kind: str, column: str) -> pa.Array:
     """The cells of an id list as text (nulls dropped); an empty file lists no id (an empty takedown list)."""
     import pyarrow as pa
@@ -293,7 +305,7 @@ def _read_ids(path: str, kind: str, column: str) -> pa.Array:
     if kind in ("parquet", "csv"):  # a table: the filter's column, or its only one
         import pyarrow.dataset as ds
 
-        table = ds.dataset(path, format=kind)
+        table = ds.dataset(path, format=_csv_as_text(path) if kind == "csv" else kind)
         if not table.files:
             raise ConfigError(f"id list {path}: the folder holds no {kind} file.")
         names = table.schema.names

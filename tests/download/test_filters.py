@@ -323,3 +323,12 @@ def test_an_integer_column_pandas_wrote_as_floats_matches_its_ids_as_text(tmp_pa
     assert verdicts(df, item) == ["", "subset", ""]
     assert verdicts(df, {**item, "op": "in", "value": ["1000003"]}) == ["subset", "subset", ""]
     assert verdicts(df, {**item, "op": "==", "value": "1000001"}) == ["", "subset", "subset"]
+
+
+def test_a_csv_id_lists_ids_are_read_as_written(tmp_path):
+    """Never as numbers: img2dataset's zero-padded keys and an all-digit uid must match their records."""
+    keys = ["000000123", "00000000000000000000000000001234", "12345678901234567890123456789012", "1e5"]
+    (tmp_path / "takedowns.csv").write_text("key,reason\n" + "".join(f"{k},request\n" for k in keys))
+    df = pd.DataFrame({"key": [*keys, "123"]})
+    item = {"name": "takedowns", "column": "key", "op": "not_in_file", "value": str(tmp_path / "takedowns.csv")}
+    assert verdicts(df, item) == ["takedowns"] * 4 + [""]
