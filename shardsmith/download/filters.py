@@ -111,7 +111,7 @@ def parse_filters(items: Sequence[dict], sources: Sequence[dict]) -> list[Filter
         if op in FILE_OPS:
             if not isinstance(value, str) or not (os.path.isfile(value) or os.path.isdir(value)):
                 raise ConfigError(
-                    f"{where}.value: '{op}' takes an id list (text, CSV or parquet, a file or a parquet folder); "
+                    f"{where}.value: '{op}' takes an id list (text, CSV, TSV or parquet, a file or a parquet folder); "
                     f"no such file {value!r}."
                 )
             id_list_format(value)
@@ -268,13 +268,15 @@ def _holds_exactly(f: Filter, cell: object) -> bool:
 
 def id_list_format(path: str) -> str:
     """How an id list is read: `parquet` (a file, or a folder of them as Spark and shardsmith's manifest write
-    it), `csv` (a header, then the filter's column or the only one), or `text` (an id a line); a ConfigError
+    it), `csv` or `tsv` (a header, then the filter's column or the only one), or `text` (an id a line); a ConfigError
     for a format that holds no text ids (NumPy's .npy, DataComp's uid arrays: write them as parquet)."""
     name = path.rstrip("/").lower()
     if name.endswith(".parquet") or os.path.isdir(path):
         return "parquet"
     if name.endswith((".csv", ".csv.gz")):
         return "csv"
+    if name.endswith((".tsv", ".tsv.gz")):  # a spreadsheet's export: each line as a whole id would match nothing
+        return "tsv"
     if name.endswith((".npy", ".npz", ".pkl", ".pickle")):
         raise ConfigError(
             f"id list {path}: a NumPy or pickle file holds no text ids; write them as parquet (a column of ids) "
@@ -283,16 +285,18 @@ def id_list_format(path: str) -> str:
     return "text"
 
 
-def _csv_as_text(path: str) -> object:
-    """A CSV file's format with every column read as text: inferred, img2dataset's key 000000123 would be the
-    number 123 and an all-digit uid a float, and neither would match the record it names."""
+def _csv_as_text(path: str, kind: str) -> object:
+    """A CSV or TSV file's format with every column read as text: inferred, img2dataset's key 000000123 would be
+    the number 123 and an all-digit uid a float, and neither would match the record it names."""
     import pyarrow as pa
     import pyarrow.dataset as ds
     from pyarrow import csv
 
-    with csv.open_csv(path) as reader:  # the header: the first block only
+    parse = csv.ParseOptions(delimiter="\t", quote_char=False) if kind == "tsv" else csv.ParseOptions()
+    with csv.open_csv(path, parse_options=parse) as reader:  # the header: the first block only
         names = reader.schema.names
-    return ds.CsvFileFormat(convert_options=csv.ConvertOptions(column_types=dict.fromkeys(names, pa.string())))
+    types = csv.ConvertOptions(column_types=dict.fromkeys(names, pa.string()))
+    return ds.CsvFileFormat(parse_options=parse, convert_options=types)
 
 
 def _read_ids(path: str, kind: str, column: str) -> pa.Array:
@@ -302,10 +306,10 @@ def _read_ids(path: str, kind: str, column: str) -> pa.Array:
 
     if os.path.isfile(path) and os.path.getsize(path) == 0:
         return pa.array([], pa.string())
-    if kind in ("parquet", "csv"):  # a table: the filter's column, or its only one
+    if kind in ("parquet", "csv", "tsv"):  # a table: the filter's column, or its only one
         import pyarrow.dataset as ds
 
-        table = ds.dataset(path, format=_csv_as_text(path) if kind == "csv" else kind)
+        table = ds.dataset(path, format=kind if kind == "parquet" else _csv_as_text(path, kind))
         if not table.files:
             raise ConfigError(f"id list {path}: the folder holds no {kind} file.")
         names = table.schema.names

@@ -332,3 +332,11 @@ def test_a_csv_id_lists_ids_are_read_as_written(tmp_path):
     df = pd.DataFrame({"key": [*keys, "123"]})
     item = {"name": "takedowns", "column": "key", "op": "not_in_file", "value": str(tmp_path / "takedowns.csv")}
     assert verdicts(df, item) == ["takedowns"] * 4 + [""]
+
+
+def test_a_tsv_id_list_is_a_table_as_a_csv_one_is(tmp_path):
+    """A spreadsheet's tab-separated export: its header names the column; each line as an id would match none."""
+    (tmp_path / "takedowns.tsv").write_text("reason\tuid\nrequest\t000123\ncopyright\tu3\n")
+    df = pd.DataFrame({"uid": ["u0", "000123", "u3"]})
+    item = {"name": "takedowns", "column": "uid", "op": "not_in_file", "value": str(tmp_path / "takedowns.tsv")}
+    assert verdicts(df, item) == ["", "takedowns", "takedowns"]
