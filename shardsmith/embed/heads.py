@@ -140,7 +140,7 @@ def _layout(state: dict[str, torch.Tensor], kind: str) -> tuple[str, tuple[int, 
         for ix, _ in LAYOUTS[kind].values()
     )
     found = ", ".join(sorted(keys)[:8]) + (", ..." if len(keys) > 8 else "")
-    raise ValueError(f"not a {kind} head of a known layout ({expected}); found keys {found}")
+    raise ValueError(f"not a {kind} head of a known layout ({expected}); found {f'keys {found}' if keys else 'no key'}")
 
 
 def build_head(state: dict[str, torch.Tensor], kind: str) -> tuple[ScoreHead, str]:

@@ -101,6 +101,9 @@ def test_files_that_are_not_a_heads_layout_are_refused_in_one_line(tmp_path):
     nsfw = write_random_head(tmp_path / "nsfw.pth", "nsfw", DIM)
     with pytest.raises(ConfigError, match=r"not a aesthetic head of a known layout .*found keys layers.0.bias"):
         load_head(HeadSpec("a", "aesthetic", str(nsfw)), DIM, NAME)
+    torch.save({}, tmp_path / "empty.pth")  # an empty state dict: a message that ends naming nothing would puzzle
+    with pytest.raises(ConfigError, match=r"not a aesthetic head of a known layout .*; found no key$"):
+        load_head(HeadSpec("a", "aesthetic", str(tmp_path / "empty.pth")), DIM, NAME)
     (tmp_path / "junk.pth").write_bytes(b"not a pickle")
     with pytest.raises(ConfigError, match="not a PyTorch state dict"):
         load_head(HeadSpec("a", "aesthetic", str(tmp_path / "junk.pth")), DIM, NAME)
@@ -145,6 +148,9 @@ def test_a_file_that_is_not_weights_is_refused_saying_what_it_is(tmp_path, name,
 
 
 def test_a_file_torch_cannot_load_is_refused_with_the_reason_and_not_torchs_advice(tmp_path):
+    torch.save({}, tmp_path / "empty.pth")  # an empty state dict: a message that ends naming nothing would puzzle
+    with pytest.raises(ConfigError, match=r"not a aesthetic head of a known layout .*; found no key$"):
+        load_head(HeadSpec("a", "aesthetic", str(tmp_path / "empty.pth")), DIM, NAME)
     (tmp_path / "junk.pth").write_bytes(b"not a pickle")
     message = refusal(tmp_path / "junk.pth")
     assert message.endswith("not a PyTorch state dict saved with torch.save (UnpicklingError: Unsupported operand 110)")
