@@ -106,8 +106,10 @@ class Settings:
     @property
     def id_list_files(self) -> list[str]:
         """The id lists of the filters that take one (in_file, not_in_file): plan_parts' inputs, so that a
-        changed list plans the parts again."""
-        return [f["value"] for f in self.config["filters"] if f["op"].endswith("_file")]
+        changed list plans the parts again; of a parquet folder every file, which a part rewritten in place changes
+        and the folder's own time does not."""
+        lists = [f["value"] for f in self.config["filters"] if f["op"].endswith("_file")]
+        return [x for v in lists for x in (folder_files(v) if os.path.isdir(v) else [v])]
 
     @property
     def embed_model_files(self) -> list[str]:

@@ -100,7 +100,7 @@ def test_score_heads_are_embed_settings_and_their_files_inputs_only_where_config
     assert headed.embed_model_files == ["models/clip.pt", "models/aesthetic.pth"]
 
 
-def test_id_lists_of_filters_are_inputs_of_the_part_plan():
+def test_id_lists_of_filters_are_inputs_of_the_part_plan(tmp_path):
     filters = [
         {"column": "uid", "op": "in_file", "value": "subset.txt"},
         {"column": "punsafe", "op": "<", "value": 0.5},
@@ -108,6 +108,12 @@ def test_id_lists_of_filters_are_inputs_of_the_part_plan():
     ]
     assert settings(filters=filters).id_list_files == ["subset.txt", "takedowns.parquet"]
     assert settings().id_list_files == []
+    (tmp_path / "subset.parquet").mkdir()  # a folder, as Spark writes it: each file, one rewritten in place too
+    for name in ("part-0.parquet", "part-1.parquet", "_SUCCESS"):
+        (tmp_path / "subset.parquet" / name).write_bytes(b"")
+    folder = [{"column": "uid", "op": "in_file", "value": str(tmp_path / "subset.parquet")}]
+    listed = [str(tmp_path / "subset.parquet" / n) for n in ("_SUCCESS", "part-0.parquet", "part-1.parquet")]
+    assert settings(filters=folder).id_list_files == listed
 
 
 def test_evaluation_sets_files_are_inputs_of_hash_references(tmp_path):
