@@ -75,11 +75,13 @@ def check_evaluation_sets(config: dict) -> None:
     for r in sets:
         if os.path.isdir(r["path"]):
             continue
-        if os.path.isfile(r["path"]) and _ext(r["path"]) in IMAGE_EXTENSIONS:
-            raise ConfigError(
-                f"evaluation_sets {r['name']}: {r['path']} is one image; give the folder that holds the set's images"
-            )
         shards = expand_paths(r["path"])
+        images = [p for p in shards if _ext(p) in IMAGE_EXTENSIONS]
+        if images:  # one image, or a glob of them: tar shards are what a pattern names
+            raise ConfigError(
+                f"evaluation_sets {r['name']}: {r['path']} names images ({images[0]}), not tar shards; give the "
+                "folder that holds the set's images"
+            )
         if not [p for p in shards if os.path.isfile(p)]:
             raise ConfigError(f"evaluation_sets {r['name']}: {r['path']} is neither a folder of images nor tar shards")
         missing = [p for p in shards if not os.path.isfile(p)]  # a brace pattern names each shard it expects

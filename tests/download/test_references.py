@@ -165,8 +165,11 @@ def test_evaluation_sets_are_checked_in_one_line(tmp_path):
 def test_one_image_or_a_cut_shard_as_a_set_is_refused_in_one_line(tmp_path):
     image = tmp_path / "val.jpg"
     image.write_bytes(jpeg(scene(np.random.default_rng(0), 64, 48)))
-    with pytest.raises(ConfigError, match=r"^evaluation_sets val: .*val.jpg is one image; give the folder"):
-        check_evaluation_sets({"dedupe": {"near": "report"}, "evaluation_sets": [{"name": "val", "path": str(image)}]})
+    for path in (image, tmp_path / "*.jpg"):
+        with pytest.raises(ConfigError, match=r"^evaluation_sets val: .* names images \(.*val.jpg\), not tar shards"):
+            check_evaluation_sets(
+                {"dedupe": {"near": "report"}, "evaluation_sets": [{"name": "val", "path": str(path)}]}
+            )
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for i in range(3):
