@@ -13,6 +13,7 @@ import json
 import math
 import operator
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -122,7 +123,10 @@ def parse_filters(items: Sequence[dict], sources: Sequence[dict]) -> list[Filter
         elif isinstance(value, list):
             raise ConfigError(f"{where}.value: '{op}' takes one value, got a list; use 'in' for a list.")
         if op in NUMERIC_OPS and not _is_number(value):
-            raise ConfigError(f"{where}.value: '{op}' compares numbers, got {value!r}.")
+            hint = ""
+            if isinstance(value, str) and re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+", value):
+                hint = f" (YAML reads {value} as text: write {float(value)!r})"  # YAML 1.1 wants a dot: 1.0e-3
+            raise ConfigError(f"{where}.value: '{op}' compares numbers, got {value!r}{hint}.")
         names = item.get("sources")
         for s in names or ():
             if s not in kinds:

@@ -340,3 +340,17 @@ def test_a_tsv_id_list_is_a_table_as_a_csv_one_is(tmp_path):
     df = pd.DataFrame({"uid": ["u0", "000123", "u3"]})
     item = {"name": "takedowns", "column": "uid", "op": "not_in_file", "value": str(tmp_path / "takedowns.tsv")}
     assert verdicts(df, item) == ["", "takedowns", "takedowns"]
+
+
+def test_a_number_yaml_reads_as_text_is_refused_saying_how_to_write_it():
+    """YAML 1.1 reads 1e-3 (no dot) as text: the message says so, not only that it is no number."""
+    import yaml
+
+    item = yaml.safe_load("{column: p, op: '<', value: 1e-3}")
+    with pytest.raises(
+        ConfigError,
+        match=r"^filters\[0\].value: '<' compares numbers, got '1e-3' \(YAML reads 1e-3 as text: write 0.001\)\.$",
+    ):
+        filters(item)
+    with pytest.raises(ConfigError, match=r"got 'high'\.$"):
+        filters({**item, "value": "high"})
