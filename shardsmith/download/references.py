@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from shardsmith.core.atomic import atomic_open, atomic_write_text
-from shardsmith.core.config import expand_paths, folder_files
+from shardsmith.core.config import expand_paths, folder_files, static_dir
 from shardsmith.core.errors import ConfigError, Rejection
 from shardsmith.core.ledger import REFERENCE_VERSION
 from shardsmith.download.process.resize import ImageResult, ResizeSettings, process_image
@@ -44,17 +44,21 @@ def reference_images(path: str) -> Iterator[tuple[str, bytes]]:
     """(name, bytes) of every image of a set, in a fixed order: every file of a folder by its path under it
     (hidden ones left out; one that is no image is then named as unreadable, whatever its extension), or the
     image members of tar shards (a path, a brace pattern or a glob), shard by shard, a member's name being its
-    shard's file name and its own."""
+    shard's path under the pattern's fixed folder (its file name, for shards of one folder) and its own."""
     if os.path.isdir(path):
         for full in folder_files(path):
             yield os.path.relpath(full, path), Path(full).read_bytes()
         return
+    base = static_dir(path)
     for shard in expand_paths(path):
+        # named by its path under the pattern's fixed folder: two shards of one name in two of its folders
+        # ({a,b}/val-000000.tar) are two sets of images, never one name for two images
+        name = os.path.relpath(shard, base)
         try:
             with tarfile.open(shard) as tar:
                 for member in tar:
                     if member.isfile() and _ext(member.name) in IMAGE_EXTENSIONS:
-                        yield f"{os.path.basename(shard)}/{member.name}", tar.extractfile(member).read()
+                        yield f"{name}/{member.name}", tar.extractfile(member).read()
         except (tarfile.TarError, EOFError, OSError) as e:  # a cut or corrupt shard: tarfile's reason, one line
             why = str(e).strip().splitlines()[0].rstrip(":") if str(e).strip() else type(e).__name__
             raise ConfigError(f"evaluation set shard {shard} cannot be read as a tar: {why}") from None

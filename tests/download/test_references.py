@@ -184,3 +184,21 @@ def test_one_image_or_a_cut_shard_as_a_set_is_refused_in_one_line(tmp_path):
                 [{"name": "val", "path": str(tmp_path / name)}], str(tmp_path / "r.parquet"), str(tmp_path / "r.json")
             )
     assert not (tmp_path / "r.parquet").exists()
+
+
+def test_shards_of_one_name_in_two_folders_name_their_images_apart(tmp_path):
+    """`{a,b}/val-000000.tar`: two images, two names, each packed (and embedded) as itself."""
+    rng = np.random.default_rng(3)
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        data = jpeg(scene(rng, 64, 48))
+        with tarfile.open(tmp_path / folder / "val-000000.tar", "w") as tar:
+            info = tarfile.TarInfo("0.jpg")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    sets = [{"name": "val", "path": str(tmp_path / "{a,b}" / "val-000000.tar")}]
+    hash_references(sets, str(tmp_path / "r.parquet"), str(tmp_path / "r.json"))
+    table = pd.read_parquet(tmp_path / "r.parquet")
+    assert list(table["key"]) == ["val/a/val-000000.tar/0.jpg", "val/b/val-000000.tar/0.jpg"]
+    assert table["phash"].nunique() == 2
+    assert pack_references(sets, str(tmp_path / "r.parquet"), str(tmp_path / "p.tar"), str(tmp_path / "p.parquet")) == 2
