@@ -79,7 +79,15 @@ def check_heads(config: dict) -> None:
             "embed.enabled: true, or remove embed.heads"
         )
     head_columns(heads)
+    model = config["embed"].get("model")
+    scores = score_columns(model) if model else {}
     for h in heads:
+        # select names a score by the head's name or the model's score's: one name must not mean both
+        if h["name"] in scores or head_column(h["name"]) in scores.values():
+            raise ConfigError(
+                f"embed.heads {h['name']}: {model}'s own scores are named so ({', '.join(scores)}; columns "
+                f"{', '.join(scores.values())}), and select would read one name as both; name the head otherwise"
+            )
         if not os.path.isfile(h["weights"]):
             raise ConfigError(f"embed.heads {h['name']}: no such file {h['weights']}")
 

@@ -29,6 +29,10 @@ def test_score_heads_are_checked_with_the_config_not_after_the_downloads(tmp_pat
     for embed, message in cases:
         with pytest.raises(ConfigError, match=message):
             check_heads({"embed": embed})
+    for name in ("similarity", "clip_b32_similarity"):  # `select: column: similarity` would read the head's
+        with pytest.raises(ConfigError, match=rf"embed.heads {name}: ViT-B-32's own scores are named so"):
+            check_heads({"embed": {"enabled": True, "model": "ViT-B-32", "heads": [{**head, "name": name}]}})
+    check_heads({"embed": {"enabled": True, "model": "ViT-B-32", "heads": [head]}})
 
 
 def test_score_columns_are_named_as_datacomp_does():
