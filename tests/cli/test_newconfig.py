@@ -2,6 +2,7 @@
 configs that run as written (the real workflow, on the demo's inputs and on tiny generated ones).
 HTTP and S3 inputs are served on 127.0.0.1 (tests/httpserver.py, moto_server through the aws CLI)."""
 
+import bz2
 import gzip
 import hashlib
 import io
@@ -222,6 +223,36 @@ def test_extensionless_manifest_gets_its_format_from_its_first_bytes(tmp_path):
     config, lines = guess([tmp_path / "manifest"], out=tmp_path / "build")
     assert config["sources"][0]["format"] == "tsv" and "manifest: format: tsv (from its first bytes)" in lines
     check_against_schema(config)
+
+
+def test_a_manifest_compressed_otherwise_than_its_name_says_gets_one_line(tmp_path):
+    csv_text = pd.DataFrame({"url": urls(5), "caption": SENTENCES[:5]}).to_csv(index=False)
+    (tmp_path / "plain.csv.gz").write_text(csv_text)  # named .gz, not compressed
+    (tmp_path / "damaged.csv.gz").write_bytes(gzip.compress(csv_text.encode())[:10] + b"\xff" * 64)
+    (tmp_path / "packed.tsv.bz2").write_bytes(bz2.compress(csv_text.replace(",", "\t").encode()))
+    (tmp_path / "packed.csv").write_bytes(gzip.compress(csv_text.encode()))  # gzip without .gz
+    for name, said in [
+        ("plain.csv.gz", "its name ends in .gz but it is not gzip-compressed"),
+        ("damaged.csv.gz", "a damaged gzip stream"),
+        ("packed.tsv.bz2", "bzip2-compressed; new-config reads manifests plain or gzip-compressed"),
+        ("packed.csv", "gzip-compressed, but its name does not end in .gz"),
+    ]:
+        proc = cli(tmp_path / name, "--out", tmp_path / "build")
+        assert (proc.returncode, proc.stdout) == (1, ""), proc.stderr
+        assert proc.stderr.startswith(f"new-config: {tmp_path / name}: {said}")
+        assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_lone_cr_line_endings_and_a_cell_past_the_csv_modules_limit_are_read(tmp_path):
+    rows = pd.DataFrame({"url": urls(5), "caption": SENTENCES[:5]})
+    (tmp_path / "mac.csv").write_text(rows.to_csv(index=False, lineterminator="\r"))  # old Mac exports
+    rows.loc[2, "caption"] = " ".join(["long"] * 40_000)  # 200 KB: pandas reads it, csv's default limit is 128 KB
+    rows.to_csv(tmp_path / "long.csv", index=False)
+    for name in ("mac.csv", "long.csv"):
+        config, lines = guess([tmp_path / name], out=tmp_path / "build")
+        assert config["sources"][0]["url_column"] == "url" and config["captions"]["fields"][0] == "caption"
+        assert any(ln.endswith("5 rows sampled") for ln in lines)
+        check_against_schema(config)
 
 
 def test_two_caption_like_columns_exit_2_naming_both_and_the_flag_picks_one(tmp_path):

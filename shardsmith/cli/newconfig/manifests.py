@@ -77,12 +77,35 @@ def is_boxes(value: object) -> bool:
     )
 
 
+# Compressed files by their first bytes: gzip is read (by a .gz name, as the workflow reads it), the others are
+# named so the user sees why, not their bytes taken for a header row.
+COMPRESSED = {
+    b"\x1f\x8b": "gzip",
+    b"BZh91AY&SY": "bzip2",
+    b"\xfd7zXZ\x00": "xz",
+    b"\x28\xb5\x2f\xfd": "zstd",
+    b"PK\x03\x04": "zip",
+}
+
+
+def compression_of(head: bytes) -> str | None:
+    return next((name for magic, name in COMPRESSED.items() if head.startswith(magic)), None)
+
+
+def check_uncompressed(head: bytes) -> None:
+    """Refuse compressed bytes where text is expected: gzip under a name without .gz, or another compression."""
+    kind = compression_of(head)
+    if kind == "gzip":
+        raise InputError("gzip-compressed, but its name does not end in .gz (the workflow decompresses by name)")
+    if kind:
+        raise InputError(f"{kind}-compressed; new-config reads manifests plain or gzip-compressed (.gz): recompress it")
+
+
 def sniff_format(head: bytes) -> str:
     """A manifest's format from its first bytes, for names that do not tell it."""
     if head[:4] == b"PAR1":
         return "parquet"
-    if head[:2] == b"\x1f\x8b":
-        raise InputError("gzip-compressed, but its name does not end in .gz (the workflow decompresses by name)")
+    check_uncompressed(head)
     first = head.lstrip().split(b"\n", 1)[0]
     return "jsonl" if first.startswith(b"{") else "tsv" if b"\t" in first else "csv"
 
@@ -92,12 +115,19 @@ def text_head(src: ByteSource, gz: bool) -> tuple[str, bool]:
     raw = src.read(0, HEAD_BYTES)
     whole = len(raw) < HEAD_BYTES
     if gz:
+        if raw and compression_of(raw) != "gzip":
+            raise InputError("its name ends in .gz but it is not gzip-compressed (the workflow decompresses by name)")
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        data = d.decompress(raw, 8 * HEAD_BYTES)
+        try:
+            data = d.decompress(raw, 8 * HEAD_BYTES)
+        except zlib.error as e:
+            raise InputError(f"a damaged gzip stream ({e})") from None
         whole = d.eof
     else:
+        check_uncompressed(raw)
         data = raw
-    return data.decode("utf-8-sig", "replace"), whole  # a BOM is no part of the first column's name
+    text = data.decode("utf-8-sig", "replace")  # a BOM is no part of the first column's name
+    return text.replace("\r\n", "\n").replace("\r", "\n"), whole  # lines end as pandas reads them: \r alone too
 
 
 def quoted_tsv(text: str) -> bool:
@@ -110,6 +140,16 @@ def quoted_tsv(text: str) -> bool:
 def text_rows(text: str, whole: bool, fmt: str, quoted: bool = False) -> list[list[str]] | list[dict]:
     """Rows of a text manifest's start: lists of cells (csv, tsv) or dicts (jsonl); a cut last line is dropped.
     `quoted`: a TSV read with csv quoting."""
+    limit = csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))  # a data: URL cell of 200 KB too
+    try:
+        return _text_rows(text, whole, fmt, quoted)
+    except csv.Error as e:
+        raise InputError(f"not readable as {fmt}: {e}") from None
+    finally:
+        csv.field_size_limit(limit)
+
+
+def _text_rows(text: str, whole: bool, fmt: str, quoted: bool) -> list[list[str]] | list[dict]:
     if fmt == "tsv" and quoted:
         rows = list(csv.reader(io.StringIO(text), delimiter="\t"))
         return [r for r in (rows if whole else rows[:-1]) if any(c.strip() for c in r)][: SAMPLE_ROWS + 1]
