@@ -2,11 +2,13 @@
 configs that run as written (the real workflow, on the demo's inputs and on tiny generated ones).
 HTTP and S3 inputs are served on 127.0.0.1 (tests/httpserver.py, moto_server through the aws CLI)."""
 
+import base64
 import bz2
 import gzip
 import hashlib
 import io
 import json
+import random
 import re
 import subprocess
 import sys
@@ -51,10 +53,10 @@ def guess(paths, opts=Options(), **kw) -> tuple[dict, list[str]]:
     return yaml.safe_load(text), lines
 
 
-def cli(*args) -> subprocess.CompletedProcess:
+def cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:
     """The command as a user runs it, from the repository root (where `python -m shardsmith` is found)."""
     cmd = [sys.executable, "-m", "shardsmith", "new-config", *map(str, args)]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
 def write_tsv(path: Path, rows: list[tuple[str, ...]]) -> Path:
@@ -253,6 +255,14 @@ def test_lone_cr_line_endings_and_a_cell_past_the_csv_modules_limit_are_read(tmp
         assert config["sources"][0]["url_column"] == "url" and config["captions"]["fields"][0] == "caption"
         assert any(ln.endswith("5 rows sampled") for ln in lines)
         check_against_schema(config)
+
+
+def test_long_cells_without_spaces_are_judged_in_seconds(tmp_path):
+    thumbs = [base64.b64encode(random.Random(i).randbytes(12_000)).decode() for i in range(10)]  # 16 KB each
+    pd.DataFrame({"url": urls(10), "caption": SENTENCES, "thumbnail_b64": thumbs}).to_parquet(tmp_path / "t.parquet")
+    proc = cli(tmp_path / "t.parquet", "--out", tmp_path / "build", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout)["captions"]["fields"][0] == "caption"
 
 
 def test_two_caption_like_columns_exit_2_naming_both_and_the_flag_picks_one(tmp_path):

@@ -38,7 +38,7 @@ _URL = re.compile(
     r"|[^\s/]+\.(?:jpe?g|png|webp|gif|bmp|tiff?))$",  # a path, or an image's bare file name (p0.jpg)
     re.I,
 )
-_WORDS = re.compile(r"[^\W\d_]{2,}\S*\s+\S")  # a word of letters, a space, more text
+_LETTERS = re.compile(r"[^\W\d_]{2}")  # two letters in a row: a word's start
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
 _QUOTED = re.compile(r'^"(?:[^"]|"")*"\r?$')  # a whole field in double quotes, its own quotes doubled
 
@@ -180,8 +180,10 @@ def looks_like_number(v: str) -> bool:
 
 
 def looks_like_text(v: str) -> bool:
-    """Caption-like: words with spaces, not a URL, not a number."""
-    return bool(_WORDS.search(v.strip())) and not looks_like_url(v) and not looks_like_number(v)
+    """Caption-like: a word of letters, a space, more text; not a URL, not a number. Token by token, as one
+    regular expression over a long cell without spaces (a base64 thumbnail) backtracks for minutes."""
+    words = v.split()[:-1]  # a word followed by more text
+    return any(_LETTERS.search(w) for w in words) and not looks_like_url(v) and not looks_like_number(v)
 
 
 def split_header(rows: list[list[str]]) -> Table:
