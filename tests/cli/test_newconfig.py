@@ -265,6 +265,26 @@ def test_long_cells_without_spaces_are_judged_in_seconds(tmp_path):
     assert yaml.safe_load(proc.stdout)["captions"]["fields"][0] == "caption"
 
 
+def test_a_manifest_without_rows_is_said_to_be_one_and_a_pattern_looks_past_it(tmp_path):
+    (tmp_path / "header.csv").write_text("url,caption\n")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    pd.DataFrame({"url": [], "caption": []}).to_parquet(tmp_path / "none.parquet")
+    for name in ("header.csv", "empty.jsonl", "none.parquet"):
+        with pytest.raises(InputError, match="no rows: the file holds .*the workflow refuses a source without records"):
+            guess([tmp_path / name], out=tmp_path / "build", url_column="url", caption_column="caption")
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "parts" / "0.csv").write_text("url,caption\n")
+    pd.DataFrame({"url": urls(5), "caption": SENTENCES[:5]}).to_csv(tmp_path / "parts" / "1.csv", index=False)
+    config, lines = guess([tmp_path / "parts" / "*.csv"], out=tmp_path / "build")
+    assert config["sources"][0]["url_column"] == "url" and config["captions"]["fields"][0] == "caption"
+    assert (
+        f"parts: files: 2 match; looked at the first with rows (1 before it have none), {tmp_path}/parts/1.csv" in lines
+    )
+    (tmp_path / "parts" / "0b.csv").write_text("")
+    with pytest.raises(InputError, match="none of the first 2 of 2 files has a row"):
+        guess([tmp_path / "parts" / "0*.csv"], out=tmp_path / "build")
+
+
 def test_two_caption_like_columns_exit_2_naming_both_and_the_flag_picks_one(tmp_path):
     pd.DataFrame({"url": urls(10), "caption": SENTENCES, "alt_text": SENTENCES[::-1]}).to_parquet(
         tmp_path / "m.parquet"

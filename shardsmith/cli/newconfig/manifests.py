@@ -19,6 +19,7 @@ from shardsmith.cli.newconfig.options import (
     HASH_HEX_DIGITS,
     HEAD_BYTES,
     KEY_NAMES,
+    MANIFEST_FILES,
     MOST,
     SAMPLE_ROWS,
     URL_NAMES,
@@ -189,7 +190,7 @@ def looks_like_text(v: str) -> bool:
 def split_header(rows: list[list[str]]) -> Table:
     """A CSV/TSV's first row is data when it holds a URL (a header never does), else it is the header."""
     if not rows:
-        raise InputError("the file is empty")
+        return Table(None, [], "none (the file is empty)")
     first = rows[0]
     url_cell = next((c for c in first if looks_like_url(c.strip())), None)
     if url_cell is not None:
@@ -343,21 +344,36 @@ def choose_hash(cols: list[Column]) -> tuple[Column, str, str] | None:
     return None
 
 
+def first_rows(files: list[str], opts: Options) -> tuple[str, str, str, Table]:
+    """(file, format, how the format was told, its sampled start) of the first of `files` with a row: an empty or
+    header-only file has nothing to guess from. At most MANIFEST_FILES are looked at."""
+    for path in files[:MANIFEST_FILES]:
+        src = open_bytes(path, opts)
+        try:
+            fmt, how = manifest_format(path), "from the file name"
+        except ConfigError:
+            fmt, how = sniff_format(src.read(0, 64)), "from its first bytes"
+        table = read_table(src, fmt, gz=path.endswith(".gz"))  # as pandas, which reads a .gz name as gzip
+        if table.rows:
+            return path, fmt, how, table
+        if len(files) == 1:
+            what = f"only column names ({short(', '.join(table.header), 80)})" if table.header else "nothing"
+            raise InputError(f"no rows: the file holds {what}, and the workflow refuses a source without records")
+    looked = min(len(files), MANIFEST_FILES)
+    raise InputError(f"none of the first {looked} of {len(files)} files has a row to look at; point new-config at one")
+
+
 def inspect_manifest(path: str, name: str, opts: Options) -> Inspected:
     files = expand_paths(path)
     if not files:
         raise InputError("no file matches")
-    first = files[0]
-    src = open_bytes(first, opts)
     source: dict = {"name": name, "type": "manifest", "path": path}
-    guesses = [] if len(files) == 1 else [f"files: {len(files)} match; looked at the first, {first}"]
-    try:
-        fmt, how = manifest_format(first), "from the file name"
-    except ConfigError:
-        fmt, how = sniff_format(src.read(0, 64)), "from its first bytes"
+    first, fmt, how, table = first_rows(files, opts)
+    if how != "from the file name":
         source["format"] = fmt
+    looked = "the first" if first == files[0] else f"the first with rows ({files.index(first)} before it have none)"
+    guesses = [] if len(files) == 1 else [f"files: {len(files)} match; looked at {looked}, {first}"]
     guesses.append(f"format: {fmt} ({how})")
-    table = read_table(src, fmt, gz=first.endswith(".gz"))  # as pandas, which reads a .gz name as gzip
     if table.quoted:
         source["quoting"] = "csv"
         guesses.append("quoting: csv (fields in double quotes, as a CSV writer quotes them)")

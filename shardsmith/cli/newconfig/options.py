@@ -14,6 +14,7 @@ from shardsmith import SCHEMA_PATH
 
 EXIT_CANNOT_TELL = 2
 SAMPLE_ROWS = 200  # manifest rows, folder images looked at
+MANIFEST_FILES = 10  # files of a manifest pattern looked at for one with rows
 SHARD_SAMPLES = 16  # samples of the first tar looked at
 HEAD_BYTES = 1 << 20  # first bytes read of a text manifest
 BLOCK = 1 << 20  # ranged reads of a parquet or a tar come in blocks of this size
