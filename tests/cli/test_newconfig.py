@@ -601,6 +601,18 @@ def test_a_single_tar_with_an_unusual_image_extension(tmp_path):
     assert config["captions"]["fields"][0] == "caption"
 
 
+def test_shards_whose_images_and_captions_never_share_a_sample_are_refused(tmp_path):
+    # WebDataset-style multi-dot names: split at the last dot, 0000.image.png and 0000.caption.txt are two samples
+    samples = {f"{i:04d}.image": {"png": jpeg_bytes()} for i in range(3)}
+    samples |= {f"{i:04d}.caption": {"txt": SENTENCES[i].encode()} for i in range(3)}
+    (tmp_path / "in").mkdir()
+    shard_tar(tmp_path / "in" / "dots.tar", dict(sorted(samples.items())))
+    with pytest.raises(
+        InputError, match=r"no sample has both an image and a caption member \(sample keys: 0000.caption"
+    ):
+        guess([tmp_path / "in" / "dots.tar"], out=tmp_path / "build")
+
+
 # --- remote inputs ------------------------------------------------------------------------------------------
 
 

@@ -101,12 +101,12 @@ def image_extensions() -> list[str]:
     return list(schema_default(load_schema(), "sources.image_extensions"))
 
 
-def first_samples(src: ByteSource) -> list[dict[str, bytes]]:
-    """Members of the first samples of a tar; a read cut by the byte limit keeps what was read."""
-    samples: list[dict[str, bytes]] = []
+def first_samples(src: ByteSource) -> list[tuple[str, dict[str, bytes]]]:
+    """(key, members) of the first samples of a tar; a read cut by the byte limit keeps what was read."""
+    samples: list[tuple[str, dict[str, bytes]]] = []
     try:
-        for _key, members, _problems in iter_tar_groups(RangeFile(src)):
-            samples.append(members)
+        for key, members, _problems in iter_tar_groups(RangeFile(src)):
+            samples.append((key, members))
             if len(samples) == SHARD_SAMPLES:
                 break
     except InputError:
@@ -124,18 +124,21 @@ def inspect_shards(path: str, name: str, opts: Options) -> Inspected:
         raise InputError("no file matches")
     first = "" if urls[0] == path else f"the first tar, {urls[0]}: "
     try:
-        samples = first_samples(open_bytes(urls[0], opts))
+        keyed = first_samples(open_bytes(urls[0], opts))
     except InputError as e:
         raise InputError(f"{first}{e}") from None
-    if not samples:
+    if not keyed:
         raise InputError(f"{first}the tar holds no samples")
+    samples = [s for _, s in keyed]
     exts = image_extensions()
     members = Counter(ext for s in samples for ext in s)
     images: Counter = Counter()
-    for s in samples:
+    imaged = set()
+    for i, s in enumerate(samples):
         ext = next((e for e in exts if e in s), None) or next((e for e, b in s.items() if sniff_image(b[:32])), None)
         if ext:
             images[ext] += 1
+            imaged.add(i)
     source: dict = {"name": name, "type": "shards", "path": path}
     listed = ", ".join(f"{e} {n}" for e, n in members.most_common())
     where = f"first of {len(urls)} tars" if len(urls) > 1 else "the tar"
@@ -155,6 +158,14 @@ def inspect_shards(path: str, name: str, opts: Options) -> Inspected:
         raise InputError(
             f"{first}no caption member (txt, caption, or a json key such as description) in the first "
             f"{len(samples)} samples (members: {listed}): every sample would be rejected as no_caption"
+        )
+    captioned = {i for i, s in enumerate(samples) if caption_members(member_fields(s))}
+    if not imaged & captioned:
+        keys = ", ".join(k for k, _ in keyed[:4])
+        raise InputError(
+            f"{first}no sample has both an image and a caption member (sample keys: {keys}, ...): a member's key is "
+            "its name up to the last dot, so 0001.image.png and 0001.caption.txt are two samples; every one would be "
+            "rejected (no_image or no_caption)"
         )
     guesses.append(f"caption fields: {describe_members(seen, len(samples), 'samples')}")
     metas = [member_fields(s).get("json") for s in samples]
