@@ -69,6 +69,12 @@ def output_dirs(config: dict) -> dict[str, str]:
 def check_paths(config: dict, inputs_needed: bool = True) -> None:
     """Refuse output folders that coincide or nest, outputs that overlap an input, and (unless not
     `inputs_needed`: `snakemake --lint` reads the rules, not the data) local inputs that do not exist."""
+    for key in ("raw", "work", "output", "logs"):
+        if re.search(r"[{}]", config["paths"][key]):
+            raise ConfigError(
+                f"paths.{key} ({config['paths'][key]}): a folder name with '{{' or '}}' cannot be used "
+                "(Snakemake reads braces in file names as wildcards)."
+            )
     outs = {k: _real(v) for k, v in output_dirs(config).items()}
     names = list(outs)
     for i, a in enumerate(names):

@@ -154,6 +154,11 @@ def refusals():
             lambda c: _set(c, "sources.0.path", c["sources"][0]["path"] + ".nope"),
             ["sources[0]", "does not exist"],
         ),
+        (
+            "braces in an output folder",
+            lambda c: _set(c, "paths.output", c["paths"]["output"] + "{1,2}"),
+            ["paths.output", "'{'", "wildcards"],
+        ),
         ("duplicate source names", lambda c: _set(c, "sources.2.name", "tsv"), ["sources", "tsv", "unique"]),
         ("columns on a folder source", lambda c: _set(c, "sources.1.columns", ["url"]), ["sources[1]", "columns"]),
         (
