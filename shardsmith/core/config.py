@@ -94,6 +94,11 @@ def check_paths(config: dict, inputs_needed: bool = True) -> None:
             continue
         if src["type"] == "folder":
             src_dir = _real(src["path"])
+            if inputs_needed and src_dir.is_file():
+                raise ConfigError(
+                    f"{where}.path: {src['path']} is a file; a folder source names a folder of images "
+                    "(a manifest is type: manifest, a tar type: shards)."
+                )
             if inputs_needed and not src_dir.is_dir():
                 raise ConfigError(f"{where}.path: folder {src['path']} does not exist.")
         else:
@@ -104,6 +109,12 @@ def check_paths(config: dict, inputs_needed: bool = True) -> None:
             missing = [p for p in local if not os.path.exists(p)]
             if inputs_needed and src["type"] == "manifest" and missing:
                 raise ConfigError(f"{where}.path: manifest {missing[0]} does not exist.")
+            folders = [p for p in local if os.path.isdir(p)]
+            if inputs_needed and folders:
+                raise ConfigError(
+                    f"{where}.path: {folders[0]} is a folder; a {src['type']} source reads files "
+                    "(a folder of images is type: folder; files in a folder are a pattern, such as dir/*.parquet)."
+                )
             for p in local:
                 for key, out in outs.items():
                     if _real(p) == out or out in _real(p).parents:

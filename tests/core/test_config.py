@@ -159,6 +159,16 @@ def refusals():
             lambda c: _set(c, "paths.output", c["paths"]["output"] + "{1,2}"),
             ["paths.output", "'{'", "wildcards"],
         ),
+        (
+            "a file as a folder source",
+            lambda c: _set(c, "sources.1.path", c["sources"][0]["path"]),
+            ["sources[1]", "is a file"],
+        ),
+        (
+            "a folder as a manifest",
+            lambda c: _set(c, "sources.0.path", c["sources"][1]["path"]),
+            ["sources[0]", "is a folder", "type: folder"],
+        ),
         ("duplicate source names", lambda c: _set(c, "sources.2.name", "tsv"), ["sources", "tsv", "unique"]),
         ("columns on a folder source", lambda c: _set(c, "sources.1.columns", ["url"]), ["sources[1]", "columns"]),
         (
