@@ -92,6 +92,8 @@ def check_paths(config: dict, inputs_needed: bool = True) -> None:
         where = f"sources[{i}] ({src['name']})"
         if REMOTE.match(src["path"]):
             continue
+        # a relative path is read from the folder snakemake runs in (its --directory), not the config's folder
+        relative = "" if os.path.isabs(os.path.expanduser(src["path"])) else f" (relative to {os.getcwd()})"
         if src["type"] == "folder":
             src_dir = _real(src["path"])
             if inputs_needed and src_dir.is_file():
@@ -100,15 +102,15 @@ def check_paths(config: dict, inputs_needed: bool = True) -> None:
                     "(a manifest is type: manifest, a tar type: shards)."
                 )
             if inputs_needed and not src_dir.is_dir():
-                raise ConfigError(f"{where}.path: folder {src['path']} does not exist.")
+                raise ConfigError(f"{where}.path: folder {src['path']}{relative} does not exist.")
         else:
             src_dir = _real(static_dir(src["path"]))
             local = [p for p in expand_paths(src["path"]) if not REMOTE.match(p)]
             if inputs_needed and not local:
-                raise ConfigError(f"{where}.path: no file matches {src['path']}.")
+                raise ConfigError(f"{where}.path: no file matches {src['path']}{relative}.")
             missing = [p for p in local if not os.path.exists(p)]
             if inputs_needed and src["type"] == "manifest" and missing:
-                raise ConfigError(f"{where}.path: manifest {missing[0]} does not exist.")
+                raise ConfigError(f"{where}.path: manifest {missing[0]}{relative} does not exist.")
             folders = [p for p in local if os.path.isdir(p)]
             if inputs_needed and folders:
                 raise ConfigError(

@@ -1,6 +1,7 @@
 """Config: the schema fills defaults and refuses typos; check_config refuses overlapping folders."""
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,11 @@ def refusals():
             "a folder as a manifest",
             lambda c: _set(c, "sources.0.path", c["sources"][1]["path"]),
             ["sources[0]", "is a folder", "type: folder"],
+        ),
+        (
+            "a relative manifest path that is not there",
+            lambda c: _set(c, "sources.0.path", "data/manifest.tsv"),
+            ["sources[0]", f"data/manifest.tsv (relative to {os.getcwd()}) does not exist"],
         ),
         ("duplicate source names", lambda c: _set(c, "sources.2.name", "tsv"), ["sources", "tsv", "unique"]),
         ("columns on a folder source", lambda c: _set(c, "sources.1.columns", ["url"]), ["sources[1]", "columns"]),
