@@ -245,6 +245,20 @@ def test_a_manifest_compressed_otherwise_than_its_name_says_gets_one_line(tmp_pa
         assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
+def test_utf16_text_a_json_array_and_json_lines_of_lists_are_said_to_be_so(tmp_path):
+    rows = pd.DataFrame({"url": urls(5), "caption": SENTENCES[:5]})
+    (tmp_path / "excel.csv").write_text(rows.to_csv(index=False), encoding="utf-16")  # Excel's "Unicode text"
+    (tmp_path / "export.json").write_text(rows.to_json(orient="records"))
+    (tmp_path / "lists.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows.values.tolist()))
+    for name, said in [
+        ("excel.csv", "UTF-16 text; the workflow reads manifests as UTF-8"),
+        ("export.json", "a JSON array; the workflow reads JSON lines"),
+        ("lists.jsonl", "not JSON lines of objects: line 1 is a list"),
+    ]:
+        with pytest.raises(InputError, match=re.escape(said)):
+            guess([tmp_path / name], out=tmp_path / "build")
+
+
 def test_lone_cr_line_endings_and_a_cell_past_the_csv_modules_limit_are_read(tmp_path):
     rows = pd.DataFrame({"url": urls(5), "caption": SENTENCES[:5]})
     (tmp_path / "mac.csv").write_text(rows.to_csv(index=False, lineterminator="\r"))  # old Mac exports

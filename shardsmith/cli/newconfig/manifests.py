@@ -102,11 +102,20 @@ def check_uncompressed(head: bytes) -> None:
         raise InputError(f"{kind}-compressed; new-config reads manifests plain or gzip-compressed (.gz): recompress it")
 
 
+def check_utf8(head: bytes) -> None:
+    """Refuse UTF-16 text (a BOM, or a NUL beside every ASCII character), which the workflow reads as UTF-8."""
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or (len(head) >= 8 and head[:64].count(0) * 3 >= len(head[:64])):
+        raise InputError("UTF-16 text; the workflow reads manifests as UTF-8: convert it (iconv -f UTF-16 -t UTF-8)")
+
+
 def sniff_format(head: bytes) -> str:
     """A manifest's format from its first bytes, for names that do not tell it."""
     if head[:4] == b"PAR1":
         return "parquet"
     check_uncompressed(head)
+    check_utf8(head)
+    if re.match(rb"\s*\[\s*\{", head):
+        raise InputError("a JSON array; the workflow reads JSON lines, one object a line (jq -c '.[]' writes them)")
     first = head.lstrip().split(b"\n", 1)[0]
     return "jsonl" if first.startswith(b"{") else "tsv" if b"\t" in first else "csv"
 
@@ -127,6 +136,7 @@ def text_head(src: ByteSource, gz: bool) -> tuple[str, bool]:
     else:
         check_uncompressed(raw)
         data = raw
+    check_utf8(data)
     text = data.decode("utf-8-sig", "replace")  # a BOM is no part of the first column's name
     return text.replace("\r\n", "\n").replace("\r", "\n"), whole  # lines end as pandas reads them: \r alone too
 
@@ -160,9 +170,14 @@ def _text_rows(text: str, whole: bool, fmt: str, quoted: bool) -> list[list[str]
     lines = [ln.rstrip("\r") for ln in lines if ln.strip()][: SAMPLE_ROWS + 1]
     if fmt == "jsonl":
         try:
-            return [json.loads(ln) for ln in lines[:SAMPLE_ROWS]]
+            rows = [json.loads(ln) for ln in lines[:SAMPLE_ROWS]]
         except ValueError as e:
             raise InputError(f"not JSON lines: {e}") from None
+        odd = next((i for i, r in enumerate(rows) if not isinstance(r, dict)), None)
+        if odd is not None:
+            what = type(rows[odd]).__name__
+            raise InputError(f"not JSON lines of objects: line {odd + 1} is a {what}; each line is one record's object")
+        return rows
     if fmt == "tsv":
         return [ln.split("\t") for ln in lines]
     return list(csv.reader(io.StringIO("\n".join(lines))))
