@@ -606,6 +606,20 @@ def test_shards_with_captions_only_in_json_description(tmp_path):
     check_against_schema(config)
 
 
+def test_json_caption_keys_in_any_case_are_found_as_spelled(tmp_path):
+    (tmp_path / "in").mkdir()
+    metas = [{"Caption": SENTENCES[0]}, {"TEXT": SENTENCES[1]}, {"Caption": SENTENCES[2], "caption": " "}]
+    samples = {f"k{i}": {"jpg": jpeg_bytes(), "json": json.dumps(m).encode()} for i, m in enumerate(metas)}
+    shard_tar(tmp_path / "in" / "mixed.tar", samples)
+    config, lines = guess([tmp_path / "in" / "mixed.tar"], out=tmp_path / "build")
+    assert config["captions"]["fields"][:2] == ["json.Caption", "json.TEXT"]
+    assert (
+        "mixed: caption fields: json.Caption on 2, json.TEXT on 1 (of the first 3 samples); tried in this order"
+        in lines
+    )
+    check_against_schema(config)
+
+
 def test_a_single_tar_with_an_unusual_image_extension(tmp_path):
     (tmp_path / "in").mkdir()
     shard_tar(tmp_path / "in" / "one.tar", {"k1": {"image": jpeg_bytes(), "caption": b"A lone tree on a hill"}})

@@ -30,18 +30,28 @@ from shardsmith.storage.localfiles import FetchError
 
 
 def caption_members(fields: dict) -> list[str]:
-    """Caption fields a sample has, as captions.fields paths: txt/text/caption members, json keys named for captions."""
+    """Caption fields a sample has, as captions.fields paths: txt/text/caption members, json keys named for captions
+    in any case (`Caption`, `TEXT`, as a manifest's columns are recognised), written as the json spells them."""
     found = [m for m in TEXT_MEMBERS if isinstance(fields.get(m), str) and fields[m].strip()]
     meta = fields.get("json")
     if isinstance(meta, dict):
-        found += [f"json.{k}" for k in CAPTION_NAMES if isinstance(meta.get(k), str) and meta[k].strip()]
+        found += [
+            f"json.{k}"
+            for k, v in meta.items()
+            if k.strip().lower() in CAPTION_NAMES and "." not in k and isinstance(v, str) and v.strip()
+        ]
     return found
+
+
+def _tried(member: str) -> tuple[int, str]:
+    if member in TEXT_MEMBERS:
+        return TEXT_MEMBERS.index(member), member
+    return len(TEXT_MEMBERS) + CAPTION_NAMES.index(member.removeprefix("json.").strip().lower()), member
 
 
 def member_order(seen: Counter) -> list[str]:
     """Caption fields in the order tried: plain-text members first, then json keys by caption name."""
-    order = [*TEXT_MEMBERS, *(f"json.{k}" for k in CAPTION_NAMES)]
-    return sorted(seen, key=order.index)
+    return sorted(seen, key=_tried)
 
 
 def describe_members(seen: Counter, n: int, noun: str) -> str:
