@@ -226,6 +226,10 @@ def schema_error_message(exc: BaseException) -> str:
     value = repr(err.instance)
     message = err.message.removeprefix(value).strip()  # jsonschema starts with the value: say it once
     value = value if len(value) <= 60 else value[:57] + "..."
+    if err.validator == "enum" and isinstance(err.instance, str):  # a typo of a value: `manifests`, `Parquet`
+        choices = [c for c in err.validator_value if isinstance(c, str)]
+        close = difflib.get_close_matches(err.instance.lower(), choices, n=1)
+        message += f"; did you mean '{close[0]}'?" if close else ""
     return f"{key or '(top level)'} = {value} {message}" + (f" ({described.rstrip('.')})" if described else "")
 
 

@@ -197,3 +197,26 @@ def test_check_config_refuses_overlaps_naming_the_offending_keys(sane, what, edi
 
 def test_schema_error_message_without_a_schema_error_keeps_the_first_line():
     assert schema_error_message(RuntimeError("WorkflowError:\nsomething broke\nmore")) == "something broke"
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (
+            lambda c: c["sources"][0].update(url_col="x"),
+            "sources[0].url_col: unknown key; did you mean 'sources[0].url_column'?",
+        ),
+        (
+            lambda c: c["sources"][0].update(type="manifests"),
+            "sources[0].type = 'manifests' is not one of ['manifest', 'folder', 'shards']; did you mean 'manifest'?",
+        ),
+        (lambda c: c["sources"][0].update(format="Parquet"), "did you mean 'parquet'?"),
+        (lambda c: c["sources"][0].update(hash_type="sha-256"), "did you mean 'sha256'?"),
+    ],
+)
+def test_schema_error_message_suggests_the_key_or_value_meant(edit, said):
+    config = minimal()
+    edit(config)
+    with pytest.raises(Exception) as e:
+        validate(config, schema=SCHEMA)
+    assert said in schema_error_message(e.value)
