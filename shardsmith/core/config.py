@@ -233,6 +233,36 @@ def schema_error_message(exc: BaseException) -> str:
     return f"{key or '(top level)'} = {value} {message}" + (f" ({described.rstrip('.')})" if described else "")
 
 
+def check_repeated_keys(path: str) -> None:
+    """Refuse a config file that gives a key twice in one mapping (two `resize:` sections, one added at the end):
+    YAML and JSON loaders keep the last and drop the first's settings without a word."""
+    import yaml
+
+    try:
+        root = yaml.compose(Path(path).read_text(encoding="utf-8-sig"), Loader=yaml.SafeLoader)
+    except (OSError, UnicodeError, yaml.YAMLError):
+        return  # what Snakemake could read, it has; what it could not, it has said
+    todo, where = [(root, "")], os.path.basename(path)
+    while todo:
+        node, prefix = todo.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key, value in node.value:
+                if key.value == "<<":  # YAML's merge key may repeat
+                    continue
+                name = f"{prefix}{key.value}"
+                line = key.start_mark.line + 1
+                if name in seen:
+                    raise ConfigError(
+                        f"{name}: given twice in {where} (lines {seen[name]} and {line}); only the last would be "
+                        "read, dropping the first one's settings. Merge them into one."
+                    )
+                seen[name] = line
+                todo.append((value, f"{name}."))
+        elif isinstance(node, yaml.SequenceNode):
+            todo += [(item, f"{prefix.removesuffix('.')}[{i}].") for i, item in enumerate(node.value)]
+
+
 def prepare_config(config: dict, basedir: str, configfiles: list, lint: bool, checks: tuple = ()) -> None:
     """The workflow's config, in place: the demo's for `snakemake --lint` without one, plain dicts and lists
     (a JSON --configfile loads as OrderedDicts, which YAML writers and fingerprints treat as other data),
@@ -250,6 +280,11 @@ def prepare_config(config: dict, basedir: str, configfiles: list, lint: bool, ch
             "shardsmith: no config given: run with --configfile my.yaml (make demo uses config/demo.yaml; "
             "`python -m shardsmith new-config PATH... > my.yaml` writes one for your inputs)."
         )
+    try:
+        for path in configfiles:
+            check_repeated_keys(str(path))
+    except ConfigError as e:
+        raise SystemExit(f"shardsmith: config error: {e}") from None
     plain = plain_data(config)
     config.clear()
     config.update(plain)

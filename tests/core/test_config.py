@@ -5,10 +5,11 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 from snakemake.utils import validate
 from workflow_helpers import REPO
 
-from shardsmith.core.config import check_config, schema_error_message
+from shardsmith.core.config import check_config, check_repeated_keys, prepare_config, schema_error_message
 from shardsmith.core.errors import ConfigError
 
 SCHEMA = str(REPO / "config" / "config.schema.yaml")
@@ -220,3 +221,24 @@ def test_schema_error_message_suggests_the_key_or_value_meant(edit, said):
     with pytest.raises(Exception) as e:
         validate(config, schema=SCHEMA)
     assert said in schema_error_message(e.value)
+
+
+def test_a_key_given_twice_in_a_config_file_is_refused_naming_both_lines(sane, tmp_path):
+    given = {k: v for k, v in sane.items() if k in ("dataset", "paths", "sources")}
+    text = (
+        yaml.safe_dump(given, sort_keys=False)
+        + "resize:\n  max_side: 256\ncaptions:\n  min_words: 2\nresize:\n  quality: 80\n"
+    )
+    (tmp_path / "my.yaml").write_text(text)
+    lines = text.splitlines()
+    first, second = (i + 1 for i, ln in enumerate(lines) if ln == "resize:")
+    config = yaml.safe_load(text)  # as Snakemake loads it: the second resize only
+    with pytest.raises(SystemExit) as e:
+        prepare_config(config, str(REPO), [tmp_path / "my.yaml"], lint=False)
+    assert str(e.value) == (
+        f"shardsmith: config error: resize: given twice in my.yaml (lines {first} and {second}); only the last would "
+        "be read, dropping the first one's settings. Merge them into one."
+    )
+    (tmp_path / "list.yaml").write_text("dataset: x\nsources:\n- {name: a, type: folder}\n- {name: b, name: c}\n")
+    with pytest.raises(ConfigError, match=r"^sources\[1\]\.name: given twice in list.yaml \(lines 4 and 4\)"):
+        check_repeated_keys(str(tmp_path / "list.yaml"))
