@@ -125,10 +125,11 @@ def check_paths(config: dict, inputs_needed: bool = True) -> None:
                         )
             if src["type"] == "manifest":
                 continue  # a manifest's own folder is not an input folder
+        folder = src["path"] if src["type"] == "folder" else f"{static_dir(src['path'])} (of {src['path']})"
         for key, out in outs.items():
             if _nested(src_dir, out):
                 raise ConfigError(
-                    f"{key} ({config_value(config, key)}) overlaps input folder {src['path']} of {where}: "
+                    f"{key} ({config_value(config, key)}) overlaps input folder {folder} of {where}: "
                     "a cache or output folder inside an input folder (or the other way round) mixes raw and "
                     "processed files. Choose a separate folder."
                 )

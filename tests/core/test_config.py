@@ -144,7 +144,7 @@ def refusals():
         (
             "work inside the shards folder",
             lambda c: _set(c, "paths.work", str(Path(c["sources"][2]["path"]).parent / "w")),
-            ["paths.work", "sources[2]"],
+            ["paths.work", "sources[2]", "overlaps input folder /", "shards (of /", "old-{000000..000001}.tar)"],
         ),
         (
             "missing folder source",
