@@ -5,6 +5,7 @@ overlap once made a cache directory equal to the image directory, which mixed ra
 and crashed training with mixed batch shapes. So overlapping or nested folders are refused up front.
 """
 
+import functools
 import glob
 import ipaddress
 import os
@@ -151,17 +152,44 @@ def config_value(config: dict, dotted: str) -> object:
     return node
 
 
+@functools.cache
+def source_defaults() -> dict:
+    """The schema's defaults of a source's keys (url_column: url, format: auto, ...)."""
+    import yaml
+
+    from shardsmith import SCHEMA_PATH
+
+    props = yaml.safe_load(SCHEMA_PATH.read_text())["properties"]["sources"]["items"]["properties"]
+    return {k: v["default"] for k, v in props.items() if "default" in v}
+
+
+MANIFEST_ONLY = (
+    "columns",
+    "key_column",
+    "carry_columns",
+    "hash_column",
+    "url_column",
+    "format",
+    "quoting",
+    "hash_type",
+)
+NOT_MANIFEST = ("image_extensions",)  # folder and shards sources only
+
+
 def check_sources(config: dict) -> None:
-    """Source settings that depend on each other."""
+    """Source settings that depend on each other. A key of another type of source is refused (it would do
+    nothing: a mistaken type or source) unless it holds the default the schema fills in for every source."""
     names = [s["name"] for s in config["sources"]]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"sources: names must be unique; {', '.join(dupes)} used more than once.")
+    unset = object()
     for i, src in enumerate(config["sources"]):
-        if src["type"] != "manifest":
-            for key in ("columns", "key_column", "carry_columns", "hash_column"):
-                if key in src:
-                    raise ConfigError(f"sources[{i}] ({src['name']}): '{key}' applies to manifests only.")
+        manifest = src["type"] == "manifest"
+        for key in NOT_MANIFEST if manifest else MANIFEST_ONLY:
+            if src.get(key, unset) not in (unset, source_defaults().get(key, unset)):
+                which = "folder and shards sources" if manifest else "manifests"
+                raise ConfigError(f"sources[{i}] ({src['name']}): '{key}' applies to {which} only.")
         fmt = src.get("format", "auto")
         if src.get("columns") and fmt not in ("auto", "csv", "tsv"):
             raise ConfigError(f"sources[{i}] ({src['name']}): 'columns' (a headerless table) needs format csv or tsv.")

@@ -179,6 +179,16 @@ def refusals():
         ("duplicate source names", lambda c: _set(c, "sources.2.name", "tsv"), ["sources", "tsv", "unique"]),
         ("columns on a folder source", lambda c: _set(c, "sources.1.columns", ["url"]), ["sources[1]", "columns"]),
         (
+            "a url column on a folder source",
+            lambda c: _set(c, "sources.1.url_column", "URL"),
+            ["sources[1]", "'url_column' applies to manifests only"],
+        ),
+        (
+            "image extensions on a manifest",
+            lambda c: _set(c, "sources.0.image_extensions", ["png"]),
+            ["sources[0]", "'image_extensions' applies to folder and shards sources only"],
+        ),
+        (
             "a network that is not one",
             lambda c: _set(c, "download", {"allow_networks": ["10.0.0.0/8", "intranet"]}),
             ["download.allow_networks", "'intranet'", "CIDR"],
