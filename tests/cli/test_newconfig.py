@@ -700,6 +700,8 @@ def test_source_names_are_sanitised_and_unique():
     assert source_name("https://host/a/cc12m.tsv.gz") == "cc12m"
     assert source_name("/data/" + "x" * 40 + ".jsonl") == "x" * 32
     assert source_name("/data/___.csv") == "data"
+    assert source_name("/data/Fotos Ünïcode/") == "fotos_unicode"
+    assert source_name("/data/café crème.tsv") == "cafe_creme"
     assert unique_names(["a", "a", "b", "a"]) == ["a", "a_2", "b", "a_3"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -74,8 +75,10 @@ class Suggestion:
 
 
 def sanitise(text: str) -> str:
-    """A name of lowercase letters, digits and '_', 32 characters at most ('' when nothing is left)."""
-    return re.sub(r"[^a-z0-9_]+", "_", text.lower()).strip("_")[:32].rstrip("_")
+    """A name of lowercase letters, digits and '_', 32 characters at most ('' when nothing is left); accented
+    letters keep their base letter (Café_Photos: cafe_photos, not caf_photos)."""
+    plain = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    return re.sub(r"[^a-z0-9_]+", "_", plain.lower()).strip("_")[:32].rstrip("_")
 
 
 def unique_names(names: list[str]) -> list[str]:
