@@ -299,6 +299,18 @@ def test_a_manifest_without_rows_is_said_to_be_one_and_a_pattern_looks_past_it(t
         guess([tmp_path / "parts" / "0*.csv"], out=tmp_path / "build")
 
 
+def test_a_tab_separated_csv_gets_format_tsv_and_a_semicolon_one_is_refused(tmp_path):
+    rows = pd.DataFrame({"url": urls(5), "caption": [s.replace(" a ", ", a ") for s in SENTENCES[:5]]})
+    rows.to_csv(tmp_path / "export.csv", sep="\t", index=False)  # commas in captions, tabs between fields
+    config, lines = guess([tmp_path / "export.csv"], out=tmp_path / "build")
+    assert config["sources"][0]["format"] == "tsv" and config["sources"][0]["url_column"] == "url"
+    assert "export: format: tsv (from its tabs; its name says csv)" in lines
+    check_against_schema(config)
+    rows.to_csv(tmp_path / "excel.csv", sep=";", index=False)
+    with pytest.raises(InputError, match="its fields are separated by ';'; the workflow reads CSV"):
+        guess([tmp_path / "excel.csv"], out=tmp_path / "build")
+
+
 def test_two_caption_like_columns_exit_2_naming_both_and_the_flag_picks_one(tmp_path):
     pd.DataFrame({"url": urls(10), "caption": SENTENCES, "alt_text": SENTENCES[::-1]}).to_parquet(
         tmp_path / "m.parquet"

@@ -359,6 +359,15 @@ def choose_hash(cols: list[Column]) -> tuple[Column, str, str] | None:
     return None
 
 
+def other_separator(table: Table) -> str | None:
+    """What separates a CSV's fields where its first line is one field holding a tab, ';' or '|' (a comma in a
+    caption may still split later lines)."""
+    first = table.header or (table.rows[0] if table.rows else [])
+    if len(first) != 1:
+        return None
+    return next((sep for sep in ("\t", ";", "|") if sep in first[0]), None)
+
+
 def first_rows(files: list[str], opts: Options) -> tuple[str, str, str, Table]:
     """(file, format, how the format was told, its sampled start) of the first of `files` with a row: an empty or
     header-only file has nothing to guess from. At most MANIFEST_FILES are looked at."""
@@ -369,6 +378,12 @@ def first_rows(files: list[str], opts: Options) -> tuple[str, str, str, Table]:
         except ConfigError:
             fmt, how = sniff_format(src.read(0, 64)), "from its first bytes"
         table = read_table(src, fmt, gz=path.endswith(".gz"))  # as pandas, which reads a .gz name as gzip
+        sep = fmt == "csv" and other_separator(table)
+        if sep == "\t":  # a .csv export that is tab-separated: the workflow reads it as declared, format: tsv
+            fmt, how = "tsv", "from its tabs; its name says csv"
+            table = read_table(src, fmt, gz=path.endswith(".gz"))
+        elif sep:
+            raise InputError(f"its fields are separated by {sep!r}; the workflow reads CSV (',') and TSV (tabs)")
         if table.rows:
             return path, fmt, how, table
         if len(files) == 1:
