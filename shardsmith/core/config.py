@@ -207,6 +207,24 @@ def check_download(config: dict) -> None:
             ) from None
 
 
+def expand_home(config: dict) -> None:
+    """`~` in the config's local paths (folders, sources, the publish destination, allowed local folders) as the
+    home folder, in place: the checks looked there, and the rules would otherwise make a folder named `~`."""
+
+    def local(path: object) -> object:
+        return os.path.expanduser(path) if isinstance(path, str) and not REMOTE.match(path) else path
+
+    for key in ("raw", "work", "output", "logs"):
+        config["paths"][key] = local(config["paths"][key])
+    for src in config["sources"]:
+        src["path"] = local(src["path"])
+    if config.get("publish", {}).get("dest"):
+        config["publish"]["dest"] = local(config["publish"]["dest"])
+    download = config.get("download", {})
+    if download.get("allow_local_folders"):
+        download["allow_local_folders"] = [local(f) for f in download["allow_local_folders"]]
+
+
 def check_config(config: dict, inputs_needed: bool = True) -> None:
     """Everything beyond the schema, in the order a user would fix it (see check_paths for `inputs_needed`)."""
     check_sources(config)
@@ -325,6 +343,7 @@ def prepare_config(config: dict, basedir: str, configfiles: list, lint: bool, ch
         files = ", ".join(map(str, configfiles)) or "the --config values"
         hint = f"Fix it in {files}; config/config.schema.yaml describes every key and its default."
         raise SystemExit(f"shardsmith: config error: {schema_error_message(e)}\n  {hint}") from None
+    expand_home(config)
     try:
         check_config(config, inputs_needed=not lint)
         for check in checks:

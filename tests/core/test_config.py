@@ -252,3 +252,19 @@ def test_a_key_given_twice_in_a_config_file_is_refused_naming_both_lines(sane, t
     (tmp_path / "list.yaml").write_text("dataset: x\nsources:\n- {name: a, type: folder}\n- {name: b, name: c}\n")
     with pytest.raises(ConfigError, match=r"^sources\[1\]\.name: given twice in list.yaml \(lines 4 and 4\)"):
         check_repeated_keys(str(tmp_path / "list.yaml"))
+
+
+def test_a_home_folder_tilde_is_expanded_where_the_checks_looked(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "pics").mkdir()
+    config = {
+        "dataset": "ds",
+        "paths": {k: f"~/build/{k}" for k in ("raw", "work", "output", "logs")},
+        "sources": [{"name": "pics", "type": "folder", "path": "~/pics"}],
+        "publish": {"dest": "~/fast"},
+        "download": {"allow_local_folders": ["~/shared"]},
+    }
+    prepare_config(config, str(REPO), [], lint=False)
+    assert config["paths"] == {k: f"{tmp_path}/build/{k}" for k in ("raw", "work", "output", "logs")}
+    assert config["sources"][0]["path"] == f"{tmp_path}/pics" and config["publish"]["dest"] == f"{tmp_path}/fast"
+    assert config["download"]["allow_local_folders"] == [f"{tmp_path}/shared"]
