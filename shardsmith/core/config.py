@@ -136,6 +136,34 @@ def check_paths(config: dict, inputs_needed: bool = True) -> None:
                 )
 
 
+def check_shared_inputs(config: dict) -> None:
+    """Refuse two sources that read the same file, or folders one inside the other: keys start with the source's
+    name, so nothing would collide and every record they share would be published twice."""
+    files: dict[object, str] = {}
+    folders: list[tuple[Path, str]] = []
+    for i, src in enumerate(config["sources"]):
+        where = f"sources[{i}] ({src['name']})"
+        if src["type"] == "folder":
+            if REMOTE.match(src["path"]):
+                continue
+            real = _real(src["path"])
+            for other, named in folders:
+                if _nested(real, other):
+                    raise ConfigError(
+                        f"{where} and {named} read overlapping folders ({src['path']}): the images they share "
+                        "would be published twice; keep one source."
+                    )
+            folders.append((real, where))
+            continue
+        for path in expand_paths(src["path"]):
+            same = path if REMOTE.match(path) else _real(path)
+            if files.setdefault(same, where) != where:
+                raise ConfigError(
+                    f"{where} and {files[same]} both read {path}: its records would be published twice; "
+                    "keep it in one source."
+                )
+
+
 def plain_data(value: object) -> object:
     """`value` as plain dicts and lists (a JSON config arrives as OrderedDicts; YAML writers refuse those)."""
     if isinstance(value, dict):
@@ -230,6 +258,8 @@ def check_config(config: dict, inputs_needed: bool = True) -> None:
     check_sources(config)
     check_download(config)
     check_paths(config, inputs_needed)
+    if inputs_needed:
+        check_shared_inputs(config)
 
 
 def _dotted(path: list[object]) -> str:

@@ -724,6 +724,16 @@ def test_an_output_folder_inside_an_input_folder_is_refused(tmp_path):
     assert "overlaps input folder" in proc.stderr and "another --out" in proc.stderr
 
 
+def test_an_input_given_twice_is_refused_without_blaming_the_out_folder(tmp_path):
+    pd.DataFrame({"url": urls(5), "caption": SENTENCES[:5]}).to_parquet(tmp_path / "m.parquet")
+    with pytest.raises(InputError) as e:
+        guess([tmp_path / "m.parquet", tmp_path / "." / "m.parquet"], out=tmp_path / "build")
+    assert str(e.value) == (
+        f"sources[1] (m_2) and sources[0] (m) both read {tmp_path}/m.parquet: its records would be published "
+        "twice; keep it in one source."
+    )
+
+
 def test_a_bad_dataset_name_is_refused(tmp_path):
     tsv = write_tsv(tmp_path / "cc3m.tsv", list(zip(SENTENCES, urls(10))))
     with pytest.raises(InputError, match="--dataset My Set: a dataset name is"):

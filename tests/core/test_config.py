@@ -176,6 +176,19 @@ def refusals():
             lambda c: _set(c, "sources.0.path", "data/manifest.tsv"),
             ["sources[0]", f"data/manifest.tsv (relative to {os.getcwd()}) does not exist"],
         ),
+        (
+            "a manifest read by two sources",
+            lambda c: c["sources"].append({**c["sources"][0], "name": "again"}),
+            ["sources[3] (again) and sources[0] (tsv) both read", "manifest.tsv", "published twice"],
+        ),
+        (
+            "a folder inside another folder source",
+            lambda c: (
+                Path(c["sources"][1]["path"], "sub").mkdir(),
+                c["sources"].append({"name": "sub", "type": "folder", "path": c["sources"][1]["path"] + "/sub"}),
+            ),
+            ["sources[3] (sub) and sources[1] (photos) read overlapping folders", "published twice"],
+        ),
         ("duplicate source names", lambda c: _set(c, "sources.2.name", "tsv"), ["sources", "tsv", "unique"]),
         ("columns on a folder source", lambda c: _set(c, "sources.1.columns", ["url"]), ["sources[1]", "columns"]),
         (

@@ -234,7 +234,8 @@ def check_written(text: str, config: dict, schema: dict) -> None:
     try:
         check_config(parsed)
     except ConfigError as e:
-        raise InputError(f"{e} Give new-config another --out.") from None
+        hint = " Give new-config another --out." if "paths." in str(e) else ""  # the folders it chose
+        raise InputError(f"{e}{hint}") from None
     filters = uncommented_filters(text)
     if filters and "filters" in schema["properties"]:  # the suggestions, all on, are a valid config too
         jsonschema.validate({**copy.deepcopy(parsed), "filters": filters}, schema)
