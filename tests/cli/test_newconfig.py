@@ -220,6 +220,23 @@ def test_a_brace_pattern_of_parquet_files_is_one_manifest_source(tmp_path):
     check_against_schema(config)
 
 
+def test_a_key_column_that_restarts_in_each_file_of_a_pattern_is_not_chosen(tmp_path):
+    for name, start in [("per_file", [0, 0]), ("global", [0, 5])]:
+        (tmp_path / name).mkdir()
+        for i in range(2):
+            ids = [f"id{start[i] + n}" for n in range(5)]
+            rows = {"uid": ids, "url": urls(5), "caption": SENTENCES[5 * i : 5 * i + 5]}
+            pd.DataFrame(rows).to_parquet(tmp_path / name / f"{i}.parquet")
+    config, lines = guess([tmp_path / "per_file" / "*.parquet"], out=tmp_path / "build")
+    assert "key_column" not in config["sources"][0]
+    assert (
+        "per_file: key column: none (uid is unique in one file, but 5 of its sampled values are in "
+        f"{tmp_path}/per_file/1.parquet too; keys follow rows)"
+    ) in lines
+    config, _ = guess([tmp_path / "global" / "*.parquet"], out=tmp_path / "build")
+    assert config["sources"][0]["key_column"] == "uid"
+
+
 def test_extensionless_manifest_gets_its_format_from_its_first_bytes(tmp_path):
     write_tsv(tmp_path / "manifest", list(zip(urls(5), SENTENCES)))
     config, lines = guess([tmp_path / "manifest"], out=tmp_path / "build")

@@ -393,6 +393,25 @@ def first_rows(files: list[str], opts: Options) -> tuple[str, str, str, Table]:
     raise InputError(f"none of the first {looked} of {len(files)} files has a row to look at; point new-config at one")
 
 
+def repeated_in_next_file(files: list[str], first: str, fmt: str, key: Column, opts: Options) -> str | None:
+    """Where a key column unique in the first file repeats its values in the next one (per-file row ids): its
+    records would be rejected as duplicate_key. None when they do not, or there is no next file to look at."""
+    later = files[files.index(first) + 1 : files.index(first) + 2]
+    if not later:
+        return None
+    try:
+        table = read_table(open_bytes(later[0], opts), fmt, gz=later[0].endswith(".gz"))
+    except InputError:
+        return None  # the first file decided; a later one that cannot be read is the workflow's to report
+    if table.header is None or key.name not in table.header:
+        return None
+    at = table.header.index(key.name)
+    shared = set(key.values) & {r[at].strip() for r in table.rows if at < len(r)}
+    if not shared:
+        return None
+    return f"{len(shared)} of its sampled values are in {later[0]} too"
+
+
 def inspect_manifest(path: str, name: str, opts: Options) -> Inspected:
     files = expand_paths(path)
     if not files:
@@ -423,7 +442,10 @@ def inspect_manifest(path: str, name: str, opts: Options) -> Inspected:
     source["url_column"] = url.name
     guesses += [f"url column: {url.name} ({url_why})", f"caption column: {caption.name} ({caption_why})"]
     key = choose_key(cols, {url.position, caption.position}, len(table.rows))
-    if key:
+    repeated = key and repeated_in_next_file(files, first, fmt, key[0], opts)
+    if repeated:
+        guesses.append(f"key column: none ({key[0].name} is unique in one file, but {repeated}; keys follow rows)")
+    elif key:
         source["key_column"] = key[0].name
         guesses.append(f"key column: {key[0].name} ({key[1]})")
     hashed = choose_hash(cols)
