@@ -77,6 +77,12 @@ def check_paths(config: dict, inputs_needed: bool = True) -> None:
                 "(Snakemake reads braces in file names as wildcards)."
             )
     outs = {k: _real(v) for k, v in output_dirs(config).items()}
+    for key, out in outs.items():
+        blocker = next((p for p in (out, *out.parents) if p.exists()), None)  # the nearest part that exists
+        if blocker is not None and not blocker.is_dir():
+            raise ConfigError(
+                f"{key} ({config_value(config, key)}): {blocker} is a file, so no folder can be made there."
+            )
     names = list(outs)
     for i, a in enumerate(names):
         for b in names[i + 1 :]:

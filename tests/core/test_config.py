@@ -189,6 +189,11 @@ def refusals():
             ),
             ["sources[3] (sub) and sources[1] (photos) read overlapping folders", "published twice"],
         ),
+        (
+            "an output folder under a file",
+            lambda c: _set(c, "paths.output", c["sources"][0]["path"] + "/out"),
+            ["paths.output", "manifest.tsv is a file, so no folder can be made there"],
+        ),
         ("duplicate source names", lambda c: _set(c, "sources.2.name", "tsv"), ["sources", "tsv", "unique"]),
         ("columns on a folder source", lambda c: _set(c, "sources.1.columns", ["url"]), ["sources[1]", "columns"]),
         (
