@@ -668,6 +668,17 @@ def test_shards_whose_images_and_captions_never_share_a_sample_are_refused(tmp_p
         InputError, match=r"no sample has both an image and a caption member \(sample keys: 0000.caption"
     ):
         guess([tmp_path / "in" / "dots.tar"], out=tmp_path / "build")
+    # every image first, then every caption: a sample's members apart
+    with tarfile.open(tmp_path / "in" / "apart.tar", "w") as tar:
+        for name, data in [
+            *((f"{i}.jpg", jpeg_bytes()) for i in range(3)),
+            *((f"{i}.txt", b"a cap") for i in range(3)),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(InputError, match=r"the members of one sample are not next to each other \(those of 0 come"):
+        guess([tmp_path / "in" / "apart.tar"], out=tmp_path / "build")
 
 
 # --- remote inputs ------------------------------------------------------------------------------------------

@@ -170,6 +170,13 @@ def inspect_shards(path: str, name: str, opts: Options) -> Inspected:
             f"{len(samples)} samples (members: {listed}): every sample would be rejected as no_caption"
         )
     captioned = {i for i, s in enumerate(samples) if caption_members(member_fields(s))}
+    keys_seen = [k for k, _ in keyed]
+    apart = next((k for k in keys_seen if keys_seen.count(k) > 1), None)
+    if not imaged & captioned and apart is not None:
+        raise InputError(
+            f"{first}the members of one sample are not next to each other (those of {apart} come in two runs): "
+            "a sample's members are read together, as WebDataset reads them; write the tar sorted by name"
+        )
     if not imaged & captioned:
         keys = ", ".join(k for k, _ in keyed[:4])
         raise InputError(
