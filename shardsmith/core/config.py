@@ -309,6 +309,11 @@ def schema_error_message(exc: BaseException) -> str:
     value = repr(err.instance)
     message = err.message.removeprefix(value).strip()  # jsonschema starts with the value: say it once
     value = value if len(value) <= 60 else value[:57] + "..."
+    expected = err.validator_value if isinstance(err.validator_value, list) else [err.validator_value]
+    if err.validator == "type" and "string" in expected and isinstance(err.instance, (bool, int, float)):
+        # YAML reads `no`, `yes`, `on`, `off` as booleans and 2024.10 as the number 2024.1
+        kind = "a boolean" if isinstance(err.instance, bool) else "a number"
+        message += f"; YAML read it as {kind}: write it in quotes"
     if err.validator == "enum" and isinstance(err.instance, str):  # a typo of a value: `manifests`, `Parquet`
         choices = [c for c in err.validator_value if isinstance(c, str)]
         close = difflib.get_close_matches(err.instance.lower(), choices, n=1)

@@ -241,6 +241,11 @@ def test_schema_error_message_without_a_schema_error_keeps_the_first_line():
         ),
         (lambda c: c["sources"][0].update(format="Parquet"), "did you mean 'parquet'?"),
         (lambda c: c["sources"][0].update(hash_type="sha-256"), "did you mean 'sha256'?"),
+        (  # languages: [en, no] in YAML: Norwegian's code read as false
+            lambda c: c.update(captions={"languages": ["en", False]}),
+            "captions.languages[1] = False is not of type 'string'; YAML read it as a boolean: write it in quotes",
+        ),
+        (lambda c: c.update(version=2024.1), "version = 2024.1 is not of type 'string'; YAML read it as a number"),
     ],
 )
 def test_schema_error_message_suggests_the_key_or_value_meant(edit, said):
