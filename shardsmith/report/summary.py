@@ -18,7 +18,7 @@ def openclip_command(shard_dir: str, sizes: dict[str, int]) -> str:
     """The exact OpenCLIP training command for the shards listed in sizes.json. Two data loader workers, or one
     for a single shard: OpenCLIP asserts at least workers x GPUs shards. A batch of 256, or of the samples the
     worker with the fewest gets (each takes every `workers`-th shard) where that is less: OpenCLIP drops a
-    worker's last partial batch, so a larger batch on a small build would train on nothing."""
+    worker's last partial batch, so with a larger batch on a small build its loader waits for ever."""
     pattern = f"{shard_dir.rstrip('/')}/{brace_pattern(list(sizes))}"
     quoted = shlex.quote(pattern) if "'" in pattern else f"'{pattern}'"  # a folder like /home/o'brien
     workers = max(1, min(2, len(sizes)))
