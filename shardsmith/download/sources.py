@@ -283,6 +283,8 @@ def iter_manifest_parts(
                 for i, rec in enumerate(df.to_dict("records")):
                     fields = {c: _plain(rec.get(c)) for c in carry}
                     ident = _plain(rec[src["key_column"]]) if src.get("key_column") else None
+                    if isinstance(ident, float) and ident.is_integer():  # an int column with an empty cell is
+                        ident = int(ident)  # float64 in a parquet file pandas wrote: 1000001.0 is id 1000001
                     part.append(
                         {
                             "source_id": f"{path}:{row + 1}",

@@ -95,6 +95,17 @@ def test_parquet_key_column_gives_keys_and_is_carried_into_fields(tmp_path):
     assert fields(df)[1] == {"caption": "y", "uid": "u/2", "url": "b.jpg"}
 
 
+def test_a_float_key_column_of_whole_numbers_gives_the_keys_of_the_integers(tmp_path):
+    """pandas writes an integer id column with an empty cell as float64: its 1000001.0 is the id 1000001."""
+    path = tmp_path / "m.parquet"
+    pd.DataFrame(
+        {"uid": [1000001, None, 7.5], "url": ["a.jpg", "b.jpg", "c.jpg"], "caption": ["x", "y", "z"]}
+    ).to_parquet(path)
+    _, parts = plan(tmp_path, manifest("pq", path, key_column="uid"))
+    keys = list(parts["pq-000000"]["key"])
+    assert keys[0] == "pq-1000001" and keys[2] == make_key("pq", "7.5") and keys[1].startswith("pq-")
+
+
 def test_carry_columns_limit_the_fields(tmp_path):
     path = tmp_path / "m.parquet"
     pd.DataFrame({"url": ["a.jpg"], "caption": ["x"], "secret": ["s"]}).to_parquet(path)
