@@ -361,9 +361,14 @@ def check_dataset(
     if total == 0:  # said first: fewer shards than min_shards follows from it, and no samples_per_shard helps
         problems.insert(0, "no sample was published: every input record was rejected (see rejected.parquet)")
     elif len(shard_reports) < min_shards:
+        way = (
+            f"lower samples_per_shard (to at most {total // min_shards})"
+            if total >= min_shards  # else no shard size gives that many shards
+            else f"{total} samples cannot fill {min_shards} shards: lower validate.min_shards"
+        )
         problems.append(
             f"{len(shard_reports)} shards, fewer than validate.min_shards={min_shards}: OpenCLIP needs at least "
-            "workers x GPUs shards; lower samples_per_shard"
+            f"workers x GPUs shards; {way}"
         )
     if energon_dir is not None and shard_reports:
         problems += energon.check_meta(energon_dir, sizes, sqlite=energon_sqlite)

@@ -210,10 +210,12 @@ def test_sizes_json_must_match_what_the_loader_read(tmp_path):
         check_dataset(*files, min_shards=1)
 
 
-def test_too_few_shards_for_openclip_fails(tmp_path):
+def test_too_few_shards_for_openclip_fails_and_says_what_helps(tmp_path):
     files = dataset_files(tmp_path, {"a.tar": 3}, [report("a.tar", 3)])
-    with pytest.raises(ValidationFailed, match="fewer than validate.min_shards=2"):
+    with pytest.raises(ValidationFailed, match=r"fewer than validate.min_shards=2.*samples_per_shard \(to at most 1\)"):
         check_dataset(*files, min_shards=2)
+    with pytest.raises(ValidationFailed, match="3 samples cannot fill 4 shards: lower validate.min_shards"):
+        check_dataset(*files, min_shards=4)
 
 
 def test_a_dataset_of_no_sample_says_so_first_and_not_to_lower_samples_per_shard(tmp_path):
