@@ -242,11 +242,54 @@ def iter_tar_groups(
     Each problem is (reason, detail). Unsafe members (links, devices, absolute or '..' paths) are never read
     (`unsafe_member`); a member whose extension repeats within a group (`repeated_member`: which one is the
     sample's is unknowable) and a member without an extension (`member_without_extension`) are reported too.
+
+    Members named WebDataset's way with more than one dot (`0001.image.png`, `0001.caption.txt`: its key ends at
+    the FIRST dot) would each be a sample of their own when split at the last dot: adjacent groups of one member
+    each, whose keys agree up to the first dot and whose extensions differ, are one sample under that key.
+    Dotted keys (`img.0.jpg` and `img.0.txt`, then `img.1.*`) stay apart: their groups hold several members, or
+    repeat an extension. Only groups that could still merge are held back: a few members, never a run of samples.
     """
+    run_key: str | None = None
+    run: list[tuple[str, dict[str, bytes], list[tuple[str, str]]]] = []
+    mergeable = True
+    for group in _last_dot_groups(fileobj):
+        key, members, problems = group
+        head = _first_dot_key(key)
+        if head != run_key:
+            yield from _run_groups(run_key, run)
+            run_key, run, mergeable = head, [], True
+        if mergeable and len(members) == 1 and not problems and not any(next(iter(members)) in m for _, m, _ in run):
+            run.append(group)
+            continue
+        if mergeable:  # this run is not one sample named WebDataset's way: what it held goes out as it was
+            yield from run
+            run, mergeable = [], False
+        yield group
+    yield from _run_groups(run_key, run)
+
+
+def _first_dot_key(key: str) -> str:
+    """A sample key cut at the first dot of its basename, as WebDataset cuts member names."""
+    folder, _, base = key.rpartition("/")
+    stem = base.split(".", 1)[0] if not base.startswith(".") else base
+    return f"{folder}/{stem}" if folder else stem
+
+
+def _run_groups(head: str | None, run: list) -> Iterator[tuple[str, dict[str, bytes], list[tuple[str, str]]]]:
+    if len(run) < 2:
+        yield from run
+        return
+    yield head, {ext: data for _, members, _ in run for ext, data in members.items()}, []
+
+
+def _last_dot_groups(
+    fileobj: BinaryIO,
+) -> Iterator[tuple[str, dict[str, bytes], list[tuple[str, str]]]]:
+    """The groups of adjacent members whose names agree up to the last dot, with their problems."""
     with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
         key: str | None = None
         members: dict[str, bytes] = {}
-        problems: list[str] = []
+        problems: list[tuple[str, str]] = []
         for info in tar:
             if info.isdir():
                 continue

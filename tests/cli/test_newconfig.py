@@ -658,15 +658,22 @@ def test_a_single_tar_with_an_unusual_image_extension(tmp_path):
     assert config["captions"]["fields"][0] == "caption"
 
 
-def test_shards_whose_images_and_captions_never_share_a_sample_are_refused(tmp_path):
-    # WebDataset-style multi-dot names: split at the last dot, 0000.image.png and 0000.caption.txt are two samples
+def test_shards_named_webdatasets_way_with_several_dots_are_read_as_one_sample_a_key(tmp_path):
     samples = {f"{i:04d}.image": {"png": jpeg_bytes()} for i in range(3)}
     samples |= {f"{i:04d}.caption": {"txt": SENTENCES[i].encode()} for i in range(3)}
     (tmp_path / "in").mkdir()
-    shard_tar(tmp_path / "in" / "dots.tar", dict(sorted(samples.items())))
-    with pytest.raises(
-        InputError, match=r"no sample has both an image and a caption member \(sample keys: 0000.caption"
-    ):
+    shard_tar(tmp_path / "in" / "dots.tar", dict(sorted(samples.items())))  # 0000.caption.txt, 0000.image.png, ...
+    config, _ = guess([tmp_path / "in" / "dots.tar"], out=tmp_path / "build")
+    assert config["sources"][0]["type"] == "shards" and config["captions"]["fields"][0] == "txt"
+    check_against_schema(config)
+
+
+def test_shards_whose_images_and_captions_never_share_a_sample_are_refused(tmp_path):
+    samples = {f"img.{i}": {"jpg": jpeg_bytes()} for i in range(3)}  # dotted keys: images here, captions apart
+    samples |= {f"txt.{i}": {"txt": SENTENCES[i].encode()} for i in range(3)}
+    (tmp_path / "in").mkdir()
+    shard_tar(tmp_path / "in" / "dots.tar", samples)
+    with pytest.raises(InputError, match=r"no sample has both an image and a caption member \(sample keys: img.0"):
         guess([tmp_path / "in" / "dots.tar"], out=tmp_path / "build")
     # every image first, then every caption: a sample's members apart
     with tarfile.open(tmp_path / "in" / "apart.tar", "w") as tar:

@@ -226,16 +226,19 @@ def test_shards_source_groups_become_records_and_bad_groups_are_errors(tmp_path)
             tar_entry("LICENSE", b"cc-by"),
             tar_entry("both.jpg", type=tarfile.SYMTYPE, linkname="x"), tar_entry("both.txt", b"a"),
             tar_entry("both.txt", b"b"),
+            tar_entry("0009.image.jpg", img), tar_entry("0009.caption.txt", b"named WebDataset's way"),
         ],
     )  # fmt: skip
     [status], [raw] = run(tmp_path, shard_source(tmp_path / "old-000000.tar"))
     rows = by_id(status)
     url = str(tmp_path / "old-000000.tar")
-    keys = ("good", "sym", "textonly", "img.0", "img.1", "twice", "LICENSE", "both")
+    keys = ("good", "sym", "textonly", "img.0", "img.1", "twice", "LICENSE", "both", "0009")
     assert list(rows) == [f"{url}#{k}" for k in keys]
     assert [r["reason"] for r in rows.values()] == [
-        "", "unsafe_member", "no_image", "", "", "repeated_member", "member_without_extension", "unsafe_member"
+        "", "unsafe_member", "no_image", "", "", "repeated_member", "member_without_extension", "unsafe_member", ""
     ]  # fmt: skip
+    wds_named = f"r{rows[f'{url}#0009']['rid']:07d}"
+    assert raw[wds_named]["img"] == img and json.loads(raw[wds_named]["meta"]) == {"txt": "named WebDataset's way"}
     assert "link: sym.jpg" in rows[f"{url}#sym"]["detail"]
     assert rows[f"{url}#twice"]["detail"] == "repeated member: twice.jpg"
     assert rows[f"{url}#both"]["detail"] == "link: both.jpg; repeated member: both.txt"

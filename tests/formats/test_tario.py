@@ -169,6 +169,45 @@ def test_iter_tar_groups_groups_adjacent_members_by_key(tmp_path):
     ]
 
 
+def test_iter_tar_groups_reads_members_named_webdatasets_way_with_several_dots_as_one_sample(tmp_path):
+    """WebDataset keys a member up to the first dot (0001.image.png: key 0001); split at the last dot each member
+    would be a sample of its own, with no image or no caption."""
+    path = write_tar(
+        tmp_path / "s.tar",
+        [
+            tar_entry("0001.image.png", b"P1"), tar_entry("0001.caption.txt", b"cap 1"),
+            tar_entry("0002.jpg", b"J2"), tar_entry("0002.caption.txt", b"cap 2"),
+            tar_entry("sub.v2/0003.image.png", b"P3"), tar_entry("sub.v2/0003.meta.json", b"{}"),
+            tar_entry("0004.jpg", b"J4"),
+        ],
+    )  # fmt: skip
+    assert groups(path) == [
+        ("0001", {"png": b"P1", "txt": b"cap 1"}, []),
+        ("0002", {"jpg": b"J2", "txt": b"cap 2"}, []),
+        ("sub.v2/0003", {"png": b"P3", "json": b"{}"}, []),
+        ("0004", {"jpg": b"J4"}, []),
+    ]
+
+
+def test_iter_tar_groups_keeps_dotted_keys_apart(tmp_path):
+    """img.0.jpg and img.1.jpg are two samples (an extension repeats), as are img.0.{jpg,txt} and img.1.{jpg,txt}."""
+    path = write_tar(
+        tmp_path / "s.tar",
+        [
+            tar_entry("img.0.jpg", b"0"), tar_entry("img.1.jpg", b"1"), tar_entry("img.2.txt", b"t2"),
+            tar_entry("pic.0.jpg", b"p0"), tar_entry("pic.0.txt", b"c0"), tar_entry("pic.1.jpg", b"p1"),
+            tar_entry("pic.1.txt", b"c1"),
+        ],
+    )  # fmt: skip
+    assert groups(path) == [
+        ("img.0", {"jpg": b"0"}, []),
+        ("img.1", {"jpg": b"1"}, []),
+        ("img.2", {"txt": b"t2"}, []),
+        ("pic.0", {"jpg": b"p0", "txt": b"c0"}, []),
+        ("pic.1", {"jpg": b"p1", "txt": b"c1"}, []),
+    ]
+
+
 def test_iter_tar_groups_reports_repeated_members(tmp_path):
     path = write_tar(tmp_path / "s.tar", [tar_entry("a.jpg", b"1"), tar_entry("a.jpg", b"2")])
     [(key, members, problems)] = groups(path)

@@ -180,9 +180,8 @@ def inspect_shards(path: str, name: str, opts: Options) -> Inspected:
     if not imaged & captioned:
         keys = ", ".join(k for k, _ in keyed[:4])
         raise InputError(
-            f"{first}no sample has both an image and a caption member (sample keys: {keys}, ...): a member's key is "
-            "its name up to the last dot, so 0001.image.png and 0001.caption.txt are two samples; every one would be "
-            "rejected (no_image or no_caption)"
+            f"{first}no sample has both an image and a caption member (sample keys: {keys}, ...): every one would "
+            "be rejected (no_image or no_caption)"
         )
     guesses.append(f"caption fields: {describe_members(seen, len(samples), 'samples')}")
     metas = [member_fields(s).get("json") for s in samples]
