@@ -104,11 +104,13 @@ def after_downloads(code: Path, root: Path, keep: Path) -> dict:
 
 
 def published_files(root: Path) -> dict[str, str]:
+    """sha256 of each published file but the code's hashes (build.json, and _COMPLETE.json listing it) and the
+    dataset card, whose wording follows the code; the data it states are the other files'."""
     version = root / "fast-storage" / "bench" / "v1"
     return {
         str(p.relative_to(version)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(version.rglob("*"))
-        if p.is_file() and p.name not in ("build.json", "_COMPLETE.json")
+        if p.is_file() and p.name not in ("build.json", "_COMPLETE.json", "README.md")
     }
 
 

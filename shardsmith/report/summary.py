@@ -70,11 +70,22 @@ def partial_run(dag_settings) -> bool:
     return bool(dag_settings.until or dag_settings.omit_from or targets - {"all"})
 
 
+def asks_for_stats(dag_settings, out_dir: str) -> bool:
+    """Whether the run's targets name the build's stats.json: what it sums up is then this run's."""
+    stats = os.path.abspath(os.path.join(out_dir, "stats.json"))
+    return dag_settings is not None and any(
+        isinstance(t, str) and os.path.abspath(t) == stats for t in dag_settings.targets
+    )
+
+
 def print_success(out_dir: str, published_dir: str | None = None, dag_settings=None) -> None:
     """The run's last screen (Snakemake `onsuccess`): the funnel, the rejections and the training command.
-    `dag_settings` (Snakemake's `workflow.dag_settings`) tells a partial run, which shows nothing."""
+    `dag_settings` (Snakemake's `workflow.dag_settings`) tells a partial run, which shows nothing unless it was
+    asked for the build's stats.json (then the summary of this build's files, not of a published version)."""
     if partial_run(dag_settings):
-        return
+        if not asks_for_stats(dag_settings, out_dir):
+            return
+        published_dir = None
     if published_dir and Path(published_dir).is_file():  # the `latest` pointer (version: auto)
         published_dir = str(Path(published_dir).parent / Path(published_dir).read_text().strip())
     folder = published_dir if published_dir and (Path(published_dir) / "stats.json").exists() else out_dir

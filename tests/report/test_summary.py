@@ -227,7 +227,12 @@ def test_a_partial_run_does_not_end_with_an_earlier_builds_summary(tmp_path, cap
     ):
         print_success(str(tmp_path), None, partial)
         assert capsys.readouterr().out == ""
-    for whole in (DAGSettings(), DAGSettings(targets={"all"}), None):
+    for whole in (
+        DAGSettings(),
+        DAGSettings(targets={"all"}),
+        None,
+        DAGSettings(targets={str(tmp_path / "stats.json")}),
+    ):
         print_success(str(tmp_path), None, whole)
         assert "dataset ds: 3 input records -> 3 published" in capsys.readouterr().out
 

@@ -11,11 +11,12 @@ of its code's parts and against a copy of the same v1: near-duplicates excluded 
 CLIP model's embeddings), low CLIP similarity excluded, records already published left out. Then
 every published file of v2 and every plan file (shard ranges and parts, the ledger's dropped pieces, the
 near-duplicate table) must be byte-identical between the two; the manifest pieces, which carry the score columns
-since, must equal BEFORE's in every column of BEFORE's.
+since, must equal BEFORE's in every column of BEFORE's, and the dataset card BEFORE's in every line of data.
 """
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -244,10 +245,10 @@ def comparable_build(version: Path) -> dict:
 def comparable_marker(version: Path) -> dict:
     """_COMPLETE.json less `published_at` (the publish time, the one time a version keeps), build.json's sha256
     and size (the code's hashes in it differ, above), the manifest pieces' (their score columns came after
-    BEFORE: compared by same_manifest_piece) and the ledger's (compared by same_ledger_piece); every other
-    file's sha256 and size stay."""
+    BEFORE: compared by same_manifest_piece), the ledger's (compared by same_ledger_piece) and the card's
+    (compared by card_data); every other file's sha256 and size stay."""
     marker = json.loads((version / MARKER).read_text())
-    assert marker.pop("published_at") and marker["files"].pop("build.json")
+    assert marker.pop("published_at") and marker["files"].pop("build.json") and marker["files"].pop("README.md")
     for name in [n for n in marker["files"] if n.startswith(("manifest.parquet/", "rejected.parquet/"))]:
         del marker["files"][name]
     return marker
@@ -280,6 +281,16 @@ def same_ledger_piece(before: Path, after: Path) -> bool:
         and a.loc[bomb, "detail"].str.contains("decompression bomb").all()
         and b.loc[bomb, "detail"].str.contains("> max_decode_pixels").all()
     )
+
+
+def card_data(card: Path) -> list[str]:
+    """The dataset card's lines that state the build's data, less the wording that follows the code: the Files
+    table (every file of the version since), the training command's batch size (at most the samples a loader
+    worker gets since) and the near-duplicate keep order's sentence (which now names every step)."""
+    lines = card.read_text().split("\n")
+    lines = lines[: lines.index("## Files")]
+    lines = [re.sub(r"--batch-size \d+", "--batch-size N", line) for line in lines]
+    return [line for line in lines if not line.startswith("of each group is kept (")]
 
 
 def equal(x, y) -> bool:
@@ -330,7 +341,9 @@ def test_published_files_are_byte_identical(builds, layout):
     assert scored and all(same_manifest_piece(a / n, b / n) for n in scored)
     ledger = [n for n in differ if n.startswith("rejected.parquet/")]
     assert all(same_ledger_piece(a / n, b / n) for n in ledger), explain(a, b, ledger)
-    differ = [n for n in differ if n not in scored + ledger]
+    if "README.md" in differ:
+        assert card_data(a / "README.md") == card_data(b / "README.md"), explain(a, b, ["README.md"])
+    differ = [n for n in differ if n not in [*scored, *ledger, "README.md"]]
     # the code's hashes, and the publish time: compared below
     assert differ == ["_COMPLETE.json", "build.json"], explain(
         a, b, [n for n in differ if n not in ("_COMPLETE.json", "build.json")]
