@@ -109,9 +109,8 @@ def test_curl_errors_become_ledger_reasons(code, reason):
     assert got == reason and "what curl said" in detail
 
 
-def test_a_server_answering_without_a_status_line_is_a_connection_error_not_a_bad_url():
-    """curl calls an answer without a status line HTTP/0.9 (error 1, as for a URL of an unknown scheme): the URL
-    is fine, the server is not."""
+def raw_answer(answer: bytes):
+    """curl's reply from a server on 127.0.0.1 that sends `answer` as is to the first request."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
@@ -120,39 +119,28 @@ def test_a_server_answering_without_a_status_line_is_a_connection_error_not_a_ba
             conn, _ = listener.accept()
             with conn:
                 conn.recv(65536)
-                conn.sendall(b"garbage\r\n\r\n")
+                with contextlib.suppress(OSError):  # curl may hang up before the end
+                    conn.sendall(answer)
 
         threading.Thread(target=serve, daemon=True).start()
         port = listener.getsockname()[1]
-        reply = Curl(LOOPBACK, {}).get(
+        return Curl(LOOPBACK, {}).get(
             f"http://127.0.0.1:{port}/a.jpg", "127.0.0.1", port, connect_timeout_s=2, timeout_s=5, silence_s=2,
             max_bytes=1000,
         )  # fmt: skip
-    reason, detail = failure(*reply.error)
+
+
+def test_a_server_answering_without_a_status_line_is_a_connection_error_not_a_bad_url():
+    """curl calls an answer without a status line HTTP/0.9 (error 1, as for a URL of an unknown scheme): the URL
+    is fine, the server is not."""
+    reason, detail = failure(*raw_answer(b"garbage\r\n\r\n").error)
     assert reason == "connection_error" and "not HTTP" in detail and "HTTP/0.9" in detail
 
 
 def test_a_response_header_over_curls_limit_is_a_connection_error_that_says_so():
     """libcurl stops at a header line over 100 KB with error 100, whose own message is generic."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(1)
-
-        def serve() -> None:
-            conn, _ = listener.accept()
-            with conn:
-                conn.recv(65536)
-                cookie = b"Set-Cookie: c=" + b"x" * 150_000 + b"\r\n"
-                with contextlib.suppress(OSError):  # curl hangs up at its limit
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: image/jpeg\r\n" + cookie + b"\r\n")
-
-        threading.Thread(target=serve, daemon=True).start()
-        port = listener.getsockname()[1]
-        reply = Curl(LOOPBACK, {}).get(
-            f"http://127.0.0.1:{port}/a.jpg", "127.0.0.1", port, connect_timeout_s=2, timeout_s=5, silence_s=2,
-            max_bytes=1000,
-        )  # fmt: skip
-    reason, detail = failure(*reply.error)
+    cookie = b"Set-Cookie: c=" + b"x" * 150_000 + b"\r\n"
+    reason, detail = failure(*raw_answer(b"HTTP/1.1 200 OK\r\nContent-Type: image/jpeg\r\n" + cookie + b"\r\n").error)
     assert reason == "connection_error" and "header over" in detail and "curl error 100" in detail
 
 
